@@ -1,0 +1,1 @@
+"""Harness adapters: one small module per real agent harness."""

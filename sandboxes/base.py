@@ -1,0 +1,64 @@
+"""The Sandbox contract: one episode's copy of a repository, isolated, resettable.
+
+Backends (`docker`, `local`) satisfy this Protocol without inheriting from it. Files and
+patches cross the boundary as bytes (tar streams or files), never on a command line.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    """What one command in the sandbox did."""
+
+    exit_code: int
+    """Process exit status; -1 when it was killed for its timeout."""
+    output: str
+    """stdout and stderr interleaved, decoded as UTF-8 with replacement."""
+    timed_out: bool = False
+    duration_s: float = 0.0
+
+
+class SandboxError(RuntimeError):
+    """The sandbox infrastructure failed (not the agent's command)."""
+
+
+class SandboxDied(SandboxError):
+    """The sandbox is gone (container killed, process tree vanished)."""
+
+
+class SandboxUnavailable(SandboxError):
+    """No backend can run here; the message says how to fix that."""
+
+
+@runtime_checkable
+class Sandbox(Protocol):
+    """One repository checkout at its base commit, in isolation."""
+
+    workdir: str
+    """Absolute path of the repository inside the sandbox."""
+
+    def start(self) -> None: ...
+
+    def exec(self, command: str | list[str], timeout: float = 60.0, env: dict[str, str] | None = None,
+             workdir: str | None = None) -> ExecResult:
+        """Run a command (a string runs under `bash -lc`) as the sandbox's unprivileged user."""
+        ...
+
+    def read_file(self, path: str) -> bytes: ...
+
+    def write_file(self, path: str, data: bytes, mode: int = 0o644) -> None: ...
+
+    def diff(self) -> str:
+        """The agent's changes against the base commit as a git patch, new files included."""
+        ...
+
+    def reset(self) -> None:
+        """Back to the base commit, untracked files removed; fast (warm pools rely on it)."""
+        ...
+
+    def alive(self) -> bool: ...
+
+    def close(self) -> None: ...

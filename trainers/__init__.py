@@ -1,0 +1,1 @@
+"""The policy side: engines, weight sync, losses, trainers."""
