@@ -21,6 +21,22 @@ class ExecResult:
     duration_s: float = 0.0
 
 
+@dataclass(frozen=True)
+class RepoSpec:
+    """Which repository a sandbox holds: a source on the host checked out at one commit."""
+
+    repo_id: str
+    """Short name used in image tags and cache keys ([a-z0-9_.-])."""
+    source: str
+    """Host path to a git repository, a git bundle file, or a .tar/.tar.gz archive of a git repo."""
+    base_commit: str
+    """Commit (sha or ref resolvable in `source`) the workspace starts at and resets to."""
+    setup_commands: tuple[str, ...] = ()
+    """Shell commands run once, offline, when the image / cached checkout is built."""
+    workdir: str = "/workspace/repo"
+    """Absolute path of the repository inside the sandbox."""
+
+
 class SandboxError(RuntimeError):
     """The sandbox infrastructure failed (not the agent's command)."""
 
