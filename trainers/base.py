@@ -1,0 +1,135 @@
+"""The trainer contract: trajectories in, one update, weights out with a new version.
+
+A `Trainer` takes a batch of `harnessrl.gym.trajectory.Trajectory` records, validates them
+where they enter, turns them into training samples (`harnessrl.trainers.samples`), applies
+one update and reports a `StepMetrics`. `publish(out_dir)` writes the current weights as a
+Hugging Face folder (safetensors + tokenizer) that an engine can load with
+`/update_weights_from_disk`, and returns the new integer version; the engine stamps that
+version on every token it samples afterwards, which is how staleness is measured.
+
+Versions count publishes: the weights the engine starts with are version 0, each publish
+bumps by one. The staleness of a trained token is `trainer.version - token.version` at the
+time of the step, so with the main loop's step-then-publish rhythm it is the number of
+policy updates between sampling the token and training on it.
+
+Implementations satisfy the Protocols structurally; they do not inherit from them.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Iterator, Protocol, runtime_checkable
+
+from harnessrl.gym.trajectory import Trajectory
+
+
+@dataclass
+class StepMetrics:
+    """What one `Trainer.step` did, one line of the main job's log."""
+
+    step: int
+    """Optimizer steps taken so far, including this one."""
+    version: int
+    """Trainer version when the step ran (the version of the last published weights)."""
+    updated: bool
+    """False when the batch had no trainable token, so no optimizer update happened."""
+    loss: float
+    """Total loss of the batch (policy-gradient + kl_coef * kl), as normalized for the update."""
+    pg_loss: float
+    """Policy-gradient part of the loss."""
+    grad_norm: float
+    """Global gradient L2 norm before clipping (mean over the step's optimizer updates)."""
+    kl: float | None
+    """k3 estimate of KL(policy || reference) per trained token; None when no reference model."""
+    kl_behaviour: float
+    """k3 estimate of KL(trainer's pre-update policy || engine's sampling policy) per trained token."""
+    clip_frac: float
+    """Fraction of trained tokens whose ratio was clipped (and the clip was active)."""
+    behav_filtered_frac: float
+    """Decoupled PPO only: fraction of tokens whose behaviour weight exceeded the cap
+    (masked or capped, per config); 0.0 for plain PPO-clip."""
+    logprob_mismatch_mean: float | None
+    """Mean |trainer logprob - engine logprob| over fresh tokens (sampled by the current
+    version), before the update: the train/inference fidelity number. None if no fresh token."""
+    logprob_mismatch_max: float | None
+    """Max of the same."""
+    mismatch_tokens: int
+    """How many fresh tokens the mismatch was measured on."""
+    staleness_max: int
+    """Max over trained tokens of (current version - version that sampled the token)."""
+    staleness_mean: float
+    """Mean of the same."""
+    tokens: int
+    """Trained (sampled, unmasked) tokens in the batch."""
+    samples: int
+    """Training samples (segments with at least one sampled token)."""
+    trajectories: int
+    """Trajectories that entered the loss."""
+    masked_infra: int
+    """Trajectories masked out because the infrastructure failed (infra_error or no reward)."""
+    dropped_truncated: int
+    """Truncated trajectories dropped by `SampleConfig.truncated == "drop"`."""
+    reward_mean: float | None
+    """Mean reward over scored trajectories (infra failures excluded); None if none scored."""
+    success_rate: float | None
+    """Fraction of scored trajectories with reward >= SampleConfig.success_threshold."""
+    lr: float
+    """Learning rate used by the last optimizer update of the step."""
+    step_s: float
+    """Wall-clock seconds the step took."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@runtime_checkable
+class Trainer(Protocol):
+    """Takes trajectories, updates the policy, publishes weights with a version."""
+
+    @property
+    def version(self) -> int:
+        """Version of the most recently published weights (0 before any publish)."""
+        ...
+
+    def step(self, batch: list[Trajectory]) -> StepMetrics:
+        """Validate `batch`, build samples, apply one update; raises ValueError naming
+        the session, segment and field of a malformed record."""
+        ...
+
+    def publish(self, out_dir: str | Path) -> int:
+        """Write the current weights + tokenizer into `out_dir` (a loadable HF folder,
+        written atomically), bump the version and return it."""
+        ...
+
+
+@runtime_checkable
+class Checkpointable(Protocol):
+    """A trainer whose whole state (weights, optimizer, step, version, RNG) round-trips."""
+
+    def save_checkpoint(self, ckpt_dir: str | Path) -> Path: ...
+
+    def load_checkpoint(self, ckpt_dir: str | Path) -> None: ...
+
+
+@runtime_checkable
+class TensorPublisher(Protocol):
+    """A trainer that can hand its weights over in memory (colocated engine,
+    `/update_weights_from_tensor`) instead of through a folder."""
+
+    def named_weights(self) -> Iterator[tuple[str, Any]]: ...
+
+
+#: Short trainer names to "module:Class"; a full "module:Class" path is accepted too.
+TRAINERS: dict[str, str] = {
+    "torch": "harnessrl.trainers.torch_trainer:TorchTrainer",
+}
+
+
+def trainer_class(name: str) -> type:
+    """The trainer class for a short name or a "module:Class" path, imported lazily."""
+    target = TRAINERS.get(name, name)
+    if ":" not in target:
+        raise KeyError(f"unknown trainer {name!r}; known: {', '.join(sorted(TRAINERS))} or 'module:Class'")
+    module, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module), attr)
