@@ -1,0 +1,244 @@
+"""From trajectory records to training samples: validation, advantages, weights.
+
+Contract:
+- Records are validated where they enter (`validate_trajectory`); a bad one raises
+  `RecordError` naming the session, the segment and the field.
+- One `Sample` per segment that has at least one sampled token; its loss mask is the
+  record's `loss_mask` (1 exactly on tokens the policy sampled), never widened.
+- Advantages are outcome-level and constant over a trajectory. GRPO: trajectories are
+  grouped by `task_id` (the G rollouts of one task), the baseline is the group's mean
+  reward, optionally divided by the group's population standard deviation (+ eps).
+- Each trajectory carries a total weight of 1, split over its samples either in
+  proportion to their sampled-token counts ("tokens": a split trajectory then weighs
+  exactly what it would unsplit, its loss is the mean over all its sampled tokens) or
+  equally ("equal"). The loss's "sequence" normalization uses these weights; its "token"
+  normalization counts every sampled token once, where splitting cannot matter either.
+- Infra failures (status "infra_error", or no reward) are masked: no samples and no part
+  in any baseline, never scored as 0. Truncated episodes follow `SampleConfig.truncated`.
+"""
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from harnessrl.gym.trajectory import STATUSES, Trajectory
+
+#: Engine logprobs are <= 0; allow float noise above zero, nothing more.
+LOGPROB_TOLERANCE = 1e-3
+
+
+class SampleConfig(BaseModel):
+    """How trajectories become training samples."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    baseline: Literal["group_mean", "none"] = "group_mean"
+    """"group_mean": GRPO, advantage = reward - mean reward of the trajectories with the same
+    task_id in the batch. "none": advantage = reward (REINFORCE without baseline)."""
+    normalize_std: bool = True
+    """GRPO's std normalization: divide the group-relative advantage by the group's population
+    std (+ std_eps). Off gives Dr. GRPO's unnormalized advantage. Ignored when baseline is "none"."""
+    std_eps: float = Field(1e-6, gt=0)
+    """Added to the group std before dividing, so a group with equal rewards gets advantage 0."""
+    segment_weighting: Literal["tokens", "equal"] = "tokens"
+    """How a trajectory's total weight of 1 is divided among its segments: by sampled-token
+    count ("tokens") or equally ("equal")."""
+    truncated: Literal["drop", "keep", "zero_advantage"] = "keep"
+    """Truncated episodes (timeout, call limit): "drop" them entirely; "keep" them with their
+    reward (they join the group baseline); or keep their samples with advantage 0 and leave
+    them out of the baseline ("zero_advantage": no policy-gradient signal, KL still applies)."""
+    success_threshold: float = 1.0
+    """A scored trajectory counts as a success when reward >= this (for the success rate)."""
+
+
+class RecordError(ValueError):
+    """A trajectory record is malformed; names the session, segment and field."""
+
+    def __init__(self, session_id: str, message: str, segment: int | None = None, field: str | None = None):
+        self.session_id, self.segment, self.field = session_id, segment, field
+        where = f"trajectory {session_id!r}"
+        if segment is not None:
+            where += f" segment {segment}"
+        if field is not None:
+            where += f" field {field!r}"
+        super().__init__(f"{where}: {message}")
+
+
+@dataclass
+class Sample:
+    """One segment ready for the loss: tokens, mask, behaviour logprobs, advantage, weight."""
+
+    token_ids: list[int]
+    loss_mask: list[int]
+    logprobs: list[float]
+    """Behaviour (engine) logprob of each sampled token; 0.0 elsewhere."""
+    versions: list[int]
+    advantage: float
+    weight: float
+    """This sample's share of its trajectory's total weight of 1."""
+    session_id: str
+    segment: int
+    task_id: str
+
+    @property
+    def n_sampled(self) -> int:
+        return sum(self.loss_mask)
+
+
+@dataclass
+class SampleBatch:
+    samples: list[Sample]
+    advantages: dict[str, float] = field(default_factory=dict)
+    """Advantage of each trajectory that entered the loss, by session_id."""
+    trajectories: int = 0
+    """Trajectories that entered the loss (had at least one sample)."""
+    masked_infra: int = 0
+    dropped_truncated: int = 0
+    reward_mean: float | None = None
+    success_rate: float | None = None
+    groups: int = 0
+    """GRPO groups (task_ids) in the baseline."""
+    degenerate_groups: int = 0
+    """Groups whose rewards were all equal (advantage 0 for every member)."""
+
+
+def validate_trajectory(traj: Trajectory, *, current_version: int | None = None, vocab_size: int | None = None) -> None:
+    """Check a record's shapes, masks, logprobs and versions; raise `RecordError` on the first fault.
+
+    A sampled token (mask 1) needs a version in [0, current_version] and a finite logprob
+    <= 0; an unsampled one has version -1. Position 0 cannot be sampled: nothing precedes it.
+    """
+    sid = traj.session_id
+    if traj.status not in STATUSES or traj.status == "running":
+        raise RecordError(sid, f"{traj.status!r} is not a finished status (ok, truncated, infra_error)", field="status")
+    if traj.reward is not None and (isinstance(traj.reward, bool) or not math.isfinite(float(traj.reward))):
+        raise RecordError(sid, f"{traj.reward!r} is not a finite number", field="reward")
+    for s, seg in enumerate(traj.segments):
+        n = len(seg.token_ids)
+        if n == 0:
+            raise RecordError(sid, "segment has no tokens", s, "token_ids")
+        for name in ("loss_mask", "logprobs", "versions"):
+            if len(getattr(seg, name)) != n:
+                raise RecordError(sid, f"length {len(getattr(seg, name))} != len(token_ids) {n}", s, name)
+        for i, tok in enumerate(seg.token_ids):
+            if not isinstance(tok, int) or tok < 0 or (vocab_size is not None and tok >= vocab_size):
+                raise RecordError(sid, f"[{i}] = {tok!r} is not a token id in [0, {vocab_size or 'vocab'})", s, "token_ids")
+        for i, (m, lp, v) in enumerate(zip(seg.loss_mask, seg.logprobs, seg.versions)):
+            if m not in (0, 1) or isinstance(m, bool):
+                raise RecordError(sid, f"[{i}] = {m!r}, must be 0 or 1", s, "loss_mask")
+            if m == 0:
+                if v != -1:
+                    raise RecordError(sid, f"[{i}] = {v!r} on an unsampled token (loss_mask 0); expected -1", s, "versions")
+                continue
+            if i == 0:
+                raise RecordError(sid, "[0] = 1: the first token has no context and cannot be sampled", s, "loss_mask")
+            if not isinstance(v, int) or v < 0:
+                raise RecordError(sid, f"[{i}] = {v!r} on a sampled token; needs a policy version >= 0", s, "versions")
+            if current_version is not None and v > current_version:
+                raise RecordError(sid, f"[{i}] = {v} is newer than the trainer's version {current_version}", s, "versions")
+            if not isinstance(lp, (int, float)) or not math.isfinite(lp) or lp > LOGPROB_TOLERANCE:
+                raise RecordError(sid, f"[{i}] = {lp!r} on a sampled token; needs a finite logprob <= 0", s, "logprobs")
+
+
+def _segment_weights(counts: list[int], mode: str) -> list[float]:
+    live = [c for c in counts if c > 0]
+    if mode == "tokens":
+        total = sum(live)
+        return [c / total if c > 0 else 0.0 for c in counts]
+    return [1.0 / len(live) if c > 0 else 0.0 for c in counts]
+
+
+def _advantages(rewards_by_group: dict[str, list[tuple[str, float]]], config: SampleConfig) -> tuple[dict[str, float], int]:
+    out: dict[str, float] = {}
+    degenerate = 0
+    for members in rewards_by_group.values():
+        rewards = [r for _, r in members]
+        if config.baseline == "none":
+            out.update({sid: r for sid, r in members})
+            continue
+        mean = sum(rewards) / len(rewards)
+        std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards))
+        degenerate += std == 0.0
+        for sid, r in members:
+            adv = r - mean
+            out[sid] = adv / (std + config.std_eps) if config.normalize_std else adv
+    return out, degenerate
+
+
+def build_samples(
+    batch: list[Trajectory],
+    config: SampleConfig,
+    *,
+    current_version: int | None = None,
+    vocab_size: int | None = None,
+) -> SampleBatch:
+    """Validate `batch` and turn it into samples with advantages and weights (see module doc)."""
+    seen: set[str] = set()
+    for traj in batch:
+        if traj.session_id in seen:
+            raise RecordError(traj.session_id, "appears twice in the batch", field="session_id")
+        seen.add(traj.session_id)
+
+    result = SampleBatch(samples=[])
+    scored: list[float] = []
+    in_baseline: dict[str, list[tuple[str, float]]] = defaultdict(list)
+    zero_adv: list[Trajectory] = []
+    kept: list[Trajectory] = []
+    for traj in batch:
+        if traj.status not in STATUSES or traj.status == "running":
+            validate_trajectory(traj)  # raises with the status named
+        if traj.status == "infra_error" or (traj.reward is None and not (traj.status == "truncated" and config.truncated == "zero_advantage")):
+            result.masked_infra += 1
+            continue
+        if traj.status == "truncated" and config.truncated == "drop":
+            result.dropped_truncated += 1  # never enters training, so not validated
+            if traj.reward is not None:
+                scored.append(float(traj.reward))
+            continue
+        validate_trajectory(traj, current_version=current_version, vocab_size=vocab_size)
+        if traj.reward is not None:
+            scored.append(float(traj.reward))
+        if traj.status == "truncated" and config.truncated == "zero_advantage":
+            zero_adv.append(traj)
+            continue
+        if config.baseline == "group_mean" and not traj.task_id:
+            raise RecordError(traj.session_id, "is empty; GRPO groups rollouts by task_id", field="task_id")
+        in_baseline[traj.task_id].append((traj.session_id, float(traj.reward)))
+        kept.append(traj)
+
+    advantages, result.degenerate_groups = _advantages(in_baseline, config)
+    result.groups = len(in_baseline) if config.baseline == "group_mean" else 0
+    advantages.update({t.session_id: 0.0 for t in zero_adv})
+
+    for traj in kept + zero_adv:
+        counts = [sum(seg.loss_mask) for seg in traj.segments]
+        if sum(counts) == 0:
+            continue  # a rollout with no sampled token still counted in its group's baseline
+        weights = _segment_weights(counts, config.segment_weighting)
+        adv = advantages[traj.session_id]
+        result.advantages[traj.session_id] = adv
+        result.trajectories += 1
+        for s, (seg, w) in enumerate(zip(traj.segments, weights)):
+            if counts[s] == 0:
+                continue
+            result.samples.append(
+                Sample(
+                    token_ids=list(seg.token_ids),
+                    loss_mask=list(seg.loss_mask),
+                    logprobs=[float(x) for x in seg.logprobs],
+                    versions=list(seg.versions),
+                    advantage=adv,
+                    weight=w,
+                    session_id=traj.session_id,
+                    segment=s,
+                    task_id=traj.task_id,
+                )
+            )
+    if scored:
+        result.reward_mean = sum(scored) / len(scored)
+        result.success_rate = sum(r >= config.success_threshold for r in scored) / len(scored)
+    return result
