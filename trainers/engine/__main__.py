@@ -1,0 +1,5 @@
+import sys
+
+from harnessrl.trainers.engine.cli import main
+
+sys.exit(main())

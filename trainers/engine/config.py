@@ -1,0 +1,38 @@
+"""The one config of the local CPU engine (validation only, no side effects)."""
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+
+class EngineConfig(BaseModel):
+    """How the local engine loads its model and schedules requests."""
+
+    model: str = "smollm2-135m"
+    """A prepared model name (`harnessrl model list`) or a folder with config.json + safetensors."""
+
+    host: str = "127.0.0.1"
+    """Interface to listen on; loopback by default (the engine has no authentication)."""
+
+    port: int = Field(30000, ge=0, le=65535)
+    """TCP port; 0 picks a free one (the bound port is on `EngineServer.url`)."""
+
+    max_running_requests: int = Field(32, ge=1)
+    """Most requests decoded together in one batch; more wait in the queue."""
+
+    max_prefill_per_step: int = Field(4, ge=1)
+    """Most new requests prefilled between two decode steps, so running ones keep moving."""
+
+    weight_version: str = "default"
+    """Version reported in meta_info until the first weight update (SGLang's default name)."""
+
+    random_seed: int = 0
+    """Seed of the engine-wide sampler used by requests without `sampling_seed`."""
+
+    incremental_streaming_output: bool = False
+    """Stream only the new tokens per chunk; default False sends cumulative output, as SGLang does."""
+
+    num_threads: int | None = Field(None, ge=1)
+    """torch intra-op threads; None keeps torch's default (all cores)."""
+
+    api_key: str | None = None
+    """If set, every request must carry `Authorization: Bearer <api_key>` (SGLang's --api-key)."""

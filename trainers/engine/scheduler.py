@@ -1,0 +1,344 @@
+"""Continuous batching: one thread owns the model and steps every running request together.
+
+Loop, between two decode steps: run queued commands (pause, weight update, ...), apply
+aborts, admit waiting requests (each prefilled alone, then padded into the batch, see
+`kv.BatchKV`), then one decode step over the whole batch. A request that joins does not
+wait for the others to finish; a finished one leaves at once.
+
+Requests talk back through `Req.sink(Delta)`, called on this thread; the HTTP layer
+forwards it to its event loop. Streaming requests get a delta every step, the others one
+at the end. Pause modes: `abort` finishes every running and waiting request with finish
+reason abort (partial output kept); `in_place` keeps the running ones and their KV cache;
+`retract` drops their KV cache and recomputes it (prompt + output so far) on continue,
+so that tokens after a weight update attend over KV from the new weights. While paused,
+new requests queue.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import traceback
+from collections import deque
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from transformers import DynamicCache
+
+from harnessrl.trainers.engine.kv import BatchKV
+from harnessrl.trainers.engine.protocol import SamplingParams
+from harnessrl.trainers.engine.sampling import RowParams, sample
+
+log = logging.getLogger("harnessrl.engine")
+
+
+@dataclass
+class Delta:
+    """New output of one request since its previous delta."""
+
+    ids: list[int]
+    logprobs: list[float]
+    top_logprobs: list[list[tuple[float, int]]]
+    finish: dict | None
+    weight_version: str
+    input_logprobs: list[float | None] | None = None
+
+
+@dataclass
+class Req:
+    """One generation request as the scheduler sees it."""
+
+    rid: str
+    input_ids: list[int]
+    params: SamplingParams
+    sink: Callable[[Delta], None]
+    stream: bool = False
+    top_logprobs_num: int = 0
+    logprob_start_len: int = -1  # >= 0: also return input logprobs from this position
+    output_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
+    input_logprobs: list[float | None] | None = None
+    finish: dict | None = None
+    emitted: int = 0
+    generator: torch.Generator | None = None
+
+    def row(self) -> RowParams:
+        p = self.params
+        return RowParams(p.temperature, p.top_p, p.top_k, self.generator)
+
+
+class Scheduler:
+    """Owns `model`; thread-safe `submit`, `abort`, `call`."""
+
+    def __init__(self, model, tokenizer, eos_ids: set[int], *, weight_version: str, max_running: int,
+                 max_prefill_per_step: int, max_context: int, random_seed: int = 0):
+        self.model, self.tokenizer, self.eos_ids = model, tokenizer, eos_ids
+        self.weight_version = weight_version
+        self.max_running, self.max_prefill = max_running, max_prefill_per_step
+        self.max_context = max_context
+        self.default_gen = torch.Generator().manual_seed(random_seed)
+        self.paused: str | None = None  # None or the pause mode
+        self.steps = 0
+        self._cond = threading.Condition()
+        self._waiting: deque[Req] = deque()
+        self._running: list[Req] = []
+        self._kv = BatchKV()
+        self._commands: deque[tuple[Callable[["Scheduler"], Any], Future]] = deque()
+        self._abort_rids: set[str] = set()
+        self._abort_all = False
+        self._stop = False
+        self._thread = threading.Thread(target=self._loop, name="harnessrl-engine", daemon=True)
+
+    # ---- thread-safe API ----------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
+        self._thread.join(timeout=30)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def submit(self, req: Req) -> None:
+        with self._cond:
+            self._waiting.append(req)
+            self._cond.notify_all()
+
+    def abort(self, rid: str | None = None, abort_all: bool = False) -> None:
+        with self._cond:
+            if abort_all:
+                self._abort_all = True
+            elif rid:
+                self._abort_rids.add(rid)
+            self._cond.notify_all()
+
+    def call(self, fn: Callable[["Scheduler"], Any]) -> Future:
+        """Run `fn(self)` on the scheduler thread between two steps; its result in the future."""
+        fut: Future = Future()
+        with self._cond:
+            self._commands.append((fn, fut))
+            self._cond.notify_all()
+        return fut
+
+    def load(self) -> dict[str, int]:
+        with self._cond:
+            return {"running": len(self._running), "waiting": len(self._waiting)}
+
+    # ---- commands (run on the scheduler thread via `call`) ------------------------
+    def pause(self, mode: str) -> int:
+        """Pause; returns how many requests were aborted (mode abort) or held."""
+        if mode == "abort":
+            n = self._abort_everything("paused (mode abort)")
+        elif mode == "retract":
+            n = len(self._running)
+            # back to the queue's front in their order; KV is recomputed on admission
+            for r in reversed(self._running):
+                self._waiting.appendleft(r)
+            self._running = []
+            self._kv.clear()
+        else:
+            n = len(self._running)
+        self.paused = mode
+        return n
+
+    def resume(self) -> None:
+        self.paused = None
+
+    # ---- the loop -----------------------------------------------------------------
+    def _has_work(self) -> bool:
+        return bool(self._commands or self._abort_rids or self._abort_all
+                    or (self.paused is None and (self._waiting or self._running)))
+
+    def _loop(self) -> None:
+        torch.set_grad_enabled(False)
+        while True:
+            with self._cond:
+                while not (self._stop or self._has_work()):
+                    self._cond.wait()
+                if self._stop:
+                    break
+                commands = list(self._commands)
+                self._commands.clear()
+            for fn, fut in commands:
+                try:
+                    fut.set_result(fn(self))
+                except BaseException as e:  # the caller gets the error, the engine goes on
+                    fut.set_exception(e)
+            self._apply_aborts()
+            if self.paused is not None:
+                continue
+            try:
+                self._admit()
+                if self._running:
+                    self._decode_step()
+            except Exception as e:  # a failed forward must not kill the server
+                log.error("engine step failed: %s", traceback.format_exc())
+                self._fail_running(f"engine error: {type(e).__name__}: {e}")
+        self._abort_everything("engine shut down")
+
+    def _apply_aborts(self) -> None:
+        with self._cond:
+            rids, everything = self._abort_rids, self._abort_all
+            self._abort_rids, self._abort_all = set(), False
+        if everything:
+            self._abort_everything("aborted by abort_request(abort_all)")
+            return
+        if not rids:
+            return
+        with self._cond:
+            hit = [r for r in self._waiting if r.rid in rids]
+            for r in hit:
+                self._waiting.remove(r)
+        for r in hit:
+            self._finish(r, {"type": "abort", "message": "aborted by abort_request"})
+        if any(r.rid in rids for r in self._running):
+            for r in self._running:
+                if r.rid in rids:
+                    self._finish(r, {"type": "abort", "message": "aborted by abort_request"})
+            self._drop_finished()
+
+    def _abort_everything(self, why: str) -> int:
+        with self._cond:
+            waiting = list(self._waiting)
+            self._waiting.clear()
+        victims = self._running + waiting
+        for r in victims:
+            self._finish(r, {"type": "abort", "message": why})
+        self._running = []
+        self._kv.clear()
+        return len(victims)
+
+    def _fail_running(self, why: str) -> None:
+        for r in self._running:
+            if r.finish is None:
+                self._finish(r, {"type": "abort", "message": why, "status_code": 500})
+        self._running = []
+        self._kv.clear()
+
+    # ---- admission and prefill ----------------------------------------------------
+    def _admit(self) -> None:
+        admitted = 0
+        while admitted < self.max_prefill and len(self._running) < self.max_running:
+            with self._cond:
+                if not self._waiting:
+                    return
+                r = self._waiting.popleft()
+            admitted += 1
+            self._prefill(r)
+
+    def _prefill(self, r: Req) -> None:
+        resumed = bool(r.output_ids)  # retracted: recompute KV of prompt + output so far
+        wants_input_lp = r.logprob_start_len >= 0 and r.input_logprobs is None
+        if r.params.max_new_tokens == 0 and not wants_input_lp:
+            self._finish(r, {"type": "length", "length": 0})
+            return
+        seq = r.input_ids + r.output_ids[:-1] if resumed else r.input_ids
+        cache = DynamicCache()
+        out = self.model(input_ids=torch.tensor([seq]), past_key_values=cache, use_cache=True,
+                         logits_to_keep=0 if wants_input_lp else 1)
+        if wants_input_lp:
+            r.input_logprobs = self._input_logprobs(out.logits[0], r)
+        if r.params.max_new_tokens == 0:
+            self._finish(r, {"type": "length", "length": 0})
+            return
+        if not resumed:
+            ids, lps, tops = sample(out.logits[:, -1, :], [r.row()], self.default_gen, r.top_logprobs_num)
+            self._append(r, ids[0], lps[0], tops[0] if tops else None)
+            if r.finish is not None:
+                return
+        self._kv.add(out.past_key_values)
+        self._running.append(r)
+        if r.stream and not resumed:
+            self._emit(r)
+
+    def _input_logprobs(self, logits: torch.Tensor, r: Req) -> list[float | None]:
+        """log_softmax(raw logits) of each prompt token from logprob_start_len (first: None)."""
+        ids = torch.tensor(r.input_ids)
+        lps = torch.log_softmax(logits[:-1].float(), dim=-1).gather(1, ids[1:, None])[:, 0].tolist()
+        full: list[float | None] = [None] + lps
+        return full[r.logprob_start_len:]
+
+    # ---- decode -------------------------------------------------------------------
+    def _decode_step(self) -> None:
+        input_ids = torch.tensor([[r.output_ids[-1]] for r in self._running])
+        out = self.model(input_ids=input_ids, **self._kv.step_inputs())
+        self._kv.cache = out.past_key_values
+        top_n = max(r.top_logprobs_num for r in self._running)
+        ids, lps, tops = sample(out.logits[:, -1, :], [r.row() for r in self._running], self.default_gen, top_n)
+        self.steps += 1
+        for i, r in enumerate(self._running):
+            self._append(r, ids[i], lps[i], tops[i][: r.top_logprobs_num] if tops else None)
+            if r.stream and r.finish is None:
+                self._emit(r)
+        self._drop_finished()
+
+    def _drop_finished(self) -> None:
+        keep = [i for i, r in enumerate(self._running) if r.finish is None]
+        if len(keep) != len(self._running):
+            self._running = [self._running[i] for i in keep]
+            self._kv.keep(keep)
+
+    def _append(self, r: Req, token: int, logprob: float, top: list | None) -> None:
+        r.output_ids.append(token)
+        r.logprobs.append(logprob)
+        if top is not None and r.top_logprobs_num:
+            r.top_logprobs.append(top)
+        p = r.params
+        if not p.ignore_eos and token in self.eos_ids:
+            self._finish(r, {"type": "stop", "matched": token})
+        elif p.stop_token_ids and token in p.stop_token_ids:
+            self._finish(r, {"type": "stop", "matched": token})
+        elif (matched := self._stop_string(r)) is not None:
+            self._finish(r, {"type": "stop", "matched": matched})
+        elif len(r.output_ids) >= p.max_new_tokens:
+            self._finish(r, {"type": "length", "length": p.max_new_tokens})
+        elif len(r.input_ids) + len(r.output_ids) >= self.max_context:
+            self._finish(r, {"type": "length", "length": len(r.output_ids)})
+
+    def _stop_string(self, r: Req) -> str | None:
+        stops = r.params.stop_strings
+        if not stops:
+            return None
+        # only the tail can hold a new match; a token decodes to at least one character
+        tail = self.tokenizer.decode(r.output_ids[-(max(map(len, stops)) + 8):],
+                                     skip_special_tokens=r.params.skip_special_tokens)
+        return next((s for s in stops if s in tail), None)
+
+    # ---- output -------------------------------------------------------------------
+    def _finish(self, r: Req, reason: dict) -> None:
+        if r.finish is not None:
+            return
+        r.finish = reason
+        self._emit(r)
+
+    def _emit(self, r: Req) -> None:
+        start, r.emitted = r.emitted, len(r.output_ids)
+        delta = Delta(
+            ids=r.output_ids[start:],
+            logprobs=r.logprobs[start:],
+            top_logprobs=r.top_logprobs[start:] if r.top_logprobs_num else [],
+            finish=r.finish,
+            weight_version=self.weight_version,
+            input_logprobs=r.input_logprobs if start == 0 else None,
+        )
+        try:
+            r.sink(delta)
+        except Exception:  # a gone client must not stop the batch
+            log.warning("could not deliver output of %s", r.rid)
+
+
+def wait_until(pred: Callable[[], bool], timeout: float, interval: float = 0.01) -> bool:
+    """Poll `pred` until true or timeout (start-up and test helper)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return True
+        time.sleep(interval)
+    return pred()

@@ -1,0 +1,284 @@
+"""The engine's HTTP API: the SGLang subset of ../shared/docs/sglang-contract.md.
+
+Routes: POST /generate (one prompt, or a batch as a list of prompts; SSE when `stream`),
+/abort_request, /pause_generation, /continue_generation, /update_weights_from_disk,
+/flush_cache; GET /health, /get_model_info. Replies have SGLang's shapes: `meta_info` with
+`finish_reason` ({"type": "stop"|"length"|"abort", ...}), `output_token_logprobs`
+([[logprob, id, text|null], ...], when `return_logprob`) and `weight_version`. Errors are
+`{"error": {"message": ...}}` with 400 for bad input (the message names the field), as
+SGLang's `_create_error_response` does. Streams are cumulative like SGLang's default
+(every chunk holds all output so far) unless `incremental_streaming_output` is set.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+import torch
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+
+from harnessrl.trainers.engine.config import EngineConfig
+from harnessrl.trainers.engine.protocol import (
+    AbortRequest, BadRequest, GenerateRequest, PauseRequest, UpdateWeightsRequest,
+    decode_json, parse_body, split_batch, validate,
+)
+from harnessrl.trainers.engine.scheduler import Delta, Req, Scheduler
+from harnessrl.trainers.engine.weights import WeightLoadError, apply_weights, read_weights
+
+
+@dataclass
+class EngineState:
+    """Everything the routes share: model facts, the scheduler, in-flight rids."""
+
+    config: EngineConfig
+    scheduler: Scheduler
+    tokenizer: Any
+    model_path: str
+    vocab_size: int
+    max_context: int
+    tokenizer_path: str = ""
+    in_flight: set[str] = field(default_factory=set)
+    update_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": {"message": message}}, status_code=status)
+
+
+class _Accumulator:
+    """Collects a request's deltas and renders SGLang reply bodies from them."""
+
+    def __init__(self, state: EngineState, body: GenerateRequest, rid: str):
+        self.state, self.body, self.rid = state, body, rid
+        self.ids: list[int] = []
+        self.logprobs: list[float] = []
+        self.tops: list[list[tuple[float, int]]] = []
+        self.input_logprobs: list[float | None] | None = None
+        self.finish: dict | None = None
+        self.version = ""
+        self.text_sent = ""
+
+    def add(self, d: Delta) -> tuple[int, int]:
+        start = len(self.ids)
+        self.ids += d.ids
+        self.logprobs += d.logprobs
+        self.tops += d.top_logprobs
+        if d.input_logprobs is not None:
+            self.input_logprobs = d.input_logprobs
+        self.finish, self.version = d.finish, d.weight_version
+        return start, len(self.ids)
+
+    def _text(self) -> str:
+        p = self.body.sampling_params
+        text = self.state.tokenizer.decode(self.ids, skip_special_tokens=p.skip_special_tokens)
+        matched = (self.finish or {}).get("matched")
+        if isinstance(matched, str) and not p.no_stop_trim and matched in text:
+            text = text[: text.index(matched)]
+        return text
+
+    def _entries(self, pairs, with_text: bool) -> list:
+        dec = self.state.tokenizer.decode
+        return [[lp, tid, dec([tid]) if with_text and tid is not None else None] for lp, tid in pairs]
+
+    def render(self, start: int = 0, end: int | None = None) -> dict:
+        """Reply body over output tokens [start:end] (whole output by default)."""
+        end = len(self.ids) if end is None else end
+        b = self.body
+        full_text = self._text()
+        if start == 0:
+            text = full_text
+        else:  # incremental chunk: the new part of the decoded text
+            text = full_text[len(self.text_sent):] if full_text.startswith(self.text_sent) else full_text
+        self.text_sent = full_text
+        meta: dict[str, Any] = {
+            "id": self.rid,
+            "finish_reason": self.finish,
+            "prompt_tokens": len(b.input_ids),
+            "completion_tokens": len(self.ids),
+            "cached_tokens": 0,
+            "weight_version": self.version,
+        }
+        if b.return_logprob:
+            with_text = b.return_text_in_logprobs
+            meta["output_token_logprobs"] = self._entries(
+                zip(self.logprobs[start:end], self.ids[start:end]), with_text)
+            if b.top_logprobs_num:
+                meta["output_top_logprobs"] = [self._entries(top, with_text) for top in self.tops[start:end]]
+            if b.logprob_start_len >= 0 and self.input_logprobs is not None:
+                prompt = b.input_ids[b.logprob_start_len:]
+                meta["input_token_logprobs"] = self._entries(zip(self.input_logprobs, prompt), with_text)
+        return {"text": text, "output_ids": self.ids[start:end], "meta_info": meta}
+
+
+def build_app(state: EngineState) -> FastAPI:
+    app = FastAPI(title="harnessrl local engine (SGLang API subset)")
+    sched = state.scheduler
+    cfg = state.config
+
+    @app.middleware("http")
+    async def _auth(request: Request, call_next):
+        if cfg.api_key and request.headers.get("authorization") != f"Bearer {cfg.api_key}":
+            return _error(401, "authorization: missing or wrong bearer token")
+        return await call_next(request)
+
+    def _check(body: GenerateRequest, where: str = "") -> None:
+        bad = next(((i, t) for i, t in enumerate(body.input_ids) if t >= state.vocab_size), None)
+        if bad is not None:
+            raise BadRequest(f"{where}input_ids[{bad[0]}]: token id {bad[1]} is outside the vocabulary "
+                             f"(0..{state.vocab_size - 1})")
+        for name in ("stop_token_ids",):
+            for t in getattr(body.sampling_params, name) or []:
+                if t >= state.vocab_size:
+                    raise BadRequest(f"{where}sampling_params.{name}: token id {t} is outside the vocabulary")
+        if len(body.input_ids) >= state.max_context:
+            raise BadRequest(f"{where}input_ids: {len(body.input_ids)} tokens do not fit the context "
+                             f"length {state.max_context}")
+        if body.logprob_start_len >= len(body.input_ids):
+            raise BadRequest(f"{where}logprob_start_len: {body.logprob_start_len} is not inside the prompt "
+                             f"of {len(body.input_ids)} tokens")
+        if body.rid is not None and body.rid in state.in_flight:
+            raise BadRequest(f"{where}rid: {body.rid!r} is already running")
+
+    def _start(body: GenerateRequest) -> tuple[Req, asyncio.Queue, _Accumulator]:
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[Delta] = asyncio.Queue()
+        rid = body.rid or uuid.uuid4().hex
+        p = body.sampling_params
+        gen = torch.Generator().manual_seed(p.sampling_seed) if p.sampling_seed is not None else None
+        req = Req(rid=rid, input_ids=list(body.input_ids), params=p,
+                  sink=lambda d: loop.call_soon_threadsafe(queue.put_nowait, d),
+                  stream=body.stream, top_logprobs_num=body.top_logprobs_num if body.return_logprob else 0,
+                  logprob_start_len=body.logprob_start_len if body.return_logprob else -1, generator=gen)
+        state.in_flight.add(rid)
+        sched.submit(req)
+        return req, queue, _Accumulator(state, body, rid)
+
+    async def _run_to_end(body: GenerateRequest, request: Request) -> dict:
+        req, queue, acc = _start(body)
+        try:
+            while acc.finish is None:
+                try:
+                    acc.add(await asyncio.wait_for(queue.get(), timeout=1.0))
+                except asyncio.TimeoutError:
+                    if await request.is_disconnected():  # nobody will read it: free the batch slot
+                        sched.abort(req.rid)
+            return acc.render()
+        finally:
+            state.in_flight.discard(req.rid)
+            if acc.finish is None:
+                sched.abort(req.rid)
+
+    async def _stream(body: GenerateRequest) -> AsyncIterator[bytes]:
+        req, queue, acc = _start(body)
+        incremental = cfg.incremental_streaming_output
+        try:
+            while acc.finish is None:
+                start, end = acc.add(await queue.get())
+                chunk = acc.render(start, end) if incremental else acc.render()
+                yield b"data: " + json.dumps(chunk).encode() + b"\n\n"
+            yield b"data: [DONE]\n\n"
+        finally:  # also on client disconnect (the generator is cancelled)
+            state.in_flight.discard(req.rid)
+            if acc.finish is None:
+                sched.abort(req.rid)
+
+    @app.post("/generate")
+    async def generate(request: Request):
+        try:
+            data = decode_json(await request.body(), GenerateRequest)
+            batch = split_batch(data)
+            if batch is None:
+                body = validate(data, GenerateRequest)
+                _check(body)
+                if body.stream:
+                    return StreamingResponse(_stream(body), media_type="text/event-stream")
+                return await _run_to_end(body, request)
+            bodies = [validate(b, GenerateRequest, prefix=f"[{i}].") for i, b in enumerate(batch)]
+            for i, b in enumerate(bodies):
+                _check(b, where=f"[{i}].")
+            return await asyncio.gather(*(_run_to_end(b, request) for b in bodies))
+        except BadRequest as e:
+            return _error(400, str(e))
+
+    @app.post("/abort_request")
+    async def abort_request(request: Request):
+        try:
+            body = parse_body(await request.body(), AbortRequest)
+        except BadRequest as e:
+            return _error(400, str(e))
+        if not body.rid and not body.abort_all:
+            return _error(400, "rid: give a request id or abort_all: true")
+        sched.abort(body.rid or None, body.abort_all)
+        return JSONResponse({})
+
+    @app.post("/pause_generation")
+    async def pause_generation(request: Request):
+        try:
+            body = parse_body(await request.body(), PauseRequest, required=False)
+        except BadRequest as e:
+            return _error(400, str(e))
+        n = await asyncio.wrap_future(sched.call(lambda s: s.pause(body.mode)))
+        return JSONResponse({"message": f"Generation paused (mode {body.mode})", "num_paused_requests": n})
+
+    @app.post("/continue_generation")
+    async def continue_generation():
+        await asyncio.wrap_future(sched.call(lambda s: s.resume()))
+        return JSONResponse({"message": "Generation continued"})
+
+    @app.post("/update_weights_from_disk")
+    async def update_weights_from_disk(request: Request):
+        try:
+            body = parse_body(await request.body(), UpdateWeightsRequest)
+        except BadRequest as e:
+            return _error(400, str(e))
+        async with state.update_lock:
+            try:  # read and check off the scheduler thread; decoding goes on meanwhile
+                weights = await asyncio.to_thread(read_weights, body.model_path, sched.model, body.load_format)
+            except WeightLoadError as e:
+                return JSONResponse({"success": False, "message": str(e), "num_paused_requests": 0},
+                                    status_code=400)
+
+            def swap(s: Scheduler) -> int:
+                n = s._abort_everything("aborted for a weight update") if body.abort_all_requests else 0
+                apply_weights(s.model, weights)
+                if body.weight_version is not None:
+                    s.weight_version = body.weight_version
+                return n
+
+            n = await asyncio.wrap_future(sched.call(swap))
+            state.model_path = str(Path(body.model_path))
+        return JSONResponse({"success": True, "num_paused_requests": n,
+                             "message": f"Succeeded to update model weights (version {sched.weight_version})."})
+
+    @app.api_route("/flush_cache", methods=["GET", "POST"])
+    async def flush_cache():
+        # No prefix cache is kept across requests, so there is nothing to drop; the route
+        # exists so that clients written for SGLang work unchanged.
+        return PlainTextResponse("Cache flushed.\n")
+
+    @app.get("/health")
+    async def health():
+        if not sched.alive:
+            return _error(503, "engine loop is not running")
+        return PlainTextResponse("")
+
+    @app.get("/get_model_info")
+    async def get_model_info():
+        return {
+            "model_path": state.model_path,
+            "tokenizer_path": state.tokenizer_path or state.model_path,
+            "is_generation": True,
+            "weight_version": sched.weight_version,
+            "vocab_size": state.vocab_size,
+            "max_context_length": state.max_context,
+            "eos_token_ids": sorted(sched.eos_ids),
+            "max_running_requests": cfg.max_running_requests,
+            **sched.load(),
+        }
+
+    return app
