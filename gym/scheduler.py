@@ -1,0 +1,303 @@
+"""Rollout scheduling with bounded, visible staleness.
+
+Contract: episodes run concurrently, up to `env_pool_size`, each with its own timeout; the
+trainer takes complete GRPO groups as they finish while new episodes start. `staleness`
+(η) bounds how many policy versions a trained token may lag the policy being updated:
+a batch consumed at version V holds only tokens sampled by versions >= V - η.
+
+Three mechanisms keep η:
+
+- Admission (AReaL-style): a new group starts only while
+  `groups_started < (V + η + 1) * groups_per_step`, so the generator never runs further
+  ahead than the trainer can consume in time.
+- A per-turn check: an episode calls `slot.before_turn()` before each model call; under the
+  `requeue` policy an episode whose oldest token would already be too stale is aborted
+  (`StaleEpisode`) and its task rerun.
+- At consumption: under `wait` the trainer at version V first waits for every in-flight
+  group that started at a version <= V - η and takes it into this batch (after the update it
+  would be too stale); under `requeue` a too-stale group is dropped and its task rerun;
+  under `downweight` it is kept, its weight multiplied by `downweight_factor ** excess`.
+
+η = 0 with `wait` is the synchronous baseline: one version per step, the trainer waits for
+every episode of the step. The counts of each policy's interventions are in `stats`.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Awaitable, Callable, Iterable, Literal
+
+from pydantic import BaseModel, Field
+
+from harnessrl.gym.trajectory import Trajectory
+
+
+class SchedulerConfig(BaseModel, extra="forbid"):
+    """How episodes are scheduled against the trainer."""
+
+    env_pool_size: int = Field(8, ge=1)
+    """Most episodes (sandbox + harness) running at once."""
+    group_size: int = Field(4, ge=1)
+    """G: rollouts of the same task whose rewards form one GRPO group."""
+    groups_per_step: int = Field(2, ge=1)
+    """Groups the trainer consumes per step (at least; `wait` may add stale-prone ones)."""
+    staleness: int = Field(1, ge=0)
+    """η: the most policy versions a trained token may lag. 0 = synchronous."""
+    over_staleness: Literal["wait", "requeue", "downweight"] = "wait"
+    """What to do with data that would exceed η: make the trainer wait for it, abort and
+    rerun it, or keep it with a lower weight (the only policy that lets η be exceeded)."""
+    downweight_factor: float = Field(0.5, gt=0, le=1)
+    """Weight multiplier per version of excess staleness, for `downweight`."""
+    episode_timeout_s: float = Field(1800.0, gt=0)
+    """Wall-clock limit of one episode; past it the episode ends `timeout` and is masked."""
+    max_requeues: int = Field(3, ge=0)
+    """How often one task's rollout may be rerun for staleness before it is dropped."""
+
+
+class StaleEpisode(Exception):
+    """Raised by `before_turn` when the episode's data could no longer be trained on."""
+
+
+@dataclass
+class EpisodeSlot:
+    """What an episode gets: its identity and the per-turn staleness check."""
+
+    task_id: str
+    group_id: int
+    index: int
+    start_version: int
+    attempt: int
+    _sched: "RolloutScheduler" = field(repr=False)
+
+    @property
+    def version(self) -> int:
+        return self._sched.version
+
+    async def before_turn(self) -> int:
+        """Call before each model call; returns the current version, or raises StaleEpisode."""
+        s = self._sched
+        if s.config.over_staleness == "requeue" and s.version - self.start_version > s.config.staleness:
+            raise StaleEpisode(f"started at v{self.start_version}, policy now v{s.version}")
+        return s.version
+
+
+EpisodeFn = Callable[[EpisodeSlot], Awaitable[Trajectory]]
+
+
+@dataclass(eq=False)
+class _Group:
+    group_id: int
+    task_id: str
+    start_version: int
+    trajectories: dict[int, Trajectory] = field(default_factory=dict)
+    running: int = 0
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+@dataclass
+class SchedulerStats:
+    started: int = 0
+    completed: int = 0
+    timeouts: int = 0
+    requeued_turn: int = 0
+    requeued_group: int = 0
+    dropped: int = 0
+    downweighted: int = 0
+    waited_groups: int = 0
+    wait_s: float = 0.0
+    staleness_hist: dict[int, int] = field(default_factory=dict)
+    """Trained tokens by lag (consumption version minus sampling version)."""
+    env_latency_s: list[float] = field(default_factory=list)
+    consumed: int = 0
+
+    def as_dict(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k != "env_latency_s"}
+
+
+def token_versions(traj: Trajectory) -> list[int]:
+    return [v for seg in traj.segments for v, m in zip(seg.versions, seg.loss_mask) if m]
+
+
+class RolloutScheduler:
+    """Runs episodes against a moving policy version; hands the trainer complete groups."""
+
+    def __init__(self, config: SchedulerConfig, episode_fn: EpisodeFn, tasks: Iterable[str]):
+        self.config = config
+        self._episode_fn = episode_fn
+        self._tasks = iter(tasks)  # pass itertools.cycle(...) for an endless run
+        self.version = 0
+        self.stats = SchedulerStats()
+        self._groups: dict[int, _Group] = {}
+        self._ready: deque[_Group] = deque()
+        self._retry: deque[tuple[_Group, int, int]] = deque()  # (group, index, attempt)
+        self._pending: deque[tuple[_Group, int]] = deque()  # episodes of admitted groups not yet launched
+        self._groups_started = 0
+        self._free = config.env_pool_size
+        self._cond = asyncio.Condition()
+        self._runner: asyncio.Task | None = None
+        self._episodes: set[asyncio.Task] = set()
+        self._group_ids = itertools.count()
+        self._exhausted = False
+
+    # -- lifecycle ---------------------------------------------------------------------
+    async def start(self) -> None:
+        self._runner = asyncio.create_task(self._launch_loop())
+
+    async def close(self) -> None:
+        if self._runner:
+            self._runner.cancel()
+        for t in list(self._episodes):
+            t.cancel()
+        await asyncio.gather(*self._episodes, *( [self._runner] if self._runner else []), return_exceptions=True)
+
+    async def advance_version(self, version: int | None = None) -> None:
+        """The trainer published new weights: later tokens carry this version."""
+        async with self._cond:
+            self.version = self.version + 1 if version is None else version
+            self._cond.notify_all()
+
+    # -- admission and launching -------------------------------------------------------
+    def _admissible(self) -> bool:
+        c = self.config
+        return self._groups_started < (self.version + c.staleness + 1) * c.groups_per_step
+
+    async def _launch_loop(self) -> None:
+        while True:
+            async with self._cond:
+                await self._cond.wait_for(self._can_launch)
+                item = self._next_episode()
+                if item is None:
+                    continue
+                group, index, attempt = item
+                self._free -= 1
+                group.running += 1
+                slot = EpisodeSlot(group.task_id, group.group_id, index, self.version, attempt, self)
+                self.stats.started += 1
+            task = asyncio.create_task(self._run_episode(group, slot))
+            self._episodes.add(task)
+            task.add_done_callback(self._episodes.discard)
+
+    def _can_launch(self) -> bool:
+        if self._free <= 0:
+            return False
+        return bool(self._retry or self._pending) or (not self._exhausted and self._admissible())
+
+    def _next_episode(self) -> tuple[_Group, int, int] | None:
+        if self._retry:
+            return self._retry.popleft()
+        if not self._pending:
+            try:
+                task_id = next(self._tasks)
+            except StopIteration:
+                self._exhausted = True
+                return None
+            gid = next(self._group_ids)
+            group = _Group(gid, task_id, self.version)
+            self._groups[gid] = group
+            self._groups_started += 1
+            self._pending.extend((group, i) for i in range(self.config.group_size))
+        group, index = self._pending.popleft()
+        return group, index, 0
+
+    async def _run_episode(self, group: _Group, slot: EpisodeSlot) -> None:
+        t0 = time.monotonic()
+        traj: Trajectory | None = None
+        requeue = False
+        try:
+            traj = await asyncio.wait_for(self._episode_fn(slot), self.config.episode_timeout_s)
+        except StaleEpisode:
+            requeue = True
+        except asyncio.TimeoutError:
+            self.stats.timeouts += 1
+            traj = Trajectory(session_id=f"g{group.group_id}-{slot.index}", segments=[], status="truncated",
+                              termination="timeout", task_id=group.task_id)
+            traj.metadata["masked"] = True
+        async with self._cond:
+            self._free += 1
+            group.running -= 1
+            if requeue:
+                self.stats.requeued_turn += 1
+                if slot.attempt < self.config.max_requeues:
+                    self._retry.append((group, slot.index, slot.attempt + 1))
+                else:
+                    self.stats.dropped += 1
+                    group.trajectories[slot.index] = Trajectory(
+                        session_id=f"g{group.group_id}-{slot.index}", segments=[], status="infra_error",
+                        termination="stale", task_id=group.task_id)
+            else:
+                assert traj is not None
+                traj.metadata.setdefault("start_version", slot.start_version)
+                self.stats.completed += 1
+                self.stats.env_latency_s.append(time.monotonic() - t0)
+                group.trajectories[slot.index] = traj
+            if len(group.trajectories) == self.config.group_size and not group.done.is_set():
+                group.done.set()
+                self._ready.append(group)
+            self._cond.notify_all()
+
+    # -- consumption -------------------------------------------------------------------
+    def _group_min_version(self, group: _Group) -> int:
+        versions = [v for t in group.trajectories.values() for v in token_versions(t)]
+        return min(versions) if versions else group.start_version
+
+    async def next_batch(self) -> list[Trajectory]:
+        """Complete groups for a training step at the current version, η enforced."""
+        c = self.config
+        V = self.version
+        t0 = time.monotonic()
+        batch: list[_Group] = []
+        async with self._cond:
+            while True:
+                # Under `wait`, every group that started at <= V - η must be in this batch.
+                must = [g for g in self._groups.values()
+                        if c.over_staleness == "wait" and g.start_version <= V - c.staleness and g not in batch]
+                for group in list(self._ready):
+                    if len(batch) < c.groups_per_step or group in must:
+                        self._ready.remove(group)
+                        if self._accept(group, V):
+                            batch.append(group)
+                must = [g for g in must if g not in batch and g.group_id in self._groups]
+                if len(batch) >= c.groups_per_step and not must:
+                    break
+                if self._exhausted and not self._episodes and not self._ready and not self._pending and not self._retry:
+                    break
+                if must:
+                    self.stats.waited_groups += 1
+                await self._cond.wait()
+        for g in batch:
+            del self._groups[g.group_id]
+        self.stats.wait_s += time.monotonic() - t0
+        out: list[Trajectory] = []
+        for g in batch:
+            for i in sorted(g.trajectories):
+                traj = g.trajectories[i]
+                for v in token_versions(traj):
+                    lag = V - v
+                    self.stats.staleness_hist[lag] = self.stats.staleness_hist.get(lag, 0) + 1
+                traj.metadata["group_id"] = g.group_id
+                traj.metadata["consumed_at_version"] = V
+                out.append(traj)
+        self.stats.consumed += len(out)
+        return out
+
+    def _accept(self, group: _Group, V: int) -> bool:
+        c = self.config
+        excess = V - self._group_min_version(group) - c.staleness
+        if excess <= 0:
+            return True
+        if c.over_staleness == "downweight":
+            self.stats.downweighted += 1
+            for t in group.trajectories.values():
+                t.metadata["weight"] = t.metadata.get("weight", 1.0) * c.downweight_factor ** excess
+            return True
+        # `requeue` (or `wait` defeated by a version jump): drop the data, rerun the task.
+        self.stats.requeued_group += 1
+        del self._groups[group.group_id]
+        fresh = _Group(next(self._group_ids), group.task_id, V)
+        self._groups[fresh.group_id] = fresh
+        self._pending.extendleft((fresh, i) for i in reversed(range(c.group_size)))
+        self._cond.notify_all()
+        return False

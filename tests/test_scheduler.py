@@ -1,0 +1,144 @@
+"""The rollout scheduler: η is never exceeded, η = 0 is on-policy, a hung env stalls no one."""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import random
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from harnessrl.gym.scheduler import RolloutScheduler, SchedulerConfig, StaleEpisode
+from harnessrl.gym.sim import lognormal, run_simulation
+from harnessrl.gym.trajectory import Segment, Trajectory
+
+
+def _sim(config: SchedulerConfig, seed: int, cv: float = 1.0, steps: int = 4, train_s: float = 0.01) -> dict:
+    rng = random.Random(seed)
+    return asyncio.run(run_simulation(config, steps=steps, slots=8, step_s=0.0005, turns=3, tokens_per_turn=4,
+                                      env_latency=lognormal(0.01, cv, rng), train_s=train_s))
+
+
+@settings(max_examples=12, deadline=None)
+@given(eta=st.integers(0, 3), policy=st.sampled_from(["wait", "requeue"]), seed=st.integers(0, 10_000),
+       cv=st.sampled_from([0.5, 1.0, 2.0]), pool=st.integers(2, 16))
+def test_staleness_bound_is_never_exceeded(eta: int, policy: str, seed: int, cv: float, pool: int) -> None:
+    cfg = SchedulerConfig(env_pool_size=pool, group_size=2, groups_per_step=2, staleness=eta, over_staleness=policy)
+    out = _sim(cfg, seed, cv)
+    assert out["trajectories"] >= 4 * 2
+    assert out["max_lag"] <= eta
+    assert max(out["stats"]["staleness_hist"]) <= eta
+
+
+def test_eta_zero_is_exactly_on_policy() -> None:
+    cfg = SchedulerConfig(env_pool_size=16, group_size=4, groups_per_step=2, staleness=0)
+    out = _sim(cfg, seed=3, steps=5)
+    assert out["on_policy"] is True
+    assert out["trajectories"] == 5 * 8  # exactly one batch per version, nothing extra
+    assert set(out["stats"]["staleness_hist"]) == {0}
+
+
+def test_async_lets_tokens_lag_but_within_eta() -> None:
+    cfg = SchedulerConfig(env_pool_size=16, group_size=2, groups_per_step=2, staleness=2)
+    out = _sim(cfg, seed=5, steps=6, train_s=0.05)
+    hist = out["stats"]["staleness_hist"]
+    assert max(hist) <= 2 and max(hist) >= 1  # off-policy data was actually used
+
+
+def test_downweight_keeps_and_marks_stale_groups() -> None:
+    async def main() -> tuple[list[Trajectory], dict]:
+        gate = asyncio.Event()
+
+        async def episode(slot):  # group 0 samples at v0, then its env waits two versions
+            sampled_at = slot.version
+            if slot.group_id == 0:
+                await gate.wait()
+            seg = Segment([5, 6], [0, 1], [0.0, -0.1], [-1, sampled_at])
+            return Trajectory(session_id=f"{slot.group_id}-{slot.index}", segments=[seg], reward=1.0, status="ok",
+                              task_id=slot.task_id)
+
+        cfg = SchedulerConfig(env_pool_size=4, group_size=1, groups_per_step=1, staleness=5, over_staleness="downweight")
+        s = RolloutScheduler(cfg, episode, itertools.cycle(["a", "b"]))
+        await s.start()
+        first = await s.next_batch()  # group 1 (group 0 is held)
+        s.config.staleness = 0  # tighten η at run time: group 0's data is now too stale
+        await s.advance_version()
+        await s.advance_version()
+        gate.set()
+        batches = []
+        while not any(t.session_id.startswith("0-") for b in batches for t in b):
+            batches.append(await s.next_batch())
+            await s.advance_version()
+        await s.close()
+        return [t for b in [first, *batches] for t in b], s.stats.as_dict()
+
+    trajs, stats = asyncio.run(main())
+    stale = next(t for t in trajs if t.session_id.startswith("0-"))
+    assert stale.metadata["weight"] < 1.0
+    assert stats["downweighted"] >= 1
+
+
+def test_requeue_reruns_a_stale_episode_at_the_turn_check() -> None:
+    async def main():
+        calls = []
+
+        async def episode(slot):
+            calls.append((slot.task_id, slot.attempt, slot.start_version))
+            await slot.before_turn()
+            if slot.attempt == 0 and slot.group_id == 0:
+                await asyncio.sleep(0.2)  # the trainer moves on meanwhile
+                await slot.before_turn()  # raises StaleEpisode
+            seg = Segment([5, 6], [0, 1], [0.0, -0.1], [-1, slot.version])
+            return Trajectory(session_id=f"{slot.group_id}-{slot.attempt}", segments=[seg], reward=1.0, status="ok",
+                              task_id=slot.task_id)
+
+        cfg = SchedulerConfig(env_pool_size=4, group_size=1, groups_per_step=1, staleness=0, over_staleness="requeue")
+        s = RolloutScheduler(cfg, episode, itertools.cycle(["a", "b", "c"]))
+        await s.start()
+        await asyncio.sleep(0.05)
+        await s.advance_version()  # forced bump while group 0 is mid-episode
+        batch = await s.next_batch()  # task b, started at v1
+        batch += await s.next_batch()  # task a again: aborted at its turn check, rerun at v1
+        await s.close()
+        return calls, batch, s.stats.as_dict()
+
+    calls, batch, stats = asyncio.run(main())
+    assert stats["requeued_turn"] == 1
+    assert ("a", 1, 1) in calls  # rerun of task a, attempt 1, at the new version
+    assert sorted(t.task_id for t in batch) == ["a", "b"]
+    assert sorted(t.task_id for t in batch) == ["a", "b"]
+    assert all(v == 1 for t in batch for v in t.segments[0].versions if v >= 0)
+
+
+def test_hung_environment_times_out_without_stalling_the_others() -> None:
+    async def main():
+        async def episode(slot):
+            if slot.task_id == "hang":
+                await asyncio.Event().wait()  # never returns
+            await asyncio.sleep(0.01)
+            seg = Segment([5, 6], [0, 1], [0.0, -0.1], [-1, slot.version])
+            return Trajectory(session_id=f"{slot.group_id}-{slot.index}", segments=[seg], reward=1.0, status="ok",
+                              task_id=slot.task_id)
+
+        cfg = SchedulerConfig(env_pool_size=4, group_size=2, groups_per_step=4, staleness=1, episode_timeout_s=0.3)
+        s = RolloutScheduler(cfg, episode, iter(["ok1", "hang", "ok2", "ok3"]))
+        await s.start()
+        batch = await asyncio.wait_for(s.next_batch(), 10)
+        await s.close()
+        return batch, s.stats.as_dict()
+
+    batch, stats = asyncio.run(main())
+    assert stats["timeouts"] == 2
+    hung = [t for t in batch if t.task_id == "hang"]
+    assert len(hung) == 2 and all(t.termination == "timeout" and not t.trainable for t in hung)
+    assert sum(t.trainable for t in batch) == 6 and stats["completed"] == 8
+
+
+def test_config_rejects_bad_fields() -> None:
+    with pytest.raises(ValueError, match="staleness"):
+        SchedulerConfig(staleness=-1)
+    with pytest.raises(ValueError, match="over_staleness"):
+        SchedulerConfig(over_staleness="pray")
+    with pytest.raises(ValueError, match="pool"):
+        SchedulerConfig(pool=3)
+    assert StaleEpisode.__doc__
