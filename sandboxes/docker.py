@@ -1,0 +1,300 @@
+"""Docker sandboxes: one container per episode, from an offline task image, on the real engine.
+
+Contract: a container has no network (`network_mode=none`), CPU / memory / pids limits, every
+capability dropped, `no-new-privileges`, runs as `agent` (uid 1000), and a read-only root;
+only the repository (`spec.workdir`), `/tmp` and `/home/agent` are writable (anonymous volumes,
+seeded from the image, removed with the container). Containers carry `harnessrl.managed=1`
+and a run id, so `reap()` removes what a crashed run left. Files cross as tar streams
+(put_archive / get_archive), never on a command line. If the container is gone, every call
+raises SandboxDied; a command past its timeout is killed and reported with exit_code -1.
+"""
+from __future__ import annotations
+
+import io
+import tarfile
+import threading
+import time
+import uuid
+from pathlib import PurePosixPath
+from typing import Any, Sequence
+
+from pydantic import BaseModel, Field
+
+from harnessrl.sandboxes.base import (ExecResult, RepoSpec, SandboxDied, SandboxError,
+                                      SandboxUnavailable)
+from harnessrl.sandboxes.images import PRISTINE_DIR, base_image_tag, build_base_image, ensure_task_image
+from harnessrl.sandboxes.repo import DIFF_SCRIPT, RESET_SCRIPT
+
+__all__ = ["DockerConfig", "DockerBackend", "DockerSandbox", "base_image_tag", "build_base_image",
+           "reap", "MANAGED_LABEL", "RUN_LABEL"]
+
+MANAGED_LABEL = "harnessrl.managed"
+RUN_LABEL = "harnessrl.run_id"
+HOME = "/home/agent"
+# PID 1 of every sandbox: reaps orphans (so killed process trees leave no zombies) and exits on
+# SIGTERM. Python, because the base image has it and `sleep` as PID 1 reaps nothing.
+_INIT = """import os, signal
+signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGCHLD, signal.SIGTERM])
+while True:
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0] > 0: pass
+    except ChildProcessError: pass
+    s = signal.sigtimedwait([signal.SIGCHLD, signal.SIGTERM], 5)
+    if s is not None and s.si_signo == signal.SIGTERM: break
+"""
+# Before reset: kill every process but PID 1 (left-over servers of the last episode), empty
+# /tmp and the home directory (so nothing, e.g. applied hidden tests, reaches the next one).
+_CLEAN_PROCS_AND_SCRATCH = (f"kill -9 -1 2>/dev/null; find /tmp {HOME} -mindepth 1 -delete "
+                            "2>/dev/null; true")
+
+
+class DockerConfig(BaseModel):
+    """How docker sandboxes are limited and labelled."""
+
+    cpus: float = 1.0
+    """CPU quota per container (cores)."""
+    memory: str = "2g"
+    """Memory limit per container (docker syntax, e.g. 512m); swap is not allowed on top."""
+    pids_limit: int = 512
+    """Most processes/threads in one container (contains fork bombs)."""
+    run_id: str | None = None
+    """Label for this run's containers (reap(run_id=...)); None: a fresh id per backend."""
+    base_image: str | None = None
+    """Base image tag; None: base_image_tag() of the packaged recipe."""
+    output_limit: int = Field(default=4 << 20, gt=0)
+    """Most bytes of command output kept per exec (the rest is dropped and noted)."""
+    kill_grace_s: float = 5.0
+    """Seconds past an exec's timeout before the host kills it from outside."""
+
+
+def _client():
+    try:
+        import docker
+        client = docker.from_env(timeout=120)
+        client.ping()
+        return client
+    except Exception as e:  # no SDK, no socket, engine not answering
+        raise SandboxUnavailable(f"no Docker engine answers ({type(e).__name__}: {e}); install "
+                                 "docker.io and start dockerd (scripts/setup.sh does both)") from e
+
+
+def _mount_spec(m: Any):
+    """A Mount-like object (host, target, read_only) or a (host, target, read_only) tuple."""
+    import docker.types
+
+    host, target, ro = (m.host, m.target, m.read_only) if hasattr(m, "host") else m
+    return docker.types.Mount(target, host, type="bind", read_only=bool(ro))
+
+
+class DockerBackend:
+    """Creates docker sandboxes for RepoSpecs; builds and caches their images."""
+
+    name = "docker"
+
+    def __init__(self, config: DockerConfig | None = None):
+        self.config = config or DockerConfig()
+        self.client = _client()
+        self.run_id = self.config.run_id or uuid.uuid4().hex[:12]
+
+    def image_for(self, spec: RepoSpec) -> str:
+        return ensure_task_image(self.client, spec, self.config.base_image)
+
+    def create(self, spec: RepoSpec, mounts: Sequence[Any] = (), env: dict[str, str] | None = None,
+               start: bool = True) -> "DockerSandbox":
+        """A new sandbox for `spec` (started unless start=False). `mounts`: extra bind mounts as
+        (host_path, container_path, read_only) tuples or objects with those attributes."""
+        import docker.types
+
+        image = self.image_for(spec)
+        base_sha = self.client.images.get(image).labels.get("harnessrl.base_sha", "")
+        c = self.config
+        container = self.client.containers.create(
+            image, ["python3", "-c", _INIT], user="1000:1000", working_dir=spec.workdir,
+            network_mode="none", read_only=True, cap_drop=["ALL"], security_opt=["no-new-privileges"],
+            mem_limit=c.memory, memswap_limit=c.memory, pids_limit=c.pids_limit,
+            nano_cpus=int(c.cpus * 1e9), environment={"HOME": HOME, **(env or {})},
+            mounts=[docker.types.Mount(p, None, type="volume") for p in (spec.workdir, "/tmp", HOME)]
+            + [_mount_spec(m) for m in mounts],
+            labels={MANAGED_LABEL: "1", RUN_LABEL: self.run_id, "harnessrl.repo_id": spec.repo_id,
+                    "harnessrl.created": str(int(time.time()))})
+        sb = DockerSandbox(container, spec, base_sha, self.config)
+        if start:
+            sb.start()
+        return sb
+
+    def reap(self, older_than_s: float = 0.0, run_id: str | None = None) -> int:
+        return reap(self.client, older_than_s, run_id)
+
+
+def reap(client=None, older_than_s: float = 0.0, run_id: str | None = None) -> int:
+    """Remove managed containers (and their volumes) older than `older_than_s`, optionally of
+    one run only; return how many were removed."""
+    import docker.errors
+
+    client = client or _client()
+    labels = [f"{MANAGED_LABEL}=1"] + ([f"{RUN_LABEL}={run_id}"] if run_id else [])
+    now, removed = time.time(), 0
+    for ct in client.containers.list(all=True, filters={"label": labels}):
+        created = float(ct.labels.get("harnessrl.created", "0") or 0)
+        if now - created < older_than_s:
+            continue
+        try:
+            ct.remove(force=True, v=True)
+            removed += 1
+        except docker.errors.NotFound:
+            pass
+    return removed
+
+
+class DockerSandbox:
+    """One container holding one repository checkout (see the module docstring)."""
+
+    def __init__(self, container, spec: RepoSpec, base_sha: str, config: DockerConfig):
+        self.container, self.spec, self.base_sha, self.config = container, spec, base_sha, config
+        self.workdir = spec.workdir
+        self.id = container.id
+        self._api = container.client.api
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def start(self) -> None:
+        try:
+            self.container.start()
+        except Exception as e:
+            raise SandboxError(f"container for {self.spec.repo_id!r} failed to start: {e}") from e
+
+    def alive(self) -> bool:
+        try:
+            return self._api.inspect_container(self.id)["State"]["Running"]
+        except Exception:
+            return False
+
+    def close(self) -> None:
+        try:
+            self.container.remove(force=True, v=True)
+        except Exception:
+            pass  # already gone: closing is idempotent
+
+    # -- commands --------------------------------------------------------------------------
+    def _died(self, what: str, err: Exception | None = None) -> SandboxDied:
+        return SandboxDied(f"sandbox {self.id[:12]} ({self.spec.repo_id}) is not running; {what}"
+                           + (f": {err}" if err else ""))
+
+    def _run(self, argv: list[str], timeout: float, env: dict[str, str] | None,
+             workdir: str | None, demux: bool = True, wrap: bool = True
+             ) -> tuple[int, bytes, bytes, bool, float]:
+        """Run argv; return (exit code, stdout, stderr, timed_out, seconds). demux=False:
+        stdout and stderr interleaved as they came, all in the stdout slot."""
+        import docker.errors
+
+        # In-container `timeout` kills the command's process group; the host thread below is
+        # the backstop for a stream that stays open (a process that escaped the group).
+        wrapped = ["timeout", "-k", "2", f"{max(timeout, 0.001):.3f}", *argv] if wrap else argv
+        t0 = time.monotonic()
+        try:
+            eid = self._api.exec_create(self.id, wrapped, user="1000:1000", environment=env,
+                                        workdir=workdir or self.workdir)["Id"]
+            stream = self._api.exec_start(eid, stream=True, demux=demux)
+        except docker.errors.APIError as e:
+            if e.status_code in (404, 409) or not self.alive():
+                raise self._died("cannot exec", e) from e
+            raise SandboxError(f"exec failed in {self.id[:12]}: {e}") from e
+        out, err, size = bytearray(), bytearray(), [0]
+
+        def pump() -> None:
+            try:
+                for item in stream:
+                    o, e = item if demux else (item, None)
+                    for buf, chunk in ((out, o), (err, e)):
+                        if chunk and size[0] < self.config.output_limit:
+                            buf += chunk[: self.config.output_limit - size[0]]
+                            size[0] += len(chunk)
+            except Exception:
+                pass  # the connection broke: the exit code below tells what happened
+
+        reader = threading.Thread(target=pump, daemon=True)
+        reader.start()
+        reader.join(timeout + self.config.kill_grace_s)
+        forced = reader.is_alive()
+        if forced:  # kill everything but PID 1, as the agent user, then collect what came
+            self._api.exec_start(self._api.exec_create(self.id, ["kill", "-9", "-1"],
+                                                       user="1000:1000")["Id"])
+            reader.join(5)
+        dur = time.monotonic() - t0
+        code = self._api.exec_inspect(eid).get("ExitCode")
+        if not self.alive():
+            raise self._died("it stopped while a command ran")
+        if size[0] > self.config.output_limit:
+            out += f"\n[harnessrl: output truncated at {self.config.output_limit} bytes]\n".encode()
+        timed_out = forced or (code in (124, 137) and dur >= timeout)
+        return (-1 if timed_out or code is None else code), bytes(out), bytes(err), timed_out, dur
+
+    def exec(self, command: str | list[str], timeout: float = 60.0, env: dict[str, str] | None = None,
+             workdir: str | None = None) -> ExecResult:
+        argv = ["bash", "-c", command] if isinstance(command, str) else list(command)
+        code, out, _, timed_out, dur = self._run(argv, timeout, env, workdir, demux=False)
+        text = out.decode("utf-8", "replace")
+        return ExecResult(exit_code=code, output=text, timed_out=timed_out, duration_s=dur)
+
+    def _script(self, script: str, *args: str, timeout: float = 120.0, wrap: bool = True) -> bytes:
+        code, out, err, timed_out, _ = self._run(["bash", "-c", script, "harnessrl", *args],
+                                                 timeout, None, "/", wrap=wrap)
+        if code != 0:
+            raise SandboxError(f"sandbox script failed (exit {code}{', timed out' if timed_out else ''}): "
+                               f"{err.decode('utf-8', 'replace')[-2000:]}")
+        return out
+
+    def diff(self) -> str:
+        return self._script(DIFF_SCRIPT, self.workdir, self.base_sha).decode("utf-8", "replace")
+
+    def reset(self) -> None:
+        # Unwrapped (no `timeout` parent): `kill -9 -1` spares only PID 1 and the calling shell.
+        self._script(_CLEAN_PROCS_AND_SCRATCH + "\n" + RESET_SCRIPT, self.workdir, self.base_sha,
+                     PRISTINE_DIR, wrap=False)
+
+    # -- files -----------------------------------------------------------------------------
+    def _abs(self, path: str) -> PurePosixPath:
+        p = PurePosixPath(path)
+        return p if p.is_absolute() else PurePosixPath(self.workdir) / p
+
+    def read_file(self, path: str) -> bytes:
+        import docker.errors
+
+        p = self._abs(path)
+        try:
+            stream, _ = self.container.get_archive(str(p))
+        except docker.errors.NotFound as e:
+            if not self.alive():
+                raise self._died("cannot read", e) from e
+            raise FileNotFoundError(f"{p} does not exist in sandbox {self.id[:12]}") from None
+        with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tf:
+            member = tf.next()
+            if member is None or not member.isfile():
+                raise IsADirectoryError(f"{p} is not a regular file in sandbox {self.id[:12]}")
+            return tf.extractfile(member).read()
+
+    def write_file(self, path: str, data: bytes, mode: int = 0o644) -> None:
+        import docker.errors
+
+        p = self._abs(path)
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tf:
+            info = tarfile.TarInfo(p.name)
+            info.size, info.mode, info.uid, info.gid, info.mtime = len(data), mode, 1000, 1000, time.time()
+            tf.addfile(info, io.BytesIO(data))
+        for attempt in range(2):
+            try:
+                self.container.put_archive(str(p.parent), buf.getvalue())
+                return
+            except docker.errors.NotFound as e:
+                if not self.alive():
+                    raise self._died("cannot write", e) from e
+                if attempt:
+                    raise
+                self._script('mkdir -p -- "$1"', str(p.parent))
+            except docker.errors.APIError as e:
+                raise SandboxError(f"cannot write {p}: {e.explanation} (writable: {self.workdir}, "
+                                   f"/tmp, {HOME})") from e
+
+    def __repr__(self) -> str:
+        return f"DockerSandbox({self.id[:12]}, {self.spec.repo_id}@{self.base_sha[:8]})"
+

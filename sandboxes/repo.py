@@ -1,0 +1,164 @@
+"""Materialise a RepoSpec on the host, and the in-sandbox git scripts every backend shares.
+
+Contract: `materialize(spec, dest)` leaves at `dest` a fresh git repository on branch `main`
+at the spec's base commit whose object store holds that commit's history only (nothing after
+base, no remotes, no tags, no hooks), whatever the source was (a repository, a bundle, or a
+.tar/.tar.gz archive of one). Backends bake it into an image or a cached checkout, run the
+spec's setup commands in it once, then `FINALIZE_SCRIPT` records what set-up left behind so
+that reset keeps it and diff ignores it. `RESET_SCRIPT` and `DIFF_SCRIPT` run *inside* the
+sandbox (never on the host, where a planted .git/config could execute code).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shutil
+import subprocess
+import tarfile
+import tempfile
+from pathlib import Path
+
+from harnessrl.sandboxes.base import RepoSpec, SandboxError
+
+#: Bump when materialize/finalize change what a built checkout contains (rebuilds caches).
+LAYOUT_VERSION = "1"
+_SHA = re.compile(r"^[0-9a-f]{40}$")
+
+
+def _git(*args: str, cwd: str | Path | None = None) -> str:
+    proc = subprocess.run(["git", "-c", "core.hooksPath=/dev/null", *args], cwd=cwd,
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SandboxError(f"git {' '.join(args)} failed: {proc.stderr.strip()[-2000:]}")
+    return proc.stdout.strip()
+
+
+def _unpack_archive(archive: Path, into: Path) -> Path:
+    """Extract a .tar/.tar.gz of a git repository and return the repository's directory."""
+    with tarfile.open(archive) as tf:
+        kwargs = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+        tf.extractall(into, **kwargs)
+    candidates = [into] + sorted(p for p in into.iterdir() if p.is_dir())
+    for c in candidates:
+        if (c / ".git").exists() or ((c / "HEAD").is_file() and (c / "objects").is_dir()):
+            return c
+    raise SandboxError(f"archive {archive} holds no git repository (no .git at its top or in "
+                       "its single top-level folder)")
+
+
+def _source_repo(spec: RepoSpec, scratch: Path) -> str:
+    """A path git can clone from: the repository itself, the bundle, or the unpacked archive."""
+    src = Path(spec.source).expanduser()
+    if not src.exists():
+        raise SandboxError(f"repo source {spec.source!r} of {spec.repo_id!r} does not exist")
+    if src.is_dir():
+        return str(src)
+    name = src.name.lower()
+    if name.endswith((".tar", ".tar.gz", ".tgz")):
+        return str(_unpack_archive(src, scratch / "unpacked"))
+    return str(src)  # a git bundle; `git clone` reads it directly
+
+
+def materialize(spec: RepoSpec, dest: Path) -> str:
+    """Create the checkout at `dest` (must not exist); return the resolved base commit sha."""
+    with tempfile.TemporaryDirectory(prefix="harnessrl-src-") as scratch_s:
+        scratch = Path(scratch_s)
+        clone = scratch / "clone"
+        _git("clone", "-q", "--no-checkout", _source_repo(spec, scratch), str(clone))
+        try:
+            sha = _git("rev-parse", "--verify", "--quiet", f"{spec.base_commit}^{{commit}}", cwd=clone)
+        except SandboxError:
+            raise SandboxError(f"base_commit {spec.base_commit!r} not found in {spec.source!r} "
+                               f"(repo {spec.repo_id!r})") from None
+        _git("update-ref", "refs/harnessrl/base", sha, cwd=clone)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        _git("init", "-q", "-b", "main", str(dest))
+        # Fetching one ref copies only base's ancestry: later commits never reach the sandbox.
+        _git("fetch", "-q", "--no-tags", "--update-head-ok", str(clone), "refs/harnessrl/base:refs/heads/main", cwd=dest)
+        _git("checkout", "-q", "-f", "main", cwd=dest)
+    shutil.rmtree(dest / ".git" / "hooks", ignore_errors=True)
+    (dest / ".git" / "hooks").mkdir()
+    shutil.rmtree(dest / ".git" / "logs", ignore_errors=True)
+    return sha
+
+
+def _file_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def spec_key(spec: RepoSpec, extra: str = "") -> str:
+    """Content key of what a built checkout holds: equal keys mean interchangeable images."""
+    commit = spec.base_commit
+    if not _SHA.match(commit):  # a ref: pin it to what the source holds right now
+        src = Path(spec.source).expanduser()
+        if src.is_dir():
+            try:
+                commit = _git("rev-parse", "--verify", f"{commit}^{{commit}}", cwd=src)
+            except SandboxError:
+                raise SandboxError(f"base_commit {spec.base_commit!r} not found in {spec.source!r}") from None
+        elif src.is_file():
+            commit = f"{commit}@{_file_digest(src)}"
+        else:
+            raise SandboxError(f"repo source {spec.source!r} of {spec.repo_id!r} does not exist")
+    blob = json.dumps([LAYOUT_VERSION, spec.repo_id, commit, list(spec.setup_commands),
+                       spec.workdir, extra])
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def image_name(spec: RepoSpec) -> str:
+    """Docker repository name for a spec (tags allow only [a-z0-9_.-])."""
+    return "harnessrl/task-" + (re.sub(r"[^a-z0-9_.-]+", "-", spec.repo_id.lower()).strip("-._") or "repo")
+
+
+# --- scripts run inside the sandbox: bash -c SCRIPT harnessrl <workdir> <base sha> [pristine] ---
+
+#: After setup commands: everything they left untracked (or ignored) is part of the base state:
+#: reset keeps it (`git clean -e`), diff ignores it (info/exclude). Then snapshot .git's
+#: config/info/hooks into the pristine dir so reset can undo an agent's tampering with them.
+FINALIZE_SCRIPT = r"""
+set -euo pipefail
+cd "$1"
+git ls-files --others --directory --no-empty-directory | sed 's|^|/|' > .git/info/harnessrl-keep
+cat .git/info/harnessrl-keep >> .git/info/exclude
+git update-ref refs/heads/main "$2"
+rm -rf "$3" && mkdir -p "$3" && cp -a .git/config .git/info .git/hooks "$3"/
+"""
+
+#: Back to base: restore .git metadata first (so no planted config runs), drop every ref but
+#: main, reset the tree, remove untracked files except what set-up left.
+RESET_SCRIPT = r"""
+set -euo pipefail
+cd "$1"
+if [ -n "${3:-}" ] && [ -d "$3" ]; then
+  rm -rf .git/config .git/info .git/hooks && cp -a "$3"/config "$3"/info "$3"/hooks .git/
+fi
+rm -f .git/index.lock .git/HEAD.lock
+git symbolic-ref HEAD refs/heads/main
+git for-each-ref --format='%(refname)' | { grep -vx refs/heads/main || true; } |
+  while read -r ref; do git update-ref -d "$ref"; done
+git reset -q --hard "$2"
+keep=()
+while IFS= read -r p; do keep+=(-e "$p"); done < <(cat .git/info/harnessrl-keep 2>/dev/null || true)
+git clean -q -ffdx "${keep[@]}"
+"""
+
+#: The agent's changes against base, new files included, without touching the real index.
+DIFF_SCRIPT = r"""
+set -euo pipefail
+cd "$1"
+idx="$(mktemp /tmp/.harnessrl-index.XXXXXX)"
+trap 'rm -f "$idx"' EXIT
+cp .git/index "$idx" 2>/dev/null || rm -f "$idx"
+export GIT_INDEX_FILE="$idx"
+git -c core.hooksPath=/dev/null add -A . >/dev/null
+git -c core.hooksPath=/dev/null diff --cached --binary --no-color --no-ext-diff --no-textconv \
+  --no-renames "$2"
+"""
+
+__all__ = ["materialize", "spec_key", "image_name", "FINALIZE_SCRIPT", "RESET_SCRIPT",
+           "DIFF_SCRIPT", "LAYOUT_VERSION"]
