@@ -1,1 +1,40 @@
-"""Harness adapters: one small module per real agent harness."""
+"""Harness adapters: one small module per real agent harness, plus `command` for any CLI.
+
+`get_adapter(name_or_path, **kwargs)` resolves a short registry name or a full
+"package.module:Class" path, importing lazily so that listing adapters imports nothing.
+A `.toml`/`.yaml` path builds a `CommandAdapter` from that config file.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+REGISTRY: dict[str, str] = {
+    "mini-swe-agent": "harnessrl.adapters.mini_swe_agent:MiniSweAgentAdapter",
+    "codex": "harnessrl.adapters.codex:CodexAdapter",
+    "claude-code": "harnessrl.adapters.claude_code:ClaudeCodeAdapter",
+    "opencode": "harnessrl.adapters.opencode:OpenCodeAdapter",
+    "aider": "harnessrl.adapters.aider:AiderAdapter",
+    "command": "harnessrl.adapters.command:CommandAdapter",
+}
+
+
+def adapter_class(name: str) -> type:
+    """The adapter class for a registry name or a "module:Class" path."""
+    target = REGISTRY.get(name, name)
+    if ":" not in target:
+        raise ValueError(f"unknown harness {name!r}: use one of {sorted(REGISTRY)}, "
+                         "a 'package.module:Class' path, or a command-adapter config file (.toml/.yaml)")
+    module, _, cls = target.partition(":")
+    try:
+        return getattr(importlib.import_module(module), cls)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"cannot load harness adapter {target!r}: {e}") from e
+
+
+def get_adapter(name: str, **kwargs: Any) -> Any:
+    """An adapter instance; a path ending in .toml/.yaml/.yml is a command-adapter config."""
+    if name.endswith((".toml", ".yaml", ".yml")):
+        from harnessrl.adapters.command import CommandAdapter
+        return CommandAdapter.from_file(name)
+    return adapter_class(name)(**kwargs)

@@ -163,3 +163,16 @@ def tail(text: str | bytes | None, n: int = 4000) -> str:
     if isinstance(text, bytes):
         text = text.decode("utf-8", "replace")
     return text[-n:]
+
+
+def classify_exit(exit_code: int | None, timed_out: bool) -> str:
+    """The reason for a harness whose normal finish is exit 0 (it declared the task done):
+    0 -> submitted; another small status -> harness_exited (it stopped on an error it
+    reported, e.g. max turns or a refused call); killed or a signal status -> harness_crashed."""
+    if timed_out:
+        return "timeout"
+    if exit_code == 0:
+        return "submitted"
+    if exit_code is None or exit_code < 0 or exit_code >= 128:
+        return "harness_crashed"
+    return "harness_exited"

@@ -80,7 +80,10 @@ install_pip() {
   rm -rf "$dest"  # venvs hard-code their path in scripts: build in place, stamp last
   local t0=$SECONDS
   "$PY" -m venv "$dest"
-  "$dest/bin/python" -m pip install --quiet --disable-pip-version-check "$spec" >&2
+  # grep drops pip's noise about the local find-links dirs that lack a package
+  "$dest/bin/python" -m pip install --quiet --disable-pip-version-check "$spec" 2>&1 \
+    | { grep -v "is ignored: it is neither a file nor a directory" || true; } >&2
+  [[ ${PIPESTATUS[0]} -eq 0 ]] || { echo "install_harnesses: pip install $spec failed" >&2; exit 1; }
   echo "$spec" > "$dest/.harnessrl-installed"
   log "$name ($spec): installed in $((SECONDS - t0)) s -> $dest"
 }

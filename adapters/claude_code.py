@@ -1,0 +1,64 @@
+"""Claude Code 2.1.197, inside the sandbox, Anthropic Messages API (always streamed).
+
+Run in print mode with the settings ../shared/docs/harnesses.md records: base URL without
+`/v1`, nonessential traffic / telemetry / autoupdate / error reporting / experimental betas
+off, one retry (a dead endpoint otherwise hangs for minutes), `--max-turns` from the limits,
+and the explicit tool list `Bash,Read,Edit,Write,Glob,Grep` (the full default set makes it
+put role:"system" entries inside `messages`). `--output-format json` prints one result
+object whose `subtype` says how it ended (`success`, `error_max_turns`, ...).
+"""
+from __future__ import annotations
+
+import json
+from typing import ClassVar
+
+from harnessrl.adapters.base import SANDBOX_SCRATCH, HarnessResult, Launch, Mount, classify_exit, tail
+from harnessrl.adapters.inside import inside_mounts, path_for, run_inside
+from harnessrl.adapters.toolchain import require
+
+TOOLS = "Bash,Read,Edit,Write,Glob,Grep"
+
+
+class ClaudeCodeAdapter:
+    name: ClassVar[str] = "claude-code"
+    dialect: ClassVar[str] = "anthropic"
+    """POST /v1/messages?beta=true (after a HEAD /), x-api-key header."""
+    placement: ClassVar[str] = "inside"
+    streams: ClassVar[bool] = True
+    completion: ClassVar[str] = ("exits 0 with result subtype `success` after a final answer; exit 1 with "
+                                 "subtype `error_max_turns` past --max-turns; result JSON on stdout")
+    version: ClassVar[str] = "2.1.197"
+    install: ClassVar[str] = "npm:@anthropic-ai/claude-code@2.1.197"
+
+    def mounts(self, launch: Launch) -> list[Mount]:
+        return inside_mounts(launch)
+
+    def launch(self, launch: Launch) -> HarnessResult:
+        require("npm", self.name, self.install.split(":", 1)[1], launch.toolchain)
+        ep = launch.endpoint
+        env = {
+            "IS_SANDBOX": "1", "CLAUDE_CONFIG_DIR": f"{SANDBOX_SCRATCH}/claude", "HOME": f"{SANDBOX_SCRATCH}/home",
+            "ANTHROPIC_BASE_URL": ep.inside_base_url, "ANTHROPIC_API_KEY": ep.api_key, "ANTHROPIC_MODEL": ep.model,
+            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_TELEMETRY": "1", "DISABLE_AUTOUPDATER": "1",
+            "DISABLE_ERROR_REPORTING": "1", "CLAUDE_CODE_DISABLE_EXPERIMENTAL_BETAS": "1",
+            "MAX_THINKING_TOKENS": "0", "CLAUDE_CODE_MAX_RETRIES": "1", "PATH": path_for(self.name),
+        }
+        argv = ["claude", "-p", launch.problem_statement, "--dangerously-skip-permissions", "--output-format",
+                "json", "--max-turns", str(launch.limits.max_calls), "--tools", TOOLS]
+        run = run_inside(launch, argv, env, {})
+        subtype = _subtype(run.stdout)
+        reason = classify_exit(run.exit_code, run.timed_out)
+        if subtype == "error_max_turns":
+            reason = "call_limit"
+        return HarnessResult(reason, run.exit_code, subtype, tail(run.stdout), tail(run.stderr), run.duration_s)
+
+
+def _subtype(stdout: str) -> str | None:
+    for line in reversed(stdout.strip().splitlines()):
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(obj, dict) and "subtype" in obj:
+            return str(obj["subtype"])
+    return None

@@ -1,0 +1,78 @@
+"""Codex CLI 0.171.0, inside the sandbox, OpenAI Responses API (always streamed).
+
+Configured only through `$CODEX_HOME/config.toml` (recent versions ignore the base-URL env
+var), as ../shared/docs/harnesses.md records: a `local` provider with `wire_api =
+"responses"`, no approvals, no update check, analytics/feedback/otel off, and
+`--disable unbounded_connection_retries` so a dead endpoint ends the run instead of
+retrying forever. `codex exec --json` prints JSONL events; it exits 0 after its final answer.
+"""
+from __future__ import annotations
+
+from typing import ClassVar
+
+from harnessrl.adapters.base import SANDBOX_SCRATCH, HarnessResult, Launch, Mount, classify_exit, tail
+from harnessrl.adapters.inside import inside_mounts, path_for, run_inside
+from harnessrl.adapters.toolchain import require
+
+CONFIG = """model = "{model}"
+model_provider = "local"
+approval_policy = "never"
+sandbox_mode = "danger-full-access"
+check_for_update_on_startup = false
+web_search = "disabled"
+[analytics]
+enabled = false
+[feedback]
+enabled = false
+[otel]
+exporter = "none"
+[features]
+plugins = false
+[agents]
+enabled = false
+[model_providers.local]
+name = "Local"
+base_url = "{base_url}/v1"
+env_key = "LOCAL_API_KEY"
+wire_api = "responses"
+request_max_retries = 1
+stream_max_retries = 1
+"""
+
+
+class CodexAdapter:
+    name: ClassVar[str] = "codex"
+    dialect: ClassVar[str] = "openai-responses"
+    """POST /v1/responses only (wire_api "chat" is rejected by this version)."""
+    placement: ClassVar[str] = "inside"
+    streams: ClassVar[bool] = True
+    completion: ClassVar[str] = ("exits 0 after a final answer without tool calls; JSONL events on stdout "
+                                 "(turn.completed / turn.failed / error); non-zero on a failed turn")
+    version: ClassVar[str] = "0.171.0"
+    install: ClassVar[str] = "npm:@openai/codex@0.171.0"
+
+    def mounts(self, launch: Launch) -> list[Mount]:
+        return inside_mounts(launch)
+
+    def launch(self, launch: Launch) -> HarnessResult:
+        require("npm", self.name, self.install.split(":", 1)[1], launch.toolchain)
+        ep = launch.endpoint
+        home = f"{SANDBOX_SCRATCH}/codex"
+        files = {f"{home}/config.toml": CONFIG.format(model=ep.model, base_url=ep.inside_base_url).encode()}
+        env = {"CODEX_HOME": home, "LOCAL_API_KEY": ep.api_key, "HOME": f"{SANDBOX_SCRATCH}/home",
+               "PATH": path_for(self.name), "NO_COLOR": "1"}
+        argv = ["codex", "exec", "--color", "never", "--json", "--disable", "unbounded_connection_retries",
+                launch.problem_statement]
+        run = run_inside(launch, argv, env, files)
+        return HarnessResult(classify_exit(run.exit_code, run.timed_out), run.exit_code, _last_event(run.stdout),
+                             tail(run.stdout), tail(run.stderr), run.duration_s)
+
+
+def _last_event(stdout: str) -> str | None:
+    import json
+    for line in reversed(stdout.strip().splitlines()):
+        try:
+            return str(json.loads(line).get("type"))
+        except (ValueError, AttributeError):
+            continue
+    return None

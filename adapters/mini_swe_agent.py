@@ -1,0 +1,82 @@
+"""mini-swe-agent 2.4.6, beside the sandbox: the agent runs on the host, its commands run in
+the episode's sandbox through the exec bridge (adapters/exec_bridge.py + mini_env.py).
+
+Configured exactly as ../shared/docs/harnesses.md records: `-c mini.yaml` first (a `-c`
+replaces the default config), `-y --exit-immediately`, `MSWEA_CONFIGURED` so it never starts
+its interactive set-up, cost tracking off (a local model has no price). Its exit code is
+always 0; the end is read from the trajectory file's `info.exit_status`.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import ClassVar
+
+from harnessrl.adapters.base import HarnessResult, Launch, Mount, tail
+from harnessrl.adapters.exec_bridge import ExecBridge
+from harnessrl.adapters.proc import clean_env, run_host
+from harnessrl.adapters.toolchain import require
+
+ENV_SRC = Path(__file__).with_name("mini_env.py")
+#: mini-swe-agent's own exit statuses -> our reasons.
+STATUS_REASONS = {"Submitted": "submitted", "LimitsExceeded": "call_limit"}
+
+
+class MiniSweAgentAdapter:
+    name: ClassVar[str] = "mini-swe-agent"
+    dialect: ClassVar[str] = "openai-chat"
+    """Chat Completions, one `bash(command)` tool; tool results as role:tool JSON."""
+    placement: ClassVar[str] = "beside"
+    """Agent on the host (own venv); commands in the sandbox via Sandbox.exec."""
+    streams: ClassVar[bool] = False
+    completion: ClassVar[str] = ("runs `echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT`; exit code always 0, "
+                                 "end read from trajectory info.exit_status (Submitted, LimitsExceeded, <Error>)")
+    version: ClassVar[str] = "2.4.6"
+    install: ClassVar[str] = "pip:mini-swe-agent==2.4.6"
+
+    def mounts(self, launch: Launch) -> list[Mount]:
+        return []
+
+    def launch(self, launch: Launch) -> HarnessResult:
+        venv = require("venvs", self.name, self.install.split(":", 1)[1], launch.toolchain)
+        scratch = Path(launch.scratch_dir)
+        scratch.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(ENV_SRC, scratch / "harnessrl_mini_env.py")
+        traj = scratch / "mini.traj.json"
+        sock = str(scratch / "exec.sock")
+        ep = launch.endpoint
+        env = clean_env({
+            "MSWEA_CONFIGURED": "true", "MSWEA_COST_TRACKING": "ignore_errors", "MSWEA_SILENT_STARTUP": "1",
+            "LITELLM_LOCAL_MODEL_COST_MAP": "True", "MSWEA_GLOBAL_CONFIG_DIR": str(scratch / "mini-cfg"),
+            "OPENAI_API_KEY": ep.api_key, "PYTHONPATH": str(scratch), "HOME": str(scratch),
+        })
+        argv = [str(venv / "bin" / "mini"), "-m", f"openai/{ep.model}", "-t", launch.problem_statement,
+                "-y", "--exit-immediately", "-o", str(traj),
+                "--environment-class", "harnessrl_mini_env.SandboxEnvironment",
+                "-c", "mini.yaml",
+                "-c", f"model.model_kwargs.api_base={ep.base_url}/v1",
+                "-c", f"agent.step_limit={launch.limits.max_calls}", "-c", "agent.cost_limit=0",
+                "-c", f"environment.exec_socket={sock}", "-c", f"environment.cwd={launch.sandbox.workdir}"]
+        with ExecBridge(launch.sandbox, sock) as bridge:
+            run = run_host(argv, env, str(scratch), launch.limits.wall_time_s)
+        status = _exit_status(traj)
+        details = {"commands": bridge.calls, "trajectory_file": str(traj)}
+        if bridge.sandbox_error:
+            details["sandbox_error"] = bridge.sandbox_error
+        if run.timed_out:
+            reason = "timeout"
+        elif status in STATUS_REASONS:
+            reason = STATUS_REASONS[status]
+        elif status is None or run.exit_code != 0:
+            reason = "harness_crashed"
+        else:  # mini stopped on an error of its own (e.g. the proxy refused a call)
+            reason = "harness_exited"
+        return HarnessResult(reason, run.exit_code, status, tail(run.stdout), tail(run.stderr), run.duration_s, details)
+
+
+def _exit_status(traj: Path) -> str | None:
+    try:
+        return json.loads(traj.read_text())["info"]["exit_status"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
