@@ -1,0 +1,1 @@
+"""Task suites shipped with harnessrl (see harnessrl.gym.task_loaders for the registry)."""
