@@ -53,14 +53,14 @@ class SamplingParams(BaseModel):
     @model_validator(mode="after")
     def _check(self) -> "SamplingParams":
         if self.top_k != -1 and self.top_k < 1:
-            raise ValueError(f"top_k must be -1 (disabled) or at least 1, got {self.top_k}")
+            raise ValueError(f"@top_k: must be -1 (disabled) or at least 1, got {self.top_k}")
         for name, value in (self.model_extra or {}).items():
             if name in UNSUPPORTED_NEUTRAL:
                 if value != UNSUPPORTED_NEUTRAL[name]:
-                    raise ValueError(f"{name}={value!r} is not supported by the local engine "
+                    raise ValueError(f"@{name}: {value!r} is not supported by the local engine "
                                      f"(only {UNSUPPORTED_NEUTRAL[name]!r})")
             else:
-                raise ValueError(f"unknown sampling parameter {name!r}")
+                raise ValueError(f"@{name}: unknown sampling parameter")
         return self
 
     @property
@@ -88,7 +88,7 @@ class GenerateRequest(BaseModel):
     @model_validator(mode="after")
     def _check(self) -> "GenerateRequest":
         if self.text is not None:
-            raise ValueError("text prompts are not supported by the local engine; send input_ids")
+            raise ValueError("@text: text prompts are not supported by the local engine; send input_ids")
         return self
 
 
@@ -133,7 +133,11 @@ def describe(err: ValidationError, prefix: str = "") -> str:
     seen: list[str] = []
     for e in err.errors():
         msg = e["msg"].removeprefix("Value error, ")
-        line = f"{prefix}{_loc(tuple(e['loc']))}: {msg}"
+        loc = tuple(e["loc"])
+        if msg.startswith("@"):  # a model validator naming the field it is about
+            name, msg = msg[1:].split(": ", 1)
+            loc += (name,)
+        line = f"{prefix}{_loc(loc)}: {msg}"
         if line not in seen:
             seen.append(line)
     return "; ".join(seen[:6])
