@@ -17,7 +17,7 @@ import tarfile
 from pathlib import Path
 from typing import ClassVar
 
-from harnessrl.adapters.base import HarnessResult, Launch, Mount, classify_exit, tail
+from harnessrl.adapters.base import Endpoint, HarnessResult, Launch, Mount, classify_exit, tail
 from harnessrl.adapters.proc import clean_env, run_host
 from harnessrl.adapters.toolchain import require
 
@@ -35,7 +35,7 @@ class AiderAdapter:
     version: ClassVar[str] = "0.86.2"
     install: ClassVar[str] = "pip:aider-chat==0.86.2"
 
-    def mounts(self, launch: Launch) -> list[Mount]:
+    def mounts(self, endpoint: Endpoint, toolchain: Path | None = None) -> list[Mount]:
         return []
 
     def launch(self, launch: Launch) -> HarnessResult:

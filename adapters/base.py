@@ -146,8 +146,9 @@ class HarnessAdapter(Protocol):
     install: ClassVar[str]
     """How the toolchain installs it: "npm:<spec>", "pip:<spec>" or "none" (user-provided)."""
 
-    def mounts(self, launch: Launch) -> list[Mount]:
-        """Bind mounts its sandbox needs (empty for beside harnesses)."""
+    def mounts(self, endpoint: Endpoint, toolchain: Path | None = None) -> list[Mount]:
+        """Bind mounts its sandbox needs, asked before the sandbox is created (empty for beside
+        harnesses)."""
         ...
 
     def launch(self, launch: Launch) -> HarnessResult:

@@ -10,9 +10,10 @@ object whose `subtype` says how it ended (`success`, `error_max_turns`, ...).
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import ClassVar
 
-from harnessrl.adapters.base import SANDBOX_SCRATCH, HarnessResult, Launch, Mount, classify_exit, tail
+from harnessrl.adapters.base import SANDBOX_SCRATCH, Endpoint, HarnessResult, Launch, Mount, classify_exit, tail
 from harnessrl.adapters.inside import inside_mounts, path_for, run_inside
 from harnessrl.adapters.toolchain import require
 
@@ -30,8 +31,8 @@ class ClaudeCodeAdapter:
     version: ClassVar[str] = "2.1.197"
     install: ClassVar[str] = "npm:@anthropic-ai/claude-code@2.1.197"
 
-    def mounts(self, launch: Launch) -> list[Mount]:
-        return inside_mounts(launch)
+    def mounts(self, endpoint: Endpoint, toolchain: Path | None = None) -> list[Mount]:
+        return inside_mounts(endpoint, toolchain)
 
     def launch(self, launch: Launch) -> HarnessResult:
         require("npm", self.name, self.install.split(":", 1)[1], launch.toolchain)

@@ -8,9 +8,10 @@ retrying forever. `codex exec --json` prints JSONL events; it exits 0 after its 
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import ClassVar
 
-from harnessrl.adapters.base import SANDBOX_SCRATCH, HarnessResult, Launch, Mount, classify_exit, tail
+from harnessrl.adapters.base import SANDBOX_SCRATCH, Endpoint, HarnessResult, Launch, Mount, classify_exit, tail
 from harnessrl.adapters.inside import inside_mounts, path_for, run_inside
 from harnessrl.adapters.toolchain import require
 
@@ -51,8 +52,8 @@ class CodexAdapter:
     version: ClassVar[str] = "0.171.0"
     install: ClassVar[str] = "npm:@openai/codex@0.171.0"
 
-    def mounts(self, launch: Launch) -> list[Mount]:
-        return inside_mounts(launch)
+    def mounts(self, endpoint: Endpoint, toolchain: Path | None = None) -> list[Mount]:
+        return inside_mounts(endpoint, toolchain)
 
     def launch(self, launch: Launch) -> HarnessResult:
         require("npm", self.name, self.install.split(":", 1)[1], launch.toolchain)

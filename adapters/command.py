@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from harnessrl.adapters.base import (REASONS, SANDBOX_SCRATCH, TOOLCHAIN_MOUNT, HarnessResult, Launch, Mount,
+from harnessrl.adapters.base import (REASONS, Endpoint, SANDBOX_SCRATCH, TOOLCHAIN_MOUNT, HarnessResult, Launch, Mount,
                                      classify_exit, tail)
 from harnessrl.adapters.exec_bridge import ExecBridge
 from harnessrl.adapters.inside import inside_mounts, run_inside
@@ -106,8 +106,8 @@ class CommandAdapter:
         except ValueError as e:
             raise ValueError(f"{p}: invalid harness config: {e}") from None
 
-    def mounts(self, launch: Launch) -> list[Mount]:
-        return inside_mounts(launch) if self.placement == "inside" else []
+    def mounts(self, endpoint: Endpoint, toolchain: Path | None = None) -> list[Mount]:
+        return inside_mounts(endpoint, toolchain) if self.placement == "inside" else []
 
     def _vars(self, launch: Launch, inside: bool, scratch: str, **extra: str) -> dict[str, str]:
         ep = launch.endpoint

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harnessrl.adapters.base import (RELAY_PORT, SANDBOX_SCRATCH, SOCKET_MOUNT, SOCKET_NAME, TOOLCHAIN_MOUNT,
-                                     Launch, Mount)
+                                     Endpoint, Launch, Mount)
 from harnessrl.adapters.toolchain import toolchain_root
 
 RELAY_SRC = Path(__file__).with_name("relay.py")
@@ -33,11 +33,11 @@ class InsideRun:
     duration_s: float
 
 
-def inside_mounts(launch: Launch) -> list[Mount]:
-    if launch.endpoint.socket_dir is None:
+def inside_mounts(endpoint: Endpoint, toolchain: Path | None = None) -> list[Mount]:
+    if endpoint.socket_dir is None:
         raise ValueError("an inside harness needs Endpoint.socket_dir (the proxy's per-episode unix socket)")
-    root = launch.toolchain or toolchain_root()
-    return [Mount(str(root), TOOLCHAIN_MOUNT, True), Mount(launch.endpoint.socket_dir, SOCKET_MOUNT, False)]
+    root = toolchain or toolchain_root()
+    return [Mount(str(root), TOOLCHAIN_MOUNT, True), Mount(endpoint.socket_dir, SOCKET_MOUNT, False)]
 
 
 def path_for(npm_name: str) -> str:

@@ -13,7 +13,7 @@ import shutil
 from pathlib import Path
 from typing import ClassVar
 
-from harnessrl.adapters.base import HarnessResult, Launch, Mount, tail
+from harnessrl.adapters.base import Endpoint, HarnessResult, Launch, Mount, tail
 from harnessrl.adapters.exec_bridge import ExecBridge
 from harnessrl.adapters.proc import clean_env, run_host
 from harnessrl.adapters.toolchain import require
@@ -35,7 +35,7 @@ class MiniSweAgentAdapter:
     version: ClassVar[str] = "2.4.6"
     install: ClassVar[str] = "pip:mini-swe-agent==2.4.6"
 
-    def mounts(self, launch: Launch) -> list[Mount]:
+    def mounts(self, endpoint: Endpoint, toolchain: Path | None = None) -> list[Mount]:
         return []
 
     def launch(self, launch: Launch) -> HarnessResult:

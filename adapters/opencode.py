@@ -8,9 +8,10 @@ a title request without tools first. `opencode run --format json` exits 0 when d
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import ClassVar
 
-from harnessrl.adapters.base import SANDBOX_SCRATCH, HarnessResult, Launch, Mount, classify_exit, tail
+from harnessrl.adapters.base import SANDBOX_SCRATCH, Endpoint, HarnessResult, Launch, Mount, classify_exit, tail
 from harnessrl.adapters.inside import inside_mounts, path_for, run_inside
 from harnessrl.adapters.toolchain import require
 
@@ -33,8 +34,8 @@ class OpenCodeAdapter:
     version: ClassVar[str] = "1.18.33"
     install: ClassVar[str] = "npm:opencode-ai@1.18.33"
 
-    def mounts(self, launch: Launch) -> list[Mount]:
-        return inside_mounts(launch)
+    def mounts(self, endpoint: Endpoint, toolchain: Path | None = None) -> list[Mount]:
+        return inside_mounts(endpoint, toolchain)
 
     def launch(self, launch: Launch) -> HarnessResult:
         require("npm", self.name, self.install.split(":", 1)[1], launch.toolchain)

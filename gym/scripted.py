@@ -1,0 +1,209 @@
+"""A scripted policy behind the engine contract (POST /generate), for end-to-end tests.
+
+Given tasks' gold plans (shell commands), it answers each /generate call with the next
+action in the format the harness asked for, as real tokenizer ids: the intended assistant
+text is tokenized with the model's own tokenizer and ends with eos (`<|im_end|>`), so the
+proxy parses it exactly as it would a sampled completion and the recorded trajectory can be
+checked token for token against what this engine returned (`ScriptedEngine.calls`).
+
+Stateless decisions, read from the prompt itself (decoded with the tokenizer), so it needs
+no session id and serves concurrent episodes:
+- which task: the plan whose problem statement (its first line) appears in the prompt;
+- which step: the number of assistant turns already in the prompt;
+- which tool: the harness's shell tool from the tool list the proxy rendered into the
+  system turn (`<tools>` JSON lines, Hermes format): bash / Bash / exec_command / shell,
+  its command argument (command / cmd; an array-typed one gets ["bash", "-lc", cmd]), other
+  required string arguments filled with a short text;
+- how to finish: `echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT` through the tool when the
+  prompt asks for that (mini-swe-agent), otherwise a final answer without a tool call.
+A call with no tools in its prompt (a title or side request) gets a short plain answer.
+"""
+from __future__ import annotations
+
+import json
+import re
+import socket
+import threading
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+SHELL_TOOLS = ("bash", "Bash", "exec_command", "shell", "run_shell_command")
+COMMAND_ARGS = ("command", "cmd")
+MINI_SUBMIT = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
+_TOOLS_BLOCK = re.compile(r"<tools>\n(.*?)\n</tools>", re.S)
+
+
+@dataclass
+class ScriptedCall:
+    """One /generate call as this engine saw and answered it."""
+
+    prompt_ids: list[int]
+    output_ids: list[int]
+    text: str
+    task_key: str | None
+    step: int
+
+
+@dataclass
+class ScriptedPolicy:
+    """Decides the assistant text for a prompt. `plans`: problem statement -> shell commands."""
+
+    tokenizer: Any
+    plans: dict[str, list[str]] = field(default_factory=dict)
+    final_text: str = "The fix is applied; the task is done."
+    assistant_marker: str = "<|im_start|>assistant"
+
+    def _task(self, prompt: str) -> str | None:
+        for statement in self.plans:
+            key = statement.strip().splitlines()[0].strip() if statement.strip() else ""
+            if key and key in prompt:
+                return statement
+        return None
+
+    def _tools(self, prompt: str) -> list[dict]:
+        m = _TOOLS_BLOCK.search(prompt)
+        if not m:
+            return []
+        tools = []
+        for line in m.group(1).splitlines():
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                continue
+            tools.append(obj.get("function", obj))
+        return tools
+
+    def _call(self, tools: list[dict], command: str) -> str:
+        by_name = {t.get("name"): t for t in tools}
+        tool = next((by_name[n] for n in SHELL_TOOLS if n in by_name), None)
+        if tool is None:
+            raise ValueError(f"scripted policy: no shell tool among {sorted(by_name)}")
+        params = tool.get("parameters") or tool.get("input_schema") or {}
+        props = params.get("properties") or {}
+        arg = next((a for a in COMMAND_ARGS if a in props), None)
+        if arg is None:
+            raise ValueError(f"scripted policy: tool {tool['name']!r} has no command argument in {sorted(props)}")
+        args: dict[str, Any] = {arg: ["bash", "-lc", command] if props[arg].get("type") == "array" else command}
+        for name in params.get("required") or []:
+            if name not in args and (props.get(name) or {}).get("type") == "string":
+                args[name] = "scripted step"
+        call = json.dumps({"name": tool["name"], "arguments": args}, ensure_ascii=False)
+        return f"<tool_call>\n{call}\n</tool_call>"
+
+    def decide(self, prompt: str) -> tuple[str, str | None, int]:
+        """(assistant text, task statement or None, step index) for a decoded prompt."""
+        tools = self._tools(prompt)
+        step = max(0, prompt.count(self.assistant_marker) - 1)
+        task = self._task(prompt)
+        if not tools:
+            return ("Scripted episode" if task is None else self.final_text), task, step
+        plan = self.plans.get(task, []) if task is not None else []
+        if step < len(plan):
+            return self._call(tools, plan[step]), task, step
+        if MINI_SUBMIT in prompt:  # the harness told the model to finish this way
+            return self._call(tools, f"echo {MINI_SUBMIT}"), task, step
+        return self.final_text, task, step
+
+
+class ScriptedEngine:
+    """The policy behind SGLang's /generate (non-streamed and cumulative SSE streams)."""
+
+    def __init__(self, tokenizer: Any, plans: dict[str, list[str]] | Iterable[tuple[str, list[str]]] = (),
+                 weight_version: str = "scripted", logprob: float = -0.125):
+        self.tokenizer = tokenizer
+        self.policy = ScriptedPolicy(tokenizer, dict(plans))
+        self.weight_version = weight_version
+        self.logprob = logprob
+        self.eos_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
+        self.calls: list[ScriptedCall] = []
+        self._lock = threading.Lock()
+
+    def set_plans(self, plans: dict[str, list[str]]) -> None:
+        self.policy.plans = dict(plans)
+
+    def generate(self, input_ids: list[int], max_new_tokens: int | None) -> tuple[list[int], str, str]:
+        prompt = self.tokenizer.decode(input_ids, skip_special_tokens=False)
+        text, task, step = self.policy.decide(prompt)
+        ids = self.tokenizer.encode(text, add_special_tokens=False) + [self.eos_id]
+        finish = "stop"
+        if max_new_tokens is not None and len(ids) > max_new_tokens:
+            ids, finish = ids[:max_new_tokens], "length"
+        with self._lock:
+            self.calls.append(ScriptedCall(list(input_ids), ids, text, task, step))
+        return ids, finish, text
+
+    def _body(self, input_ids: list[int], ids: list[int], finish: str | None, rid: str) -> dict:
+        fr = None if finish is None else ({"type": "stop", "matched": self.eos_id} if finish == "stop"
+                                          else {"type": "length", "length": len(ids)})
+        return {"text": self.tokenizer.decode(ids, skip_special_tokens=True), "output_ids": ids,
+                "meta_info": {"id": rid, "finish_reason": fr, "prompt_tokens": len(input_ids),
+                              "completion_tokens": len(ids), "cached_tokens": 0,
+                              "weight_version": self.weight_version,
+                              "output_token_logprobs": [[self.logprob, t, None] for t in ids]}}
+
+    def app(self):
+        from fastapi import FastAPI, Request
+        from fastapi.responses import JSONResponse, StreamingResponse
+
+        app = FastAPI(title="harnessrl scripted engine")
+
+        @app.post("/generate")
+        async def generate(request: Request):
+            body = await request.json()
+            input_ids = body.get("input_ids")
+            if not isinstance(input_ids, list) or not all(isinstance(t, int) for t in input_ids):
+                return JSONResponse({"error": {"message": "input_ids: a list of token ids is required"}}, 400)
+            rid = body.get("rid") or uuid.uuid4().hex
+            ids, finish, _ = self.generate(input_ids, (body.get("sampling_params") or {}).get("max_new_tokens"))
+            if not body.get("stream"):
+                return self._body(input_ids, ids, finish, rid)
+
+            def sse():  # cumulative chunks, as SGLang sends by default
+                for end in range(8, len(ids), 8):
+                    yield b"data: " + json.dumps(self._body(input_ids, ids[:end], None, rid)).encode() + b"\n\n"
+                yield b"data: " + json.dumps(self._body(input_ids, ids, finish, rid)).encode() + b"\n\n"
+                yield b"data: [DONE]\n\n"
+            return StreamingResponse(sse(), media_type="text/event-stream")
+
+        @app.get("/health")
+        async def health():
+            return {}
+
+        @app.get("/get_model_info")
+        async def model_info():
+            return {"model_path": "scripted", "weight_version": self.weight_version}
+
+        @app.post("/abort_request")
+        async def abort(request: Request):
+            return {}
+
+        return app
+
+
+class ServedApp:
+    """Run an ASGI app with uvicorn on 127.0.0.1:<free port> in a thread (a context manager)."""
+
+    def __init__(self, app: Any):
+        import uvicorn
+
+        self._sock = socket.socket()
+        self._sock.bind(("127.0.0.1", 0))
+        self.port = self._sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+        self._thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self._sock]}, daemon=True)
+
+    def __enter__(self) -> "ServedApp":
+        self._thread.start()
+        import time
+        while not self.server.started:  # uvicorn flips this once it is accepting
+            if not self._thread.is_alive():
+                raise RuntimeError("scripted engine server failed to start")
+            time.sleep(0.01)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self._thread.join(timeout=10)
+        self._sock.close()
