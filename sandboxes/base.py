@@ -36,6 +36,16 @@ class RepoSpec:
     workdir: str = "/workspace/repo"
     """Absolute path of the repository inside the sandbox."""
 
+    def __post_init__(self) -> None:
+        for name in ("repo_id", "source", "base_commit"):
+            if not isinstance(getattr(self, name), str) or not getattr(self, name):
+                raise ValueError(f"RepoSpec.{name} must be a non-empty string, got {getattr(self, name)!r}")
+        if isinstance(self.setup_commands, str) or not all(isinstance(c, str) for c in self.setup_commands):
+            raise ValueError(f"RepoSpec.setup_commands must be a sequence of strings, got {self.setup_commands!r}")
+        object.__setattr__(self, "setup_commands", tuple(self.setup_commands))  # hashable
+        if not self.workdir.startswith("/") or self.workdir.rstrip("/") in ("", "/tmp", "/home/agent"):
+            raise ValueError(f"RepoSpec.workdir must be an absolute path of its own, got {self.workdir!r}")
+
 
 class SandboxError(RuntimeError):
     """The sandbox infrastructure failed (not the agent's command)."""
