@@ -1,0 +1,62 @@
+"""The one config of the proxy (validation only, no side effects)."""
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+
+class ProxyConfig(BaseModel):
+    """How the proxy serves harnesses, reaches the engine and records calls."""
+
+    engine_url: str
+    """Base URL of the SGLang-contract engine (`/generate` with token ids), e.g. http://127.0.0.1:30000."""
+
+    model: str = "tiny-llama"
+    """Prepared model name or folder whose tokenizer and chat template render prompts."""
+
+    served_models: list[str] = Field(default_factory=lambda: ["policy"])
+    """Model names harnesses may ask for; any other name gets a 404. Empty list: accept any name."""
+
+    host: str = "127.0.0.1"
+    """Interface for the harness-facing API (the admin API answers loopback clients only)."""
+
+    port: int = Field(0, ge=0, le=65535)
+    """TCP port; 0 picks a free one (see `ProxyServer.url`)."""
+
+    uds_path: str | None = None
+    """Also serve on this unix-domain socket (harnesses inside containers reach it by a bind mount)."""
+
+    db_path: str = ":memory:"
+    """SQLite file of the durable store; ":memory:" keeps records only for the process lifetime."""
+
+    synchronous: str = "NORMAL"
+    """SQLite synchronous mode: NORMAL survives a killed proxy, FULL also a power loss (fsync per call)."""
+
+    admin_token: str | None = None
+    """Bearer token of the admin API; None generates a random one (`ProxyServer.admin_token`)."""
+
+    tool_format: str = "hermes"
+    """Tool prompt/parse format for templates without tool support (registry name or module:Class)."""
+
+    max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)
+    """Largest request body accepted; larger ones get a 413."""
+
+    default_max_tokens: int = Field(1024, ge=1)
+    """max_new_tokens when the request names none."""
+
+    max_tokens_cap: int = Field(8192, ge=1)
+    """Upper bound on max_new_tokens whatever the request asks for (Claude Code asks for 32000)."""
+
+    default_temperature: float = Field(1.0, ge=0.0)
+    """Sampling temperature when the request names none (RL samples from the policy at 1.0)."""
+
+    pause_wait_s: float = Field(30.0, ge=0.0)
+    """While generation is paused a new call waits this long, then gets a 429 with Retry-After."""
+
+    retry_after_s: int = Field(5, ge=1)
+    """Retry-After seconds sent with that 429."""
+
+    max_interruptions: int = Field(100, ge=0)
+    """Aborted engine generations resumed per call before the call fails with a 503."""
+
+    max_branches: int = Field(4, ge=1)
+    """Live segments per session a new call may extend (side calls such as title requests interleave)."""

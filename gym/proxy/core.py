@@ -1,0 +1,241 @@
+"""The proxy's state and its call pipeline, independent of HTTP.
+
+One call: render (recorder.plan) -> generate (generation.generate) -> cut at stop strings
+-> parse tool calls -> record durably (store.add_call) -> advance the session
+(recorder.commit) -> the dialect formats the reply. The record is written before the
+reply's last byte leaves, for streamed calls too. Calls of one session run one at a time
+(the session lock), so its segments grow in a well-defined order.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, AsyncIterator
+
+from ..engine_client import EngineClient
+from .canonical import ChatRequest, Completion, Message
+from .config import ProxyConfig
+from .errors import ProxyError
+from .generation import Generation, PauseGate, VersionMap, generate
+from .recorder import Session, commit, plan
+from .render import Renderer
+from .store import Store
+from .toolcalls import load_tool_format
+
+_PREFIX = {"openai_chat": "chatcmpl-", "openai_responses": "resp_", "anthropic_messages": "msg_"}
+
+
+@dataclass
+class Prepared:
+    session: Session
+    req: ChatRequest
+    arrived: float
+
+
+class Detokenizer:
+    """Incremental decode (prefix/read offsets) so streaming stays linear in output length."""
+
+    def __init__(self, renderer: Renderer):
+        self.r, self.ids, self.prefix, self.read = renderer, [], 0, 0
+
+    def add(self, ids: list[int]) -> str:
+        self.ids += ids
+        before = self.r.decode(self.ids[self.prefix:self.read])
+        after = self.r.decode(self.ids[self.prefix:])
+        if len(after) > len(before) and not after.endswith("\ufffd"):
+            self.prefix, self.read = self.read, len(self.ids)
+            return after[len(before):]
+        return ""
+
+
+def _safe_len(text: str, markers: list[str]) -> tuple[int, bool]:
+    """How much of `text` can be shown: up to the first marker, or a marker's partial start."""
+    cut, hit = len(text), False
+    for m in markers:
+        i = text.find(m)
+        if i >= 0:
+            cut, hit = min(cut, i), True
+            continue
+        for k in range(min(len(m) - 1, len(text)), 0, -1):
+            if text.endswith(m[:k]):
+                cut = min(cut, len(text) - k)
+                break
+    return cut, hit
+
+
+class ProxyCore:
+    def __init__(self, config: ProxyConfig, tokenizer=None):
+        from ..models import load_tokenizer
+
+        self.config = config
+        self.renderer = Renderer(tokenizer or load_tokenizer(config.model), load_tool_format(config.tool_format))
+        self.store = Store(config.db_path, config.synchronous)
+        self.sessions: dict[str, Session] = {}
+        self.versions = VersionMap()
+        self.engine: EngineClient | None = None  # made on the serving loop (httpx binds to it)
+        self.gate: PauseGate | None = None
+        self.counters = {"calls": 0, "prompt_tokens": 0, "completion_tokens": 0, "errors_4xx": 0, "errors_5xx": 0,
+                         "interruptions": 0, "segments_split": 0, "tool_call_flags": 0, "rejected_paused": 0}
+
+    async def start(self) -> None:
+        self.engine = EngineClient(self.config.engine_url)
+        self.gate = PauseGate()
+
+    async def stop(self) -> None:
+        if self.engine is not None:
+            await self.engine.aclose()
+
+    # -- sessions (thread-safe: dict ops are atomic, the store locks) --------------------
+    def open_session(self, meta: dict[str, Any] | None = None) -> tuple[str, str]:
+        s = Session.new(meta or {})
+        self.store.open_session(s.id, s.meta, self.renderer.template_hash, self.config.model)
+        self.sessions[s.id] = s
+        return s.id, s.key
+
+    def close_session(self, sid: str) -> None:
+        s = self.sessions.get(sid)
+        if s is None:
+            raise KeyError(f"unknown session {sid!r}")
+        s.closed = True
+        self.store.close_session(sid)
+
+    def set_reward(self, sid: str, reward: float | None, status: str = "ok", termination: str = "") -> None:
+        from ..trajectory import STATUSES
+
+        if sid not in self.sessions:
+            raise KeyError(f"unknown session {sid!r}")
+        if status not in STATUSES:
+            raise ValueError(f"status {status!r} not in {STATUSES}")
+        self.store.set_reward(sid, reward, status, termination)
+
+    def stats(self) -> dict[str, Any]:
+        return dict(self.counters, sessions_open=sum(not s.closed for s in self.sessions.values()),
+                    sessions=len(self.sessions), paused=bool(self.gate and self.gate.paused),
+                    chat_template_hash=self.renderer.template_hash,
+                    incremental_exact=self.renderer.incremental_exact, stored_calls=self.store.call_count())
+
+    # -- the call pipeline ---------------------------------------------------------------
+    def check_model(self, req: ChatRequest) -> None:
+        served = self.config.served_models
+        if served and req.model not in served:
+            raise ProxyError(404, f"model {req.model!r} is not served here; available: {', '.join(served)}",
+                             kind="not_found_error", param="model")
+
+    async def admit(self) -> None:
+        """Wait out a pause, or refuse with a retryable 429 when it lasts too long."""
+        if not await self.gate.wait(self.config.pause_wait_s):
+            self.counters["rejected_paused"] += 1
+            raise ProxyError(429, "generation is paused for a weight update; retry shortly",
+                             kind="rate_limit_error", headers={"Retry-After": str(self.config.retry_after_s)})
+
+    def _params(self, req: ChatRequest) -> dict[str, Any]:
+        c = self.config
+        mt = req.max_tokens if isinstance(req.max_tokens, int) and req.max_tokens > 0 else c.default_max_tokens
+        return {"max_new_tokens": min(mt, c.max_tokens_cap),
+                "temperature": float(req.temperature) if req.temperature is not None else c.default_temperature,
+                "top_p": float(req.top_p) if req.top_p is not None else 1.0,
+                "top_k": int(req.top_k) if req.top_k else -1,
+                "stop_token_ids": self.renderer.stop_token_ids,
+                "seed": req.seed if isinstance(req.seed, int) else None}
+
+    async def run(self, p: Prepared, stream_cls=None) -> AsyncIterator[Any]:
+        """The whole call; yields SSE bytes when `stream_cls` (a dialect Stream) is given, else one Completion."""
+        s, req = p.session, p.req
+        if s.lock is None:
+            s.lock = asyncio.Lock()
+        async with s.lock:
+            queue_s = time.monotonic() - p.arrived
+            env_s = (p.arrived - s.last_response_at) if s.last_response_at is not None else None
+            pl = plan(s, req, self.renderer)
+            cid = _PREFIX[req.dialect] + uuid.uuid4().hex[:24]
+            created = int(time.time())
+            gen = Generation()
+            stream_writer = stream_cls(req, cid, req.model, created) if stream_cls is not None else None
+            sent = ""
+            markers = list(req.stop)
+            if req.tools and req.tool_choice != "none":
+                markers.append(self.renderer.tool_format.start_marker)
+            if stream_writer is not None:
+                yield stream_writer.start()
+                detok = Detokenizer(self.renderer)
+                held = False
+                async for ids in generate(self.engine, self.gate, pl.prompt_ids, stream=True, params=self._params(req),
+                                          max_interruptions=self.config.max_interruptions, rid=cid, out=gen):
+                    piece = detok.add(ids)
+                    if held or not piece:
+                        continue
+                    text = sent + piece
+                    cut, held = _safe_len(text, markers)
+                    if cut > len(sent):
+                        delta = text[len(sent):cut]
+                        sent += delta
+                        yield stream_writer.text(delta)
+            else:
+                async for _ in generate(self.engine, self.gate, pl.prompt_ids, stream=False,
+                                        params=self._params(req), max_interruptions=self.config.max_interruptions,
+                                        rid=cid, out=gen):
+                    pass
+            c, reply, flags = self._finish(req, gen, cid, created, len(pl.prompt_ids),
+                                           sent if stream_writer is not None else None)
+            if pl.split_reason is not None:
+                flags["split_reason"] = pl.split_reason
+                self.counters["segments_split"] += 1
+            self.store.add_call(
+                call_id=cid, session_id=s.id, idx=s.n_calls, dialect=req.dialect, segment=pl.segment,
+                split_reason=pl.split_reason, prefix_len=pl.prefix_len, new_prompt=pl.prompt_ids[pl.prefix_len:],
+                completion=gen.ids, logprobs=gen.logprobs, versions=[self.versions(v) for v in gen.versions],
+                finish_reason=gen.finish_reason, queue_s=queue_s, gen_s=gen.gen_s, env_s=env_s, flags=flags)
+            self.counters["calls"] += 1
+            self.counters["prompt_tokens"] += len(pl.prompt_ids)
+            self.counters["completion_tokens"] += len(gen.ids)
+            self.counters["interruptions"] += gen.interruptions
+            commit(s, pl, req, reply, gen.ids, gen.finish_reason, self.config.max_branches)
+            if stream_writer is not None:
+                yield stream_writer.finish(c, c.content[len(sent):] if c.content.startswith(sent) else "")
+            else:
+                yield c
+
+    def _finish(self, req: ChatRequest, gen: Generation, cid: str, created: int, n_prompt: int,
+                sent: str | None) -> tuple[Completion, Message, dict[str, Any]]:
+        r = self.renderer
+        flags: dict[str, Any] = {}
+        text = r.decode(gen.ids)
+        finish = "length" if gen.finish_reason == "length" else "stop"
+        stop_seq = None
+        if req.stop:
+            hits = [(text.find(st), st) for st in req.stop if st in text]
+            if hits:
+                pos, stop_seq = min(hits)
+                lo, hi = 1, len(gen.ids)  # shortest id prefix whose text holds the stop string
+                while lo < hi:
+                    mid = (lo + hi) // 2
+                    if stop_seq in r.decode(gen.ids[:mid]):
+                        hi = mid
+                    else:
+                        lo = mid + 1
+                flags["stop_cut"] = len(gen.ids) - lo
+                del gen.ids[lo:], gen.logprobs[lo:], gen.versions[lo:]
+                gen.finish_reason = "stop"
+                text, finish = text[:pos], "stop_sequence"
+        content, calls = text, []
+        if req.tools and req.tool_choice != "none":
+            parsed = r.tool_format.parse(text, req.tools)
+            content, calls = parsed.content, parsed.tool_calls
+            if parsed.flag:
+                flags["tool_call"] = parsed.flag
+                self.counters["tool_call_flags"] += 1
+            if calls:
+                finish = "tool_calls"
+        if gen.interruptions:
+            flags["interruptions"] = gen.interruptions
+            flags["interrupted_wait_s"] = round(gen.wait_s, 4)
+        if len(set(gen.versions)) > 1 or (gen.versions and not gen.versions[0].lstrip("-").isdigit()):
+            flags["weight_versions"] = sorted(set(gen.versions))
+        if sent is not None:
+            # What the client accumulated is what it will send back: the canonical reply.
+            visible = content if content.startswith(sent) else sent
+            content = visible
+        c = Completion(cid, req.model, created, content, calls, finish, stop_seq, n_prompt, len(gen.ids))
+        return c, c.assistant_message(), flags

@@ -1,0 +1,192 @@
+"""OpenAI Responses (`/v1/responses`): input items -> ChatRequest, Completion -> a response
+object or its SSE event sequence (`response.created`, `response.output_item.added`,
+`response.output_text.delta`, ..., `response.completed`), as Codex CLI requires.
+
+`developer` messages are system turns; an assistant message followed by `function_call`
+items is one assistant turn (that is how the proxy returned it); `reasoning` items carry
+no prompt text. The proxy keeps no server-side state (`store` is ignored), so
+`previous_response_id` is refused with a clear message.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from .canonical import ChatRequest, Completion, Message, Tool, ToolCall, check_tool_results, text_of
+from .errors import bad_request
+
+DIALECT = "openai_responses"
+_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+
+
+def parse(body: dict) -> ChatRequest:
+    if body.get("previous_response_id"):
+        raise bad_request("previous_response_id is not supported: send the whole conversation in 'input' "
+                          "(the proxy stores no responses)", "previous_response_id")
+    raw = body.get("input")
+    if isinstance(raw, str):
+        raw = [{"type": "message", "role": "user", "content": raw}]
+    if not isinstance(raw, list) or not raw:
+        raise bad_request("'input' must be a string or a non-empty list of items", "input")
+    messages: list[Message] = []
+    if isinstance(body.get("instructions"), str) and body["instructions"]:
+        messages.append(Message("system", body["instructions"]))
+    for i, item in enumerate(raw):
+        where = f"input[{i}]"
+        if not isinstance(item, dict):
+            raise bad_request(f"{where} must be an object", where)
+        t = item.get("type", "message" if "role" in item else None)
+        if t == "message":
+            role = _ROLES.get(item.get("role"))
+            if role is None:
+                raise bad_request(f"{where}.role {item.get('role')!r} is not one of system, developer, user, "
+                                  "assistant", f"{where}.role")
+            messages.append(Message(role, text_of(item.get("content"), f"{where}.content")))
+        elif t == "function_call":
+            if not isinstance(item.get("name"), str) or not item.get("call_id"):
+                raise bad_request(f"{where}: function_call needs 'name' and 'call_id'", where)
+            args = item.get("arguments", "{}")
+            tc = ToolCall(str(item["call_id"]), item["name"], args if isinstance(args, str) else json.dumps(args))
+            last = messages[-1] if messages else None
+            if last is not None and last.role == "assistant":
+                last.tool_calls = last.tool_calls + (tc,)
+            else:
+                messages.append(Message("assistant", "", (tc,)))
+        elif t == "function_call_output":
+            out = item.get("output")
+            text = out if isinstance(out, str) else text_of(out, f"{where}.output")
+            messages.append(Message("tool", text, tool_call_id=str(item.get("call_id") or "")))
+        elif t in ("reasoning", "item_reference"):
+            continue
+        else:
+            raise bad_request(f"{where}.type {t!r} is not supported (message, function_call, "
+                              "function_call_output, reasoning)", f"{where}.type")
+    check_tool_results(messages, "input")
+    tools = []
+    for i, t in enumerate(body.get("tools") or []):
+        if not isinstance(t, dict):
+            raise bad_request(f"tools[{i}] must be an object", f"tools[{i}]")
+        if t.get("type", "function") != "function":
+            continue  # built-in tools (web_search, ...) cannot be served by a local policy
+        if not isinstance(t.get("name"), str):
+            raise bad_request(f"tools[{i}].name is required", f"tools[{i}].name")
+        tools.append(Tool(t["name"], t.get("description") or "", t.get("parameters") or {}))
+    return ChatRequest(
+        dialect=DIALECT, model=str(body.get("model") or ""), messages=messages, tools=tools,
+        tool_choice=body.get("tool_choice"), max_tokens=body.get("max_output_tokens"),
+        temperature=body.get("temperature"), top_p=body.get("top_p"), stream=bool(body.get("stream")),
+    )
+
+
+def _msg_item(mid: str, text: str, status: str) -> dict:
+    content = [{"type": "output_text", "text": text, "annotations": []}] if status == "completed" else []
+    return {"type": "message", "id": mid, "status": status, "role": "assistant", "content": content}
+
+
+def _fc_item(tc: ToolCall, status: str) -> dict:
+    return {"type": "function_call", "id": "fc_" + tc.id.removeprefix("call_"), "call_id": tc.id,
+            "name": tc.name, "arguments": tc.arguments if status == "completed" else "", "status": status}
+
+
+def _response(req: ChatRequest, rid: str, model: str, created: int, status: str, output: list,
+              c: Completion | None) -> dict:
+    body: dict[str, Any] = {
+        "id": rid, "object": "response", "created_at": created, "status": status, "model": model,
+        "output": output, "error": None, "incomplete_details": None, "instructions": None,
+        "parallel_tool_calls": True, "tool_choice": req.tool_choice or "auto", "tools": [
+            {"type": "function", "name": t.name, "description": t.description, "parameters": t.parameters,
+             "strict": False} for t in req.tools],
+        "temperature": req.temperature, "top_p": req.top_p, "max_output_tokens": req.max_tokens,
+        "store": False, "text": {"format": {"type": "text"}}, "metadata": {}, "usage": None,
+    }
+    if c is not None:
+        if c.finish_reason == "length":
+            body["status"] = "incomplete"
+            body["incomplete_details"] = {"reason": "max_output_tokens"}
+        body["usage"] = {"input_tokens": c.prompt_tokens, "output_tokens": c.completion_tokens,
+                         "total_tokens": c.prompt_tokens + c.completion_tokens,
+                         "input_tokens_details": {"cached_tokens": 0},
+                         "output_tokens_details": {"reasoning_tokens": 0}}
+    return body
+
+
+def _output(c: Completion) -> list[dict]:
+    out = [_msg_item("msg_" + c.id[5:], c.content, "completed")] if (c.content or not c.tool_calls) else []
+    return out + [_fc_item(tc, "completed") for tc in c.tool_calls]
+
+
+def response(req: ChatRequest, c: Completion) -> dict:
+    return _response(req, c.id, c.model, c.created, "completed", _output(c), c)
+
+
+class Stream:
+    """The Responses event stream of one call; the message item opens at the first text."""
+
+    media_type = "text/event-stream"
+
+    def __init__(self, req: ChatRequest, rid: str, model: str, created: int):
+        self.req, self.rid, self.model, self.created = req, rid, model, created
+        self.seq = 0
+        self.mid = "msg_" + rid[5:]
+        self.text_sent = ""
+        self.msg_open = False
+
+    def _ev(self, type_: str, **fields) -> bytes:
+        fields = {"type": type_, "sequence_number": self.seq, **fields}
+        self.seq += 1
+        return b"event: " + type_.encode() + b"\ndata: " + json.dumps(fields).encode() + b"\n\n"
+
+    def start(self) -> bytes:
+        r = _response(self.req, self.rid, self.model, self.created, "in_progress", [], None)
+        return self._ev("response.created", response=r) + self._ev("response.in_progress", response=r)
+
+    def _open(self) -> bytes:
+        self.msg_open = True
+        return (self._ev("response.output_item.added", output_index=0, item=_msg_item(self.mid, "", "in_progress"))
+                + self._ev("response.content_part.added", item_id=self.mid, output_index=0, content_index=0,
+                           part={"type": "output_text", "text": "", "annotations": []}))
+
+    def text(self, delta: str) -> bytes:
+        head = b"" if self.msg_open else self._open()
+        self.text_sent += delta
+        return head + self._ev("response.output_text.delta", item_id=self.mid, output_index=0, content_index=0,
+                               delta=delta, logprobs=[])
+
+    def finish(self, c: Completion, rest: str) -> bytes:
+        out = []
+        if rest:
+            out.append(self.text(rest))
+        elif not self.msg_open and (c.content or not c.tool_calls):
+            out.append(self._open())
+        idx = 0
+        if self.msg_open:
+            text = self.text_sent
+            part = {"type": "output_text", "text": text, "annotations": []}
+            out += [self._ev("response.output_text.done", item_id=self.mid, output_index=0, content_index=0,
+                             text=text, logprobs=[]),
+                    self._ev("response.content_part.done", item_id=self.mid, output_index=0, content_index=0,
+                             part=part),
+                    self._ev("response.output_item.done", output_index=0, item=_msg_item(self.mid, text, "completed"))]
+            idx = 1
+        items = ([_msg_item(self.mid, self.text_sent, "completed")] if self.msg_open else [])
+        for tc in c.tool_calls:
+            item = _fc_item(tc, "completed")
+            out += [self._ev("response.output_item.added", output_index=idx, item=_fc_item(tc, "in_progress")),
+                    self._ev("response.function_call_arguments.delta", item_id=item["id"], output_index=idx,
+                             delta=tc.arguments),
+                    self._ev("response.function_call_arguments.done", item_id=item["id"], output_index=idx,
+                             arguments=tc.arguments),
+                    self._ev("response.output_item.done", output_index=idx, item=item)]
+            items.append(item)
+            idx += 1
+        r = _response(self.req, self.rid, self.model, self.created, "completed", items, c)
+        # Always `response.completed` (Codex exits 1 without it); `status` says incomplete on length.
+        out.append(self._ev("response.completed", response=r))
+        return b"".join(out)
+
+    def error(self, status: int, message: str) -> bytes:
+        return self._ev("error", code=str(status), message=message, param=None)
+
+
+def error_body(status: int, message: str, kind: str, param: str | None) -> dict:
+    return {"error": {"message": message, "type": kind, "param": param, "code": status}}

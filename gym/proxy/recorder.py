@@ -1,0 +1,120 @@
+"""Per-session token state: decides, for each call, the exact prompt ids and its segment.
+
+Contract: when a request's messages start with the messages of a live segment (its last
+request plus the reply the proxy returned, compared in canonical form), the prompt is that
+segment's token sequence (previous prompt + sampled completion ids, untouched) plus the
+rendered extension. Otherwise the conversation was rewritten and a new segment starts from
+a full render, with the reason class: new_conversation, tools_changed, retry,
+assistant_edited, truncation, summarization, edited, template_mismatch. Nothing is dropped:
+every call's tokens stay in the store.
+"""
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from .canonical import ChatRequest, Message
+from .render import Renderer, TemplateMismatch
+
+
+@dataclass
+class Branch:
+    """The live end of one segment."""
+
+    index: int
+    history: list[Message]
+    keys: list[tuple]
+    tools_key: str
+    tokens: list[int]
+    completion_ids: list[int]
+    finish_reason: str
+
+
+@dataclass
+class Plan:
+    prompt_ids: list[int]
+    segment: int
+    prefix_len: int
+    split_reason: str | None
+    branch: Branch | None
+    keys: list[tuple]
+    tools_key: str
+
+
+@dataclass
+class Session:
+    id: str
+    key: str
+    meta: dict[str, Any]
+    closed: bool = False
+    branches: list[Branch] = field(default_factory=list)
+    n_segments: int = 0
+    n_calls: int = 0
+    last_response_at: float | None = None
+    lock: asyncio.Lock | None = None
+
+    @classmethod
+    def new(cls, meta: dict[str, Any]) -> "Session":
+        return cls(id=secrets.token_hex(8), key="sk-hrl-" + secrets.token_urlsafe(24), meta=dict(meta))
+
+
+def classify(prev: Branch | None, keys: list[tuple], tools_key: str) -> str | None:
+    """Why a request does not extend the most recent segment."""
+    if prev is None:
+        return None
+    if tools_key != prev.tools_key:
+        return "tools_changed"
+    old = prev.keys
+    if keys == old[:-1]:
+        return "retry"
+    i = next((j for j, (a, b) in enumerate(zip(keys, old)) if a != b), min(len(keys), len(old)))
+    if i == 0:
+        return "new_conversation"
+    if i == len(old) - 1 and len(keys) >= len(old):
+        return "assistant_edited"
+    if len(keys) < len(old):
+        return "truncation" if set(keys) <= set(old) else "summarization"
+    return "edited"
+
+
+def plan(session: Session, req: ChatRequest, renderer: Renderer) -> Plan:
+    """The prompt ids of this call and where they go (no state is changed here)."""
+    keys = [m.key() for m in req.messages]
+    tk = req.tools_key()
+    for br in reversed(session.branches):
+        n = len(br.keys)
+        if br.tools_key == tk and len(keys) >= n and keys[:n] == br.keys:
+            try:
+                ext = renderer.extension(br.completion_ids, br.finish_reason, req.messages[n:], br.history, req.tools)
+            except TemplateMismatch:
+                break
+            return Plan(br.tokens + ext, br.index, len(br.tokens), None, br, keys, tk)
+    else:
+        reason = classify(session.branches[-1] if session.branches else None, keys, tk)
+        return Plan(renderer.full_prompt(req.messages, req.tools), session.n_segments, 0, reason, None, keys, tk)
+    return Plan(renderer.full_prompt(req.messages, req.tools), session.n_segments, 0, "template_mismatch",
+                None, keys, tk)
+
+
+def commit(session: Session, p: Plan, req: ChatRequest, reply: Message, completion_ids: list[int],
+           finish_reason: str, max_branches: int) -> None:
+    """Advance the session after a finished call: the segment now ends with this reply."""
+    tokens = p.prompt_ids
+    tokens.extend(completion_ids)
+    history = req.messages + [reply]
+    keys = p.keys + [reply.key()]
+    if p.branch is not None:
+        br = p.branch
+        br.history, br.keys, br.tokens, br.completion_ids, br.finish_reason = (
+            history, keys, tokens, completion_ids, finish_reason)
+        session.branches.remove(br)
+        session.branches.append(br)
+    else:
+        session.branches.append(Branch(p.segment, history, keys, p.tools_key, tokens, completion_ids, finish_reason))
+        session.n_segments += 1
+        del session.branches[:-max_branches]
+    session.n_calls += 1
+    session.last_response_at = time.monotonic()

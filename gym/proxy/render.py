@@ -1,0 +1,110 @@
+"""Chat-template rendering: the full prompt of a new conversation, and the incremental
+suffix of a conversation that grew.
+
+Contract: the proxy never re-tokenizes text the policy generated. When a conversation
+grows, the next prompt is `previous prompt ids + sampled completion ids + extension`,
+where `extension` is the template's end-of-assistant-turn text that the policy did not
+sample itself (the bridge; e.g. ChatML's "<|im_end|>\\n", or only "\\n" when `<|im_end|>`
+was sampled) plus the new messages rendered by the model's own chat template.
+
+Only the new messages are templated and tokenized, so turn 40 costs what turn 1 does:
+they are rendered after a short fixed anchor conversation and the anchor's text is cut
+off. Whether `tokens(bridge) + tokens(suffix)` equals the tokens of a full render is
+checked once per template at start-up (`incremental_exact`); when the anchor trick does
+not hold for a template (it renders earlier turns differently), the renderer falls back to
+diffing two full renders of the real history.
+"""
+from __future__ import annotations
+
+import hashlib
+
+from .canonical import Message, Tool
+from .toolcalls import ToolFormat
+
+_MARK = "\u2063ANCHOR-REPLY\u2063"
+
+
+class TemplateMismatch(Exception):
+    """The template does not render a grown conversation as a prefix extension."""
+
+
+class Renderer:
+    def __init__(self, tokenizer, tool_format: ToolFormat):
+        if not getattr(tokenizer, "chat_template", None):
+            raise ValueError("the tokenizer has no chat template; harnessrl renders prompts with the model's own")
+        self.tok = tokenizer
+        self.tool_format = tool_format
+        self._fast = getattr(tokenizer, "_tokenizer", None)  # tokenizers.Tokenizer: skips python overhead
+        self.template_hash = hashlib.sha256(tokenizer.chat_template.encode()).hexdigest()[:16]
+        self.stop_token_ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+        anchor = [Message("system", "A"), Message("user", "B")]
+        self._anchor_tmpl = self.tool_format.to_template(anchor, None) + [{"role": "assistant", "content": _MARK}]
+        self._anchor_text = self.render_text(self._anchor_tmpl, False)
+        pos = self._anchor_text.rfind(_MARK)
+        if pos < 0:
+            raise ValueError("the chat template drops assistant content; cannot find the end-of-turn text")
+        self.bridge_text = self._anchor_text[pos + len(_MARK):]
+        self.bridge_ids = self.encode(self.bridge_text)
+        self.incremental_exact = self._self_check()
+
+    # -- primitives ------------------------------------------------------------------
+    def render_text(self, tmsgs: list[dict], generation_prompt: bool) -> str:
+        return self.tok.apply_chat_template(tmsgs, tokenize=False, add_generation_prompt=generation_prompt)
+
+    def encode(self, text: str) -> list[int]:
+        if self._fast is not None:
+            return self._fast.encode(text, add_special_tokens=False).ids
+        return self.tok.encode(text, add_special_tokens=False)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tok.decode(ids, skip_special_tokens=True)
+
+    # -- prompts -----------------------------------------------------------------------
+    def full_prompt(self, messages: list[Message], tools: list[Tool]) -> list[int]:
+        """Prompt ids of a conversation rendered from scratch (first call of a segment)."""
+        return self.encode(self.render_text(self.tool_format.to_template(messages, tools or None), True))
+
+    def bridge(self, completion_ids: list[int], finish_reason: str) -> list[int]:
+        """End-of-turn tokens the policy did not sample itself (none of them when it stopped on them)."""
+        b = self.bridge_ids
+        if finish_reason == "stop" and completion_ids:
+            for k in range(min(len(b), len(completion_ids)), 0, -1):
+                if completion_ids[-k:] == b[:k]:
+                    return b[k:]
+        return list(b)
+
+    def extension(self, completion_ids: list[int], finish_reason: str, new_messages: list[Message],
+                  history: list[Message], tools: list[Tool]) -> list[int]:
+        """Tokens that follow the sampled completion: bridge + new messages + generation prompt."""
+        suffix = self._suffix_text(new_messages, history, tools)
+        return self.bridge(completion_ids, finish_reason) + self.encode(suffix)
+
+    def _suffix_text(self, new_messages: list[Message], history: list[Message], tools: list[Tool]) -> str:
+        new_tmpl = self.tool_format.to_template(new_messages, None)
+        text = self.render_text(self._anchor_tmpl + new_tmpl, True)
+        if text.startswith(self._anchor_text):
+            return text[len(self._anchor_text):]
+        # The template renders a turn differently once it is no longer last: diff real renders.
+        before = self.render_text(self.tool_format.to_template(history, tools or None), False)
+        pos = before.rfind(self.bridge_text)
+        after = self.render_text(self.tool_format.to_template(history + new_messages, tools or None), True)
+        if pos < 0 or not after.startswith(before):
+            raise TemplateMismatch("the chat template does not render the grown conversation as an extension")
+        return after[len(before):]
+
+    def _self_check(self) -> bool:
+        """Incremental ids == full-render ids on a sample conversation with a tool round trip."""
+        from .canonical import ToolCall
+
+        tools = [Tool("bash", "run a command", {"type": "object", "properties": {"command": {"type": "string"}}})]
+        first = [Message("system", "You are a coding agent."), Message("user", "List the files, please.")]
+        reply = Message("assistant", "Sure.", (ToolCall("c1", "bash", '{"command": "ls"}'),))
+        new = [Message("tool", "a.py\nb.py", tool_call_id="c1"), Message("user", "Thanks. Now?")]
+        prompt = self.full_prompt(first, tools)
+        reply_text = self.tool_format.to_template([reply], None)[0]["content"]
+        sampled = self.encode(reply_text) + self.bridge_ids[:1]
+        try:
+            incremental = prompt + sampled + self.extension(sampled, "stop", new, first + [reply], tools)
+        except TemplateMismatch:
+            return False
+        return incremental == self.full_prompt(first + [reply] + new, tools)

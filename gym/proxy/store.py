@@ -1,0 +1,177 @@
+"""The durable store: one SQLite database in WAL mode, one row per finished call.
+
+Contract: `add_call` commits before the proxy sends the call's last byte, so a killed
+proxy loses no finished call. With `synchronous=NORMAL` (default) a commit survives the
+process being killed; `synchronous=FULL` also survives power loss at the cost of an
+fsync per call. A call row stores only the prompt tokens that are new relative to its
+segment (`prefix_len` says how many it reuses), so a 40-turn session costs linear space;
+`trajectory()` rebuilds segments, loss masks and full per-call prompts from the rows.
+Token ids, logprobs and versions are packed arrays (int32 / float64 / int32).
+"""
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from array import array
+from pathlib import Path
+from typing import Any, Iterable
+
+from ..trajectory import CallRecord, Segment, Trajectory
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS sessions (
+  id TEXT PRIMARY KEY, created REAL, closed REAL, meta TEXT, reward REAL, status TEXT,
+  termination TEXT, task_id TEXT, harness TEXT, model TEXT, chat_template_hash TEXT);
+CREATE TABLE IF NOT EXISTS calls (
+  call_id TEXT PRIMARY KEY, session_id TEXT, idx INTEGER, dialect TEXT, segment INTEGER,
+  split_reason TEXT, prefix_len INTEGER, new_prompt BLOB, completion BLOB, logprobs BLOB,
+  versions BLOB, finish_reason TEXT, queue_s REAL, gen_s REAL, env_s REAL, flags TEXT, created REAL);
+CREATE INDEX IF NOT EXISTS calls_by_session ON calls(session_id, idx);
+"""
+
+
+def _i32(xs: list[int]) -> bytes:
+    return array("i", xs).tobytes()
+
+
+def _f64(xs: list[float]) -> bytes:
+    return array("d", xs).tobytes()
+
+
+def _unpack(code: str, b: bytes) -> list:
+    a = array(code)
+    a.frombytes(b)
+    return a.tolist()
+
+
+class Store:
+    """Thread-safe: the proxy loop writes, the episode runner reads from its own thread."""
+
+    def __init__(self, path: str | Path, synchronous: str = "NORMAL"):
+        if synchronous not in ("NORMAL", "FULL"):
+            raise ValueError(f"synchronous must be NORMAL or FULL, got {synchronous!r}")
+        self.path = str(path)
+        if self.path != ":memory:":
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        self._lock = threading.Lock()
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute(f"PRAGMA synchronous={synchronous}")
+        self._db.executescript(_SCHEMA)
+
+    # -- writes ------------------------------------------------------------------------
+    def open_session(self, sid: str, meta: dict[str, Any], template_hash: str, model: str) -> None:
+        with self._lock:
+            self._db.execute(
+                "INSERT INTO sessions VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                (sid, time.time(), None, json.dumps(meta), None, "running", "", str(meta.get("task_id", "")),
+                 str(meta.get("harness", "")), model, template_hash))
+
+    def close_session(self, sid: str) -> None:
+        with self._lock:
+            self._db.execute("UPDATE sessions SET closed=? WHERE id=?", (time.time(), sid))
+
+    def set_reward(self, sid: str, reward: float | None, status: str, termination: str = "") -> None:
+        with self._lock:
+            self._db.execute("UPDATE sessions SET reward=?, status=?, termination=? WHERE id=?",
+                             (reward, status, termination, sid))
+
+    def add_call(self, *, call_id: str, session_id: str, idx: int, dialect: str, segment: int,
+                 split_reason: str | None, prefix_len: int, new_prompt: list[int], completion: list[int],
+                 logprobs: list[float], versions: list[int], finish_reason: str, queue_s: float,
+                 gen_s: float, env_s: float | None, flags: dict[str, Any]) -> None:
+        row = (call_id, session_id, idx, dialect, segment, split_reason, prefix_len, _i32(new_prompt),
+               _i32(completion), _f64(logprobs), _i32(versions), finish_reason, queue_s, gen_s, env_s,
+               json.dumps(flags) if flags else "{}", time.time())
+        with self._lock:
+            self._db.execute("INSERT INTO calls VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", row)
+
+    # -- reads -------------------------------------------------------------------------
+    def session_ids(self) -> list[str]:
+        with self._lock:
+            return [r[0] for r in self._db.execute("SELECT id FROM sessions ORDER BY created")]
+
+    def call_count(self, sid: str | None = None) -> int:
+        with self._lock:
+            if sid is None:
+                return self._db.execute("SELECT COUNT(*) FROM calls").fetchone()[0]
+            return self._db.execute("SELECT COUNT(*) FROM calls WHERE session_id=?", (sid,)).fetchone()[0]
+
+    def trajectory(self, sid: str) -> Trajectory:
+        with self._lock:
+            s = self._db.execute("SELECT meta, reward, status, termination, task_id, harness, model, "
+                                 "chat_template_hash FROM sessions WHERE id=?", (sid,)).fetchone()
+            if s is None:
+                raise KeyError(f"no session {sid!r} in {self.path}")
+            rows = self._db.execute("SELECT call_id, idx, dialect, segment, split_reason, prefix_len, new_prompt, "
+                                    "completion, logprobs, versions, finish_reason, queue_s, gen_s, env_s, flags "
+                                    "FROM calls WHERE session_id=? ORDER BY idx", (sid,)).fetchall()
+        segs: dict[int, Segment] = {}
+        calls: list[CallRecord] = []
+        for (cid, idx, dialect, seg_i, reason, prefix_len, newp, comp, lps, vers, fin, q, g, e, flags) in rows:
+            newp, comp, lps, vers = _unpack("i", newp), _unpack("i", comp), _unpack("d", lps), _unpack("i", vers)
+            seg = segs.get(seg_i)
+            if seg is None:
+                seg = segs[seg_i] = Segment([], [], [], [], split_reason=reason)
+            if prefix_len != len(seg.token_ids):
+                raise ValueError(f"session {sid} call {idx}: reuses {prefix_len} tokens but segment {seg_i} "
+                                 f"has {len(seg.token_ids)}: the store is inconsistent")
+            n = len(newp)
+            seg.token_ids += newp
+            seg.loss_mask += [0] * n
+            seg.logprobs += [0.0] * n
+            seg.versions += [-1] * n
+            prompt = list(seg.token_ids)
+            seg.token_ids += comp
+            seg.loss_mask += [1] * len(comp)
+            seg.logprobs += lps
+            seg.versions += vers
+            seg.call_ids.append(cid)
+            calls.append(CallRecord(cid, sid, idx, dialect, prompt, comp, lps, vers, fin, seg_i, q, g, e,
+                                    json.loads(flags)))
+        meta, reward, status, term, task_id, harness, model, th = s
+        return Trajectory(sid, [segs[k] for k in sorted(segs)], reward, status, term or "", task_id or "",
+                          harness or "", model or "", th or "", calls, json.loads(meta or "{}"))
+
+    # -- export ------------------------------------------------------------------------
+    def export_jsonl(self, path: str | Path, session_ids: Iterable[str] | None = None) -> int:
+        """One Trajectory (to_dict) per line; returns the number written."""
+        ids = list(session_ids) if session_ids is not None else self.session_ids()
+        with open(path, "w") as f:
+            for sid in ids:
+                f.write(self.trajectory(sid).to_json() + "\n")
+        return len(ids)
+
+    def export_parquet(self, path: str | Path, session_ids: Iterable[str] | None = None) -> int:
+        """One row per segment with per-token list columns; returns the number of rows."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        ids = list(session_ids) if session_ids is not None else self.session_ids()
+        cols: dict[str, list] = {k: [] for k in (
+            "session_id", "segment", "split_reason", "token_ids", "loss_mask", "logprobs", "versions",
+            "reward", "status", "termination", "task_id", "harness", "model", "chat_template_hash", "n_calls")}
+        for sid in ids:
+            t = self.trajectory(sid)
+            for i, seg in enumerate(t.segments):
+                for k, v in (("session_id", sid), ("segment", i), ("split_reason", seg.split_reason),
+                             ("token_ids", seg.token_ids), ("loss_mask", seg.loss_mask),
+                             ("logprobs", seg.logprobs), ("versions", seg.versions), ("reward", t.reward),
+                             ("status", t.status), ("termination", t.termination), ("task_id", t.task_id),
+                             ("harness", t.harness), ("model", t.model), ("chat_template_hash", t.chat_template_hash),
+                             ("n_calls", len(seg.call_ids))):
+                    cols[k].append(v)
+        schema = pa.schema([("session_id", pa.string()), ("segment", pa.int32()), ("split_reason", pa.string()),
+                            ("token_ids", pa.list_(pa.int32())), ("loss_mask", pa.list_(pa.int8())),
+                            ("logprobs", pa.list_(pa.float64())), ("versions", pa.list_(pa.int32())),
+                            ("reward", pa.float64()), ("status", pa.string()), ("termination", pa.string()),
+                            ("task_id", pa.string()), ("harness", pa.string()), ("model", pa.string()),
+                            ("chat_template_hash", pa.string()), ("n_calls", pa.int32())])
+        pq.write_table(pa.table(cols, schema=schema), str(path))
+        return len(cols["session_id"])
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
