@@ -70,7 +70,8 @@ class Sandbox(Protocol):
 
     def exec(self, command: str | list[str], timeout: float = 60.0, env: dict[str, str] | None = None,
              workdir: str | None = None) -> ExecResult:
-        """Run a command (a string runs under `bash -lc`) as the sandbox's unprivileged user."""
+        """Run a command as the sandbox's unprivileged user (uid 1000). A string runs under
+        `bash -c` (not a login shell, so a PATH passed in `env` wins); a list runs as argv."""
         ...
 
     def read_file(self, path: str) -> bytes: ...

@@ -3,7 +3,9 @@
 Contract: a container has no network (`network_mode=none`), CPU / memory / pids limits, every
 capability dropped, `no-new-privileges`, runs as `agent` (uid 1000), and a read-only root;
 only the repository (`spec.workdir`), `/tmp` and `/home/agent` are writable (anonymous volumes,
-seeded from the image, removed with the container). Containers carry `harnessrl.managed=1`
+seeded from the image, removed with the container). A command's process group ends with the
+command (so do its `&` jobs and any fork bomb); to keep a server running across commands,
+start it with `setsid`. Containers carry `harnessrl.managed=1`
 and a run id, so `reap()` removes what a crashed run left. Files cross as tar streams
 (put_archive / get_archive), never on a command line. If the container is gone, every call
 raises SandboxDied; a command past its timeout is killed and reported with exit_code -1.
@@ -41,6 +43,14 @@ while True:
     except ChildProcessError: pass
     s = signal.sigtimedwait([signal.SIGCHLD, signal.SIGTERM], 5)
     if s is not None and s.si_signo == signal.SIGTERM: break
+"""
+# Every exec: `timeout` puts the command in its own process group; the group dies with it.
+_WRAP = """t="$1"; shift
+timeout -k 2 "$t" "$@" &
+pid=$!
+{ wait "$pid"; } 2>/dev/null; rc=$?
+kill -9 -- "-$pid" 2>/dev/null; kill -9 -- "-$pid" 2>/dev/null
+exit "$rc"
 """
 # Before reset: kill every process but PID 1 (left-over servers of the last episode), empty
 # /tmp and the home directory (so nothing, e.g. applied hidden tests, reaches the next one).
@@ -186,9 +196,10 @@ class DockerSandbox:
         stdout and stderr interleaved as they came, all in the stdout slot."""
         import docker.errors
 
-        # In-container `timeout` kills the command's process group; the host thread below is
-        # the backstop for a stream that stays open (a process that escaped the group).
-        wrapped = ["timeout", "-k", "2", f"{max(timeout, 0.001):.3f}", *argv] if wrap else argv
+        # In-container `timeout` kills the command's process group at its deadline, and the
+        # wrapper kills what is left of the group when the command ends (a fork bomb, stray
+        # `&` jobs); the host thread below is the backstop for processes that left the group.
+        wrapped = ["bash", "-c", _WRAP, "harnessrl-exec", f"{max(timeout, 0.001):.3f}", *argv] if wrap else argv
         t0 = time.monotonic()
         try:
             eid = self._api.exec_create(self.id, wrapped, user="1000:1000", environment=env,
