@@ -81,3 +81,58 @@ def sse_events(text: str) -> list[tuple[str | None, str]]:
         if data:
             out.append((ev, "\n".join(data)))
     return out
+
+
+def check_exact(traj, engine_calls: list[dict]) -> None:
+    """The record is exactly what the engine was given and sampled, call by call; each
+    segment is its last call's prompt + completion; loss mask 1 exactly on sampled ids."""
+    traj.validate()
+    assert len(traj.calls) == len(engine_calls), (len(traj.calls), len(engine_calls))
+    for c, ec in zip(traj.calls, engine_calls):
+        assert c.prompt_ids == ec["input_ids"], f"call {c.index}: recorded prompt != engine input"
+        assert c.completion_ids == ec["output_ids"], f"call {c.index}: recorded completion != engine output"
+    for si, seg in enumerate(traj.segments):
+        calls = [c for c in traj.calls if c.segment == si]
+        last = calls[-1]
+        assert seg.token_ids == last.prompt_ids + last.completion_ids
+        mask = [0] * len(seg.token_ids)
+        for c in calls:  # each call's prompt extends the previous call's prompt + completion
+            assert seg.token_ids[:len(c.prompt_ids)] == c.prompt_ids
+            for j in range(len(c.prompt_ids), len(c.prompt_ids) + len(c.completion_ids)):
+                mask[j] = 1
+        assert seg.loss_mask == mask
+        sampled = [lp for lp, m in zip(seg.logprobs, seg.loss_mask) if m]
+        assert sampled == [lp for c in calls for lp in c.logprobs]
+
+
+def fill_placeholders(obj, model: str = "policy"):
+    """A fixture body with every `<text: N chars>` / `<key: N chars>` replaced by own text."""
+    import re
+
+    pat = re.compile(r"^<(text|key): (\d+) chars>$")
+    words = "the quick brown fox jumps over a lazy dog while tests run in the sandbox "
+
+    def fill(x):
+        if isinstance(x, dict):
+            return {fill(k): fill(v) for k, v in x.items()}
+        if isinstance(x, list):
+            return [fill(v) for v in x]
+        if isinstance(x, str):
+            m = pat.match(x)
+            if m:
+                n = min(int(m.group(2)), 1500)
+                if m.group(1) == "key":
+                    return "k" * n
+                return (words * (n // len(words) + 1))[:n]
+            if x == "probe-model":
+                return model
+        return x
+    return fill(obj)
+
+
+def fixture_requests(name: str) -> list[dict]:
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).parent / "fixtures" / "harness-requests" / name  # copied from shared/fixtures
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

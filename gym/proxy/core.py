@@ -160,13 +160,13 @@ class ProxyCore:
             if stream_writer is not None:
                 yield stream_writer.start()
                 detok = Detokenizer(self.renderer)
-                held = False
+                held, text = False, ""
                 async for ids in generate(self.engine, self.gate, pl.prompt_ids, stream=True, params=self._params(req),
                                           max_interruptions=self.config.max_interruptions, rid=cid, out=gen):
                     piece = detok.add(ids)
                     if held or not piece:
                         continue
-                    text = sent + piece
+                    text += piece
                     cut, held = _safe_len(text, markers)
                     if cut > len(sent):
                         delta = text[len(sent):cut]

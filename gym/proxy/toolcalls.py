@@ -73,7 +73,7 @@ class HermesToolFormat:
                 else:
                     out.append({"role": "user", "content": block, "_tool": True})
             elif m.role == "assistant" and m.tool_calls:
-                parts = [m.content] if m.content else []
+                parts = [m.content.strip()] if m.content.strip() else []
                 for tc in m.tool_calls:
                     call = {"name": tc.name, "arguments": tc.arguments_obj()}
                     parts.append(f"<tool_call>\n{json.dumps(call, ensure_ascii=False)}\n</tool_call>")
