@@ -4,13 +4,16 @@ A `Trainer` takes a batch of `harnessrl.gym.trajectory.Trajectory` records, vali
 where they enter, turns them into training samples (`harnessrl.trainers.samples`), applies
 one update and reports a `StepMetrics`. `publish(out_dir)` writes the current weights as a
 Hugging Face folder (safetensors + tokenizer) that an engine can load with
-`/update_weights_from_disk`, and returns the new integer version; the engine stamps that
+`/update_weights_from_disk`, and returns their integer version; the engine stamps that
 version on every token it samples afterwards, which is how staleness is measured.
 
-Versions count publishes: the weights the engine starts with are version 0, each publish
-bumps by one. The staleness of a trained token is `trainer.version - token.version` at the
-time of the step, so with the main loop's step-then-publish rhythm it is the number of
-policy updates between sampling the token and training on it.
+Versions count weight updates: the initial weights (which the engine starts with) are
+version 0 and every step that updates the policy bumps the version by one; `publish`
+stamps the current version (publishing twice without a step gives the same number).
+The staleness of a trained token is (the version being updated) - (the version that
+sampled it): the number of policy updates between sampling it and training on it,
+whatever the publish cadence. In the main loop's step-then-publish rhythm this is the
+same as counting publishes.
 
 Implementations satisfy the Protocols structurally; they do not inherit from them.
 """
@@ -31,7 +34,8 @@ class StepMetrics:
     step: int
     """Optimizer steps taken so far, including this one."""
     version: int
-    """Trainer version when the step ran (the version of the last published weights)."""
+    """Policy version after the step (what `publish` would stamp now); staleness is measured
+    against the version before it, the one that was updated."""
     updated: bool
     """False when the batch had no trainable token, so no optimizer update happened."""
     loss: float
@@ -89,7 +93,7 @@ class Trainer(Protocol):
 
     @property
     def version(self) -> int:
-        """Version of the most recently published weights (0 before any publish)."""
+        """Version of the current weights: 0 initially, +1 per update (see module doc)."""
         ...
 
     def step(self, batch: list[Trajectory]) -> StepMetrics:
@@ -99,7 +103,7 @@ class Trainer(Protocol):
 
     def publish(self, out_dir: str | Path) -> int:
         """Write the current weights + tokenizer into `out_dir` (a loadable HF folder,
-        written atomically), bump the version and return it."""
+        written atomically) and return their version."""
         ...
 
 
