@@ -5,7 +5,7 @@ capability dropped, `no-new-privileges`, runs as `agent` (uid 1000), and a read-
 only the repository (`spec.workdir`), `/tmp` and `/home/agent` are writable (anonymous volumes,
 seeded from the image, removed with the container). A command's process group ends with the
 command (so do its `&` jobs and any fork bomb); to keep a server running across commands,
-start it with `setsid`. Containers carry `harnessrl.managed=1`
+start it with `setsid -f` and wait in that command until it is up. Containers carry `harnessrl.managed=1`
 and a run id, so `reap()` removes what a crashed run left. Files cross as tar streams
 (put_archive / get_archive), never on a command line. If the container is gone, every call
 raises SandboxDied; a command past its timeout is killed and reported with exit_code -1.
@@ -45,7 +45,9 @@ while True:
     if s is not None and s.si_signo == signal.SIGTERM: break
 """
 # Every exec: `timeout` puts the command in its own process group; the group dies with it.
-_WRAP = """t="$1"; shift
+# $1=1 merges stderr into stdout at the source, so their order is kept (docker demuxes them).
+_WRAP = """[ "$1" = 1 ] && exec 2>&1
+t="$2"; shift 2
 timeout -k 2 "$t" "$@" &
 pid=$!
 { wait "$pid"; } 2>/dev/null; rc=$?
@@ -199,7 +201,8 @@ class DockerSandbox:
         # In-container `timeout` kills the command's process group at its deadline, and the
         # wrapper kills what is left of the group when the command ends (a fork bomb, stray
         # `&` jobs); the host thread below is the backstop for processes that left the group.
-        wrapped = ["bash", "-c", _WRAP, "harnessrl-exec", f"{max(timeout, 0.001):.3f}", *argv] if wrap else argv
+        wrapped = (["bash", "-c", _WRAP, "harnessrl-exec", "0" if demux else "1",
+                    f"{max(timeout, 0.001):.3f}", *argv] if wrap else argv)
         t0 = time.monotonic()
         try:
             eid = self._api.exec_create(self.id, wrapped, user="1000:1000", environment=env,
@@ -271,6 +274,8 @@ class DockerSandbox:
         import docker.errors
 
         p = self._abs(path)
+        if not self.alive():  # the volumes outlive the container; its sandbox does not
+            raise self._died("cannot read")
         try:
             stream, _ = self.container.get_archive(str(p))
         except docker.errors.NotFound as e:
@@ -287,6 +292,8 @@ class DockerSandbox:
         import docker.errors
 
         p = self._abs(path)
+        if not self.alive():
+            raise self._died("cannot write")
         buf = io.BytesIO()
         with tarfile.open(fileobj=buf, mode="w") as tf:
             info = tarfile.TarInfo(p.name)

@@ -28,6 +28,9 @@ class PoolConfig(BaseModel):
     """Idle, started sandboxes kept per RepoSpec."""
     refill_workers: int = Field(default=2, ge=1)
     """Threads creating replacement sandboxes in the background."""
+    refill: bool = True
+    """Top the idle list up in the background after each acquire (False: only prewarm and
+    release fill it)."""
 
 
 class SandboxPool:
@@ -62,7 +65,8 @@ class SandboxPool:
             sb = self.backend.create(spec)
         with self._lock:
             self._owner[id(sb)] = spec
-        self._schedule(spec)
+        if self.config.refill:
+            self._schedule(spec)
         return sb
 
     def release(self, sb: Sandbox) -> None:

@@ -22,7 +22,7 @@ from pathlib import Path
 from harnessrl.sandboxes.base import RepoSpec, SandboxError
 
 #: Bump when materialize/finalize change what a built checkout contains (rebuilds caches).
-LAYOUT_VERSION = "1"
+LAYOUT_VERSION = "3"
 _SHA = re.compile(r"^[0-9a-f]{40}$")
 
 
@@ -77,6 +77,9 @@ def materialize(spec: RepoSpec, dest: Path) -> str:
         # Fetching one ref copies only base's ancestry: later commits never reach the sandbox.
         _git("fetch", "-q", "--no-tags", "--update-head-ok", str(clone), "refs/harnessrl/base:refs/heads/main", cwd=dest)
         _git("checkout", "-q", "-f", "main", cwd=dest)
+    # Agents may commit (diff and reset ignore it); give them an identity on every backend.
+    _git("config", "user.name", "agent", cwd=dest)
+    _git("config", "user.email", "agent@harnessrl.invalid", cwd=dest)
     shutil.rmtree(dest / ".git" / "hooks", ignore_errors=True)
     (dest / ".git" / "hooks").mkdir()
     shutil.rmtree(dest / ".git" / "logs", ignore_errors=True)
@@ -126,18 +129,29 @@ cd "$1"
 git ls-files --others --directory --no-empty-directory | sed 's|^|/|' > .git/info/harnessrl-keep
 cat .git/info/harnessrl-keep >> .git/info/exclude
 git update-ref refs/heads/main "$2"
+git config gc.auto 0
+# Everything of the base state in packs, nothing loose: reset then deletes any loose object or
+# new pack (an earlier episode's commits), so no episode can dig out another's work.
+git repack -a -d -q && git prune --expire=now && rm -rf .git/logs
 rm -rf "$3" && mkdir -p "$3" && cp -a .git/config .git/info .git/hooks "$3"/
+ls .git/objects/pack > "$3"/packs
 """
 
 #: Back to base: restore .git metadata first (so no planted config runs), drop every ref but
-#: main, reset the tree, remove untracked files except what set-up left.
+#: main, reflogs and objects made since base, reset the tree, remove untracked files except
+#: what set-up left.
 RESET_SCRIPT = r"""
 set -euo pipefail
 cd "$1"
 if [ -n "${3:-}" ] && [ -d "$3" ]; then
   rm -rf .git/config .git/info .git/hooks && cp -a "$3"/config "$3"/info "$3"/hooks .git/
 fi
-rm -f .git/index.lock .git/HEAD.lock
+rm -rf .git/index.lock .git/HEAD.lock .git/logs .git/ORIG_HEAD .git/FETCH_HEAD .git/MERGE_HEAD \
+  .git/CHERRY_PICK_HEAD .git/rebase-merge .git/rebase-apply .git/objects/info/alternates
+if [ -f "${3:-}/packs" ]; then
+  find .git/objects -mindepth 2 -maxdepth 2 -type f -path '*/objects/[0-9a-f][0-9a-f]/*' -delete
+  for p in .git/objects/pack/*; do grep -qxF "${p##*/}" "$3"/packs || rm -f "$p"; done
+fi
 git symbolic-ref HEAD refs/heads/main
 git for-each-ref --format='%(refname)' | { grep -vx refs/heads/main || true; } |
   while read -r ref; do git update-ref -d "$ref"; done
