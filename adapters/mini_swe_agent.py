@@ -49,7 +49,10 @@ class MiniSweAgentAdapter:
         env = clean_env({
             "MSWEA_CONFIGURED": "true", "MSWEA_COST_TRACKING": "ignore_errors", "MSWEA_SILENT_STARTUP": "1",
             "LITELLM_LOCAL_MODEL_COST_MAP": "True", "MSWEA_GLOBAL_CONFIG_DIR": str(scratch / "mini-cfg"),
-            "OPENAI_API_KEY": ep.api_key, "PYTHONPATH": str(scratch), "HOME": str(scratch),
+            "OPENAI_API_KEY": ep.api_key,
+            # One retry: mini's default (10 with backoff up to a minute) would turn an engine
+            # failure into a wall-clock timeout.
+            "MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT": "2", "PYTHONPATH": str(scratch), "HOME": str(scratch),
         })
         argv = [str(venv / "bin" / "mini"), "-m", f"openai/{ep.model}", "-t", launch.problem_statement,
                 "-y", "--exit-immediately", "-o", str(traj),

@@ -143,13 +143,12 @@ class ScriptedEngine:
                               "output_token_logprobs": [[self.logprob, t, None] for t in ids]}}
 
     def app(self):
-        from fastapi import FastAPI, Request
-        from fastapi.responses import JSONResponse, StreamingResponse
+        """A Starlette app serving /generate, /health, /get_model_info, /abort_request."""
+        from starlette.applications import Starlette
+        from starlette.responses import JSONResponse, StreamingResponse
+        from starlette.routing import Route
 
-        app = FastAPI(title="harnessrl scripted engine")
-
-        @app.post("/generate")
-        async def generate(request: Request):
+        async def generate(request):
             body = await request.json()
             input_ids = body.get("input_ids")
             if not isinstance(input_ids, list) or not all(isinstance(t, int) for t in input_ids):
@@ -157,7 +156,7 @@ class ScriptedEngine:
             rid = body.get("rid") or uuid.uuid4().hex
             ids, finish, _ = self.generate(input_ids, (body.get("sampling_params") or {}).get("max_new_tokens"))
             if not body.get("stream"):
-                return self._body(input_ids, ids, finish, rid)
+                return JSONResponse(self._body(input_ids, ids, finish, rid))
 
             def sse():  # cumulative chunks, as SGLang sends by default
                 for end in range(8, len(ids), 8):
@@ -166,19 +165,19 @@ class ScriptedEngine:
                 yield b"data: [DONE]\n\n"
             return StreamingResponse(sse(), media_type="text/event-stream")
 
-        @app.get("/health")
-        async def health():
-            return {}
+        async def health(request):
+            return JSONResponse({})
 
-        @app.get("/get_model_info")
-        async def model_info():
-            return {"model_path": "scripted", "weight_version": self.weight_version}
+        async def model_info(request):
+            return JSONResponse({"model_path": "scripted", "weight_version": self.weight_version})
 
-        @app.post("/abort_request")
-        async def abort(request: Request):
-            return {}
+        async def abort(request):
+            return JSONResponse({})
 
-        return app
+        return Starlette(routes=[Route("/generate", generate, methods=["POST"]),
+                                 Route("/health", health, methods=["GET"]),
+                                 Route("/get_model_info", model_info, methods=["GET"]),
+                                 Route("/abort_request", abort, methods=["POST"])])
 
 
 class ServedApp:

@@ -1,0 +1,247 @@
+"""One episode: task -> sandbox -> proxy session -> harness run -> reward -> closed trajectory.
+
+Contract: `run_episode` always returns an `EpisodeResult` whose trajectory is closed and
+stored with a reward, a status and a termination reason, one of
+submitted | harness_exited | call_limit | timeout | harness_crashed | sandbox_died |
+engine_error | infra. The harness only ever gets plain data (session URL, key, model, the
+problem statement, its sandbox); hidden tests are applied by `gym.rewards.score` after it
+has exited. An ending caused by the infrastructure (sandbox died, engine unreachable,
+harness not installed, reward run failed) is `infra_error` with reward None: masked from
+training, never taught as a 0. A timeout or call limit is `truncated`, not `ok`.
+
+Endings travel as a small exception family (`EpisodeEnded` and its subclasses), so an
+adapter or any code under it can end an episode with a reason by raising one.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, ClassVar, Sequence
+
+import httpx
+from pydantic import BaseModel, Field
+
+from harnessrl.adapters.base import SOCKET_NAME, Endpoint, HarnessAdapter, HarnessResult, Launch, Limits, Mount
+from harnessrl.adapters.relay import Relay
+from harnessrl.adapters.toolchain import HarnessNotInstalled
+from harnessrl.gym.rewards import RewardConfig, RewardResult, score
+from harnessrl.gym.tasks import Task
+from harnessrl.gym.trajectory import Trajectory
+from harnessrl.sandboxes.base import RepoSpec, Sandbox, SandboxDied, SandboxError
+
+
+# -- endings ------------------------------------------------------------------------------
+class EpisodeEnded(Exception):
+    """The episode is over; `reason` goes into the trajectory, `status` decides training."""
+
+    reason: ClassVar[str] = "infra"
+    status: ClassVar[str] = "infra_error"
+
+
+class Submitted(EpisodeEnded):
+    reason, status = "submitted", "ok"
+
+
+class HarnessExited(EpisodeEnded):
+    reason, status = "harness_exited", "ok"
+
+
+class HarnessCrashed(EpisodeEnded):
+    # The deployed harness falling over is part of the environment the policy acts in
+    # (often provoked by the policy's own output), so it is scored, not masked.
+    reason, status = "harness_crashed", "ok"
+
+
+class CallLimit(EpisodeEnded):
+    reason, status = "call_limit", "truncated"
+
+
+class Timeout(EpisodeEnded):
+    reason, status = "timeout", "truncated"
+
+
+class SandboxGone(EpisodeEnded):
+    reason, status = "sandbox_died", "infra_error"
+
+
+class EngineFailed(EpisodeEnded):
+    reason, status = "engine_error", "infra_error"
+
+
+class InfraFailed(EpisodeEnded):
+    reason, status = "infra", "infra_error"
+
+
+ENDINGS: dict[str, type[EpisodeEnded]] = {c.reason: c for c in (
+    Submitted, HarnessExited, HarnessCrashed, CallLimit, Timeout, SandboxGone, EngineFailed, InfraFailed)}
+
+
+# -- plain data in and out ------------------------------------------------------------------
+class EpisodeConfig(BaseModel):
+    """Limits and bookkeeping of one episode."""
+
+    max_calls: int = Field(30, ge=1)
+    """Model calls the harness may make (passed to its own step limit where it has one)."""
+    max_tokens: int | None = None
+    """Completion tokens for the whole episode (sent to the proxy session), None = unbounded."""
+    wall_time_s: float = Field(600.0, gt=0)
+    """Wall-clock limit of the harness run (reward time not included)."""
+    scratch_root: str | None = None
+    """Where per-episode host dirs go; None: the system temp dir."""
+    keep_scratch: bool = False
+    """Keep the host scratch dir (harness logs, trajectory files) after the episode."""
+    reward: RewardConfig = Field(default_factory=RewardConfig)
+    """How hidden tests are run."""
+
+
+@dataclass(frozen=True)
+class ProxyHandle:
+    """How to reach a running proxy: its harness-facing URL and its admin API token."""
+
+    url: str
+    admin_token: str
+    uds_path: str | None = None
+    """The proxy's own unix socket, if it serves one (else the relay targets its TCP port)."""
+
+
+@dataclass
+class EpisodeResult:
+    trajectory: Trajectory
+    harness: HarnessResult | None
+    reward: RewardResult | None
+    reason: str
+    status: str
+    timings: dict[str, float] = field(default_factory=dict)
+    error: str = ""
+
+
+SandboxFactory = Callable[[RepoSpec, Sequence[Mount]], Sandbox]
+"""Makes a started sandbox for a repo with extra bind mounts (e.g. DockerBackend().create)."""
+
+
+class ProxyAdmin:
+    """The few admin calls an episode needs (loopback HTTP, admin token)."""
+
+    def __init__(self, proxy: ProxyHandle):
+        self.proxy = proxy
+        self.http = httpx.Client(base_url=proxy.url, timeout=30,
+                                 headers={"Authorization": f"Bearer {proxy.admin_token}"})
+
+    def _call(self, method: str, path: str, **kw: Any) -> dict:
+        r = self.http.request(method, path, **kw)
+        if r.status_code >= 400:
+            raise RuntimeError(f"proxy admin {method} {path}: HTTP {r.status_code}: {r.text[:300]}")
+        return r.json()
+
+    def open(self, meta: dict[str, Any]) -> tuple[str, str]:
+        d = self._call("POST", "/admin/sessions", json={"meta": meta, **{k: meta[k] for k in (
+            "max_calls", "max_tokens") if meta.get(k) is not None}})
+        return d["session_id"], d["key"]
+
+    def finish(self, sid: str, reward: float | None, status: str, termination: str) -> Trajectory:
+        self._call("POST", f"/admin/sessions/{sid}/close")
+        self._call("POST", f"/admin/sessions/{sid}/reward",
+                   json={"reward": reward, "status": status, "termination": termination})
+        return Trajectory.from_dict(self._call("GET", f"/admin/sessions/{sid}/trajectory"))
+
+    def trajectory(self, sid: str) -> Trajectory:
+        return Trajectory.from_dict(self._call("GET", f"/admin/sessions/{sid}/trajectory"))
+
+    def close(self) -> None:
+        self.http.close()
+
+
+# -- the loop ---------------------------------------------------------------------------------
+def ending_for(result: HarnessResult, calls_made: int, max_calls: int) -> EpisodeEnded:
+    """The ending of a harness run that returned: its own reason, except that a harness that
+    stopped after the proxy's call budget was spent hit the call limit, whatever it says."""
+    if result.reason in ("harness_exited", "harness_crashed") and calls_made >= max_calls:
+        return CallLimit(f"{calls_made} calls made, limit {max_calls}")
+    return ENDINGS[result.reason](f"harness status {result.harness_status!r}, exit {result.exit_code}")
+
+
+def _engine_failed(traj: Trajectory) -> bool:
+    return any(c.finish_reason in ("engine_error", "error") or c.flags.get("engine_error") for c in traj.calls)
+
+
+def run_episode(task: Task, adapter: HarnessAdapter, make_sandbox: SandboxFactory, proxy: ProxyHandle,
+                model: str, config: EpisodeConfig | None = None, toolchain: Path | None = None) -> EpisodeResult:
+    cfg = config or EpisodeConfig()
+    timings: dict[str, float] = {}
+    scratch = Path(tempfile.mkdtemp(prefix="harnessrl-ep-", dir=cfg.scratch_root))
+    admin = ProxyAdmin(proxy)
+    sid, key = admin.open({"task_id": task.instance_id, "harness": adapter.name,
+                           "harness_version": adapter.version, "max_calls": cfg.max_calls,
+                           "max_tokens": cfg.max_tokens})
+    relay = None
+    sandbox: Sandbox | None = None
+    harness: HarnessResult | None = None
+    reward: RewardResult | None = None
+    error = ""
+    try:
+        socket_dir = None
+        if adapter.placement == "inside":
+            socket_dir = scratch / "sock"
+            socket_dir.mkdir()
+            os.chmod(socket_dir, 0o755)  # the sandbox user (uid 1000) must reach the socket
+            target = f"unix:{proxy.uds_path}" if proxy.uds_path else "tcp:" + proxy.url.split("://", 1)[1].rstrip("/")
+            relay = Relay(f"unix:{socket_dir / SOCKET_NAME}", target).start()
+        endpoint = Endpoint(f"{proxy.url.rstrip('/')}/s/{sid}", key, model,
+                            str(socket_dir) if socket_dir else None)
+        try:
+            t0 = time.monotonic()
+            sandbox = make_sandbox(task.repo_spec(), adapter.mounts(endpoint, toolchain))
+            timings["sandbox_s"] = time.monotonic() - t0
+            limits = Limits(cfg.max_calls, cfg.max_tokens, cfg.wall_time_s)
+            t0 = time.monotonic()
+            harness = adapter.launch(Launch(endpoint, task.problem_statement, sandbox, limits,
+                                            scratch / "harness", toolchain))
+            timings["harness_s"] = time.monotonic() - t0
+            if not sandbox.alive():
+                raise SandboxGone("the sandbox died during the harness run")
+            raise ending_for(harness, _calls_so_far(admin, sid), cfg.max_calls)
+        except EpisodeEnded:
+            raise
+        except SandboxDied as e:
+            raise SandboxGone(str(e)) from e
+        except (SandboxError, HarnessNotInstalled, OSError, RuntimeError, ValueError) as e:
+            raise InfraFailed(f"{type(e).__name__}: {e}") from e
+    except EpisodeEnded as end:
+        ending = end
+        error = str(end) if end.status == "infra_error" else ""
+    status, reason = ending.status, ending.reason
+    if status != "infra_error" and sandbox is not None:
+        t0 = time.monotonic()
+        reward = score(sandbox, task, cfg.reward)
+        timings["reward_s"] = time.monotonic() - t0
+        if reward.status == "infra_error":
+            status, error = "infra_error", f"reward: {reward.reason}"
+    final = reward.reward if (reward is not None and status != "infra_error") else None
+    if relay is not None:
+        relay.close()
+    if sandbox is not None:
+        try:
+            sandbox.close()
+        except SandboxError:
+            pass
+    if status != "infra_error" and _engine_failed(admin.trajectory(sid)):
+        status, reason, final, error = "infra_error", "engine_error", None, "an engine call failed"
+    traj = admin.finish(sid, final, status, reason)
+    admin.close()
+    traj.metadata.update({"harness_status": harness.harness_status if harness else None,
+                          "harness_exit_code": harness.exit_code if harness else None, "timings": timings,
+                          "error": error})
+    if not cfg.keep_scratch:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return EpisodeResult(traj, harness, reward, reason, status, timings, error)
+
+
+def _calls_so_far(admin: ProxyAdmin, sid: str) -> int:
+    try:
+        return len(admin.trajectory(sid).calls)
+    except RuntimeError:
+        return 0
