@@ -75,9 +75,14 @@ def classify(prev: Branch | None, keys: list[tuple], tools_key: str) -> str | No
         return "new_conversation"
     if i == len(old) - 1 and len(keys) >= len(old):
         return "assistant_edited"
-    if len(keys) < len(old):
-        return "truncation" if set(keys) <= set(old) else "summarization"
-    return "edited"
+    olds = set(old)
+    last = max((j for j, k in enumerate(keys) if k in olds), default=-1)
+    head = keys[:last + 1]
+    if head and head[-1] == old[-1] and len(head) < len(old) and all(k in olds for k in head):
+        return "truncation"  # old messages dropped, the rest kept up to our last reply
+    if len(keys) >= len(old):
+        return "edited"  # nothing dropped, something changed in place
+    return "summarization"  # old messages replaced by fewer, new ones
 
 
 def plan(session: Session, req: ChatRequest, renderer: Renderer) -> Plan:

@@ -59,6 +59,7 @@ class StandinEngine:
         stops = set(sp.get("stop_token_ids") or []) | {2}
         ids = self.responder(list(req["input_ids"]))
         epoch = self._abort_epoch
+        req["_version"] = self.weight_version  # weights cannot change under a running request
         out: list[int] = []
         for t in ids:
             if len(out) >= max_new:
@@ -78,7 +79,8 @@ class StandinEngine:
 
     def _body(self, req, ids, lps_start, finish, n_total):
         meta = {"id": req.get("rid") or "", "prompt_tokens": len(req["input_ids"]), "completion_tokens": n_total,
-                "finish_reason": {"type": finish} if finish else None, "weight_version": self.weight_version,
+                "finish_reason": {"type": finish} if finish else None,
+                "weight_version": req.get("_version", self.weight_version),
                 "output_token_logprobs": [[self._lp(lps_start + i), t, None] for i, t in enumerate(ids)]}
         return {"text": "", "output_ids": ids, "meta_info": meta}
 
