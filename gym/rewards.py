@@ -14,6 +14,7 @@ line. Results come from pytest's JUnit XML, matched to node ids the way pytest n
 from __future__ import annotations
 
 import re
+import shlex
 import time
 import uuid
 import xml.etree.ElementTree as ET
@@ -176,7 +177,7 @@ def _score(sandbox: Sandbox, task: Task, config: RewardConfig, out: RewardResult
         raise _Infra("sandbox is not alive")
     out.agent_diff = sandbox.diff()
     quick = config.command_timeout_s
-    base = _run(sandbox, f"git rev-parse --verify --quiet '{task.base_commit}^{{commit}}'", quick,
+    base = _run(sandbox, "git rev-parse --verify --quiet " + shlex.quote(task.base_commit + "^{commit}"), quick,
                 f"resolving base commit {task.base_commit}").output.strip().splitlines()[-1]
     head = _run(sandbox, "git rev-parse HEAD", quick, "reading HEAD").output.strip().splitlines()[-1]
     out.head_moved = head != base

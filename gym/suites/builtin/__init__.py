@@ -16,4 +16,4 @@ def load():
     """All built-in tasks (list[Task]), sources resolved to the shipped bundles."""
     from harnessrl.gym.task_loaders import load_jsonl
 
-    return load_jsonl(TASKS_FILE)
+    return load_jsonl(TASKS_FILE, layout="harnessrl")

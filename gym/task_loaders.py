@@ -1,0 +1,302 @@
+"""Task files -> Task objects, in the layouts public SWE datasets ship, plus a suite registry.
+
+Layouts (one row = one task; JSONL or Parquet):
+  harnessrl  our own rows: SWE-bench fields plus ours (source, gold_plan...); strict.
+  swebench   SWE-bench / SWE-bench Verified, SWE-Gym and SWE-rebench style rows: the field
+             names are ours already; FAIL_TO_PASS may be a JSON-encoded string.
+  swesmith   SWE-smith: instance_id, repo, patch, FAIL_TO_PASS, PASS_TO_PASS, image_name,
+             problem_statement. Its `patch` *introduces* the bug (the instance's branch,
+             named after instance_id, carries it), so the gold fix is that patch reversed.
+  r2e        R2E-Gym: repo_name, docker_image, commit_hash, parsed_commit_content (JSON:
+             old_commit_hash, file_diffs), execution_result_content (JSON: hidden test files
+             and the old/new commits' pytest logs). Tests ids come from those logs.
+"auto" picks per row. A bad row raises TaskFileError naming the file, the line (JSONL) or
+row (Parquet), and the field. External rows name no repository on this machine: pass
+`source_root`, a folder holding `owner__name` checkouts (or .bundle / .tar.gz files).
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import re
+from pathlib import Path
+from typing import Any, Callable
+
+from pydantic import ValidationError
+
+from harnessrl.gym.rewards import is_test_path
+from harnessrl.gym.tasks import Task
+
+LAYOUTS = ("auto", "harnessrl", "swebench", "swegym", "swesmith", "r2e")
+_OURS_ONLY = {"source", "gold_plan", "setup_commands", "test_command", "workdir"}
+
+#: Suite name -> "module:function" returning list[Task] (imported lazily). A path to a
+#: .jsonl/.parquet file or a full "module:function" works as a name too.
+SUITES: dict[str, str] = {
+    "builtin": "harnessrl.gym.suites.builtin:load",
+}
+
+
+class TaskFileError(ValueError):
+    """A task file is unreadable or a row does not describe a valid task."""
+
+
+# --- patches ---------------------------------------------------------------------------------
+
+def reverse_patch(patch: str) -> str:
+    """The inverse of a git diff (what `git apply -R` would apply), as a forward patch."""
+    out: list[str] = []
+    in_hunk = False
+    swaps = {"new file mode ": "deleted file mode ", "deleted file mode ": "new file mode ",
+             "old mode ": "new mode ", "new mode ": "old mode ", "rename from ": "rename to ",
+             "rename to ": "rename from ", "copy from ": "copy to ", "copy to ": "copy from "}
+    lines = patch.split("\n")
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if line.startswith("diff --git "):
+            in_hunk = False
+            m = re.match(r"diff --git a/(\S+) b/(\S+)$", line)
+            out.append(f"diff --git a/{m.group(2)} b/{m.group(1)}" if m else line)
+        elif not in_hunk and line.startswith("--- ") and i + 1 < len(lines) and lines[i + 1].startswith("+++ "):
+            old, new = line[4:], lines[i + 1][4:]
+            out.append("--- " + ("/dev/null" if new == "/dev/null" else "a/" + new.removeprefix("b/")))
+            out.append("+++ " + ("/dev/null" if old == "/dev/null" else "b/" + old.removeprefix("a/")))
+            i += 1
+        elif line.startswith("@@ "):
+            in_hunk = True
+            out.append(re.sub(r"^@@ -(\S+) \+(\S+) @@", r"@@ -\2 +\1 @@", line))
+        elif in_hunk and line[:1] in ("+", "-"):
+            out.append(("-" if line[0] == "+" else "+") + line[1:])
+        elif not in_hunk and line.startswith("index "):
+            m = re.match(r"index ([0-9a-f]+)\.\.([0-9a-f]+)(.*)$", line)
+            out.append(f"index {m.group(2)}..{m.group(1)}{m.group(3)}" if m else line)
+        elif not in_hunk and line.startswith("GIT binary patch"):
+            raise ValueError("cannot reverse a binary patch")
+        else:
+            prefix = next((p for p in swaps if not in_hunk and line.startswith(p)), None)
+            out.append(swaps[prefix] + line[len(prefix):] if prefix else line)
+        i += 1
+    return "\n".join(out)
+
+
+def _new_file_diff(path: str, text: str) -> str:
+    lines = text.split("\n")
+    no_newline = not text.endswith("\n")
+    if not no_newline:
+        lines = lines[:-1]
+    body = "".join(f"+{line}\n" for line in lines) + ("\\ No newline at end of file\n" if no_newline else "")
+    return (f"diff --git a/{path} b/{path}\nnew file mode 100644\n--- /dev/null\n+++ b/{path}\n"
+            f"@@ -0,0 +1,{len(lines)} @@\n{body}")
+
+
+def _r2e_file_diff(fd: dict[str, Any]) -> tuple[str, str]:
+    """(path, git diff text) of one R2E `file_diffs` entry."""
+    path = fd["header"]["file"]["path"]
+    parts = [f"diff --git a/{path} b/{path}", f"--- a/{path}", f"+++ b/{path}"]
+    prefixes = {"context": " ", "added": "+", "deleted": "-"}
+    for hunk in fd["hunks"]:
+        d = hunk["descriptor"]
+        o, n = d["old_range"], d["new_range"]
+        section = (d.get("section") or "").strip()
+        parts.append(f"@@ -{o['start']},{o.get('length', 1)} +{n['start']},{n.get('length', 1)} @@"
+                     + (f" {section}" if section else ""))
+        for line in hunk["line_group"]["all_lines"]:
+            if line.get("type") == "note":
+                parts.append("\\ No newline at end of file")
+            else:
+                parts.append(prefixes[line["type"]] + line["content"])
+    return path, "\n".join(parts) + "\n"
+
+
+_LOG_LINE = re.compile(r"^(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\s+(\S+::\S+)", re.M)
+
+
+def _pytest_statuses(log: str) -> dict[str, str]:
+    """node id -> status from a `pytest -rA` short summary."""
+    return {node: status for status, node in _LOG_LINE.findall(log or "")}
+
+
+# --- row mapping -----------------------------------------------------------------------------
+
+def detect_layout(row: dict[str, Any]) -> str:
+    if "parsed_commit_content" in row or ("repo_name" in row and "docker_image" in row):
+        return "r2e"
+    if _OURS_ONLY & row.keys():
+        return "harnessrl"
+    if "image_name" in row and not row.get("test_patch"):
+        return "swesmith"
+    return "swebench"
+
+
+def _json_field(row: dict[str, Any], field: str) -> Any:
+    value = row.get(field)
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError as e:
+            raise _FieldError(field, f"not valid JSON: {e.msg}") from None
+    if value is None:
+        raise _FieldError(field, "is missing")
+    return value
+
+
+class _FieldError(Exception):
+    def __init__(self, field: str, message: str):
+        super().__init__(message)
+        self.field, self.message = field, message
+
+
+def _map_swesmith(row: dict[str, Any]) -> dict[str, Any]:
+    bug = row.get("patch") or ""
+    try:
+        gold = reverse_patch(bug) if bug else ""
+    except ValueError as e:
+        raise _FieldError("patch", str(e)) from None
+    out = {k: row[k] for k in ("instance_id", "repo", "problem_statement", "FAIL_TO_PASS", "PASS_TO_PASS",
+                               "hints_text", "created_at", "version") if k in row}
+    out.update(patch=gold, image=row.get("image_name"),
+               # SWE-smith keeps each instance's buggy state on a branch named after it.
+               base_commit=row.get("base_commit") or row.get("instance_id"))
+    return out
+
+
+def _map_r2e(row: dict[str, Any]) -> dict[str, Any]:
+    parsed = _json_field(row, "parsed_commit_content")
+    execution = _json_field(row, "execution_result_content")
+    try:
+        diffs = [_r2e_file_diff(fd) for fd in parsed.get("file_diffs", [])]
+    except (KeyError, TypeError) as e:
+        raise _FieldError("parsed_commit_content", f"malformed file_diffs entry ({e!r})") from None
+    hidden = []
+    for name, code in zip(execution.get("test_file_names") or [], execution.get("test_file_codes") or []):
+        hidden.append(_new_file_diff(name if "/" in name else f"r2e_tests/{name}", code))
+    old = _pytest_statuses(execution.get("old_commit_res_stdout", ""))
+    new = _pytest_statuses(execution.get("new_commit_res_stdout", ""))
+    if not new:
+        raise _FieldError("execution_result_content", "new_commit_res_stdout has no pytest -rA summary lines")
+    commit = row.get("commit_hash") or parsed.get("new_commit_hash", "")
+    return {
+        "instance_id": row.get("instance_id") or f"r2e__{row.get('repo_name')}-{commit[:12]}",
+        "repo": row.get("repo_name"), "base_commit": parsed.get("old_commit_hash") or f"{commit}^",
+        "problem_statement": row.get("problem_statement"),
+        "patch": "".join(d for p, d in diffs if not is_test_path(p)), "test_patch": "".join(hidden),
+        "FAIL_TO_PASS": sorted(n for n, s in new.items() if s == "PASSED" and old.get(n) != "PASSED"),
+        "PASS_TO_PASS": sorted(n for n, s in new.items() if s == "PASSED" and old.get(n) == "PASSED"),
+        "image": row.get("docker_image"), "environment_setup_commit": commit,
+    }
+
+
+def map_row(row: dict[str, Any], layout: str = "auto") -> dict[str, Any]:
+    """Task keyword arguments for one row of the given layout."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown task layout {layout!r}; valid: {', '.join(LAYOUTS)}")
+    if layout == "auto":
+        layout = detect_layout(row)
+    if layout == "harnessrl":
+        return dict(row)
+    if layout == "swesmith":
+        return _map_swesmith(row)
+    if layout == "r2e":
+        return _map_r2e(row)
+    # swebench / swegym: same names; datasets add their own columns (meta, text...), drop them.
+    return {k: v for k, v in row.items() if k in Task.model_fields and k not in _OURS_ONLY}
+
+
+def _resolve_source(fields: dict[str, Any], base_dir: Path, source_root: Path | None) -> None:
+    source = fields.get("source")
+    if source:
+        if not Path(source).expanduser().is_absolute():
+            fields["source"] = str((base_dir / source).resolve())
+        return
+    if source_root is None or not fields.get("repo"):
+        return
+    stem = str(fields["repo"]).replace("/", "__")
+    candidates = [source_root / f"{stem}{suffix}" for suffix in ("", ".bundle", ".tar.gz", ".tgz", ".tar")]
+    candidates.append(source_root / str(fields["repo"]).split("/")[-1])
+    found = next((c for c in candidates if c.exists()), None)
+    if found is None:
+        raise _FieldError("repo", f"no repository for {fields['repo']!r} under {source_root} "
+                                  f"(looked for {', '.join(c.name for c in candidates)})")
+    fields["source"] = str(found)
+
+
+def _task(row: Any, where: str, layout: str, base_dir: Path, source_root: Path | None) -> Task:
+    if not isinstance(row, dict):
+        raise TaskFileError(f"{where}: a task must be a JSON object, got {type(row).__name__}")
+    try:
+        fields = map_row(row, layout)
+        _resolve_source(fields, base_dir, source_root)
+        return Task(**fields)
+    except _FieldError as e:
+        raise TaskFileError(f"{where}: field {e.field!r}: {e.message}") from None
+    except ValidationError as e:
+        err = e.errors()[0]
+        field = ".".join(str(p) for p in err["loc"]) or "?"
+        more = f" (and {len(e.errors()) - 1} more problems)" if len(e.errors()) > 1 else ""
+        raise TaskFileError(f"{where}: field {field!r}: {err['msg']}{more}") from None
+
+
+def load_jsonl(path: str | Path, layout: str = "auto", source_root: str | Path | None = None) -> list[Task]:
+    """Tasks from a JSONL file, one object per line (blank lines skipped)."""
+    path = Path(path)
+    root = Path(source_root).expanduser().resolve() if source_root else None
+    tasks = []
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise TaskFileError(f"{path}:{number}: invalid JSON: {e.msg} (column {e.colno})") from None
+            tasks.append(_task(row, f"{path}:{number}", layout, path.parent.resolve(), root))
+    return _unique(tasks, path)
+
+
+def load_parquet(path: str | Path, layout: str = "auto", source_root: str | Path | None = None) -> list[Task]:
+    """Tasks from a Parquet file, one row per task."""
+    import pyarrow.parquet as pq
+
+    path = Path(path)
+    root = Path(source_root).expanduser().resolve() if source_root else None
+    try:
+        rows = pq.read_table(path).to_pylist()
+    except Exception as e:
+        raise TaskFileError(f"{path}: not a readable Parquet file: {e}") from None
+    tasks = [_task(row, f"{path} row {i}", layout, path.parent.resolve(), root) for i, row in enumerate(rows)]
+    return _unique(tasks, path)
+
+
+def _unique(tasks: list[Task], path: Path) -> list[Task]:
+    seen: set[str] = set()
+    for t in tasks:
+        if t.instance_id in seen:
+            raise TaskFileError(f"{path}: duplicate instance_id {t.instance_id!r}")
+        seen.add(t.instance_id)
+    return tasks
+
+
+def load_tasks(path: str | Path, layout: str = "auto", source_root: str | Path | None = None) -> list[Task]:
+    """Load a .jsonl or .parquet task file."""
+    suffix = Path(path).suffix.lower()
+    if suffix in (".jsonl", ".json"):
+        return load_jsonl(path, layout, source_root)
+    if suffix in (".parquet", ".pq"):
+        return load_parquet(path, layout, source_root)
+    raise TaskFileError(f"{path}: unknown task file type {suffix!r} (use .jsonl or .parquet)")
+
+
+def load_suite(name: str, **kwargs: Any) -> list[Task]:
+    """Tasks of a registered suite, a task file path, or a "module:function" loader."""
+    if name in SUITES or (":" in name and not Path(name).exists()):
+        target = SUITES.get(name, name)
+        module, func = target.split(":", 1)
+        loader: Callable[..., list[Task]] = getattr(importlib.import_module(module), func)
+        return loader(**kwargs)
+    if Path(name).suffix.lower() in (".jsonl", ".json", ".parquet", ".pq"):
+        if not Path(name).exists():
+            raise TaskFileError(f"task file {name} does not exist")
+        return load_tasks(name, **kwargs)
+    raise ValueError(f"unknown suite {name!r}; valid: {', '.join(sorted(SUITES))}, "
+                     "a path to a .jsonl/.parquet task file, or a 'module:function' loader")
