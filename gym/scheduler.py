@@ -254,7 +254,8 @@ class RolloutScheduler:
                 # Under `wait`, every group that started at <= V - η must be in this batch.
                 must = [g for g in self._groups.values()
                         if c.over_staleness == "wait" and g.start_version <= V - c.staleness and g not in batch]
-                for group in list(self._ready):
+                # Oldest first: the groups closest to the staleness bound go into this batch.
+                for group in sorted(self._ready, key=lambda g: (g.start_version, g.group_id)):
                     if len(batch) < c.groups_per_step or group in must:
                         self._ready.remove(group)
                         if self._accept(group, V):

@@ -142,6 +142,7 @@ async def run_simulation(config, *, steps: int, slots: int, step_s: float, turns
     await sched.start()
     t0 = time.monotonic()
     consumed = 0
+    marks: list[tuple[float, int]] = []  # (time, trajectories consumed so far) after each batch
     max_lag = 0
     on_policy = True
     try:
@@ -154,6 +155,7 @@ async def run_simulation(config, *, steps: int, slots: int, step_s: float, turns
                     max_lag = max(max_lag, V - min(vs))
                     on_policy &= all(v == V for v in vs)
             consumed += len(batch)
+            marks.append((time.monotonic(), consumed))
             await asyncio.sleep(train_s)
             await sched.advance_version()
         wall = time.monotonic() - t0
@@ -161,6 +163,10 @@ async def run_simulation(config, *, steps: int, slots: int, step_s: float, turns
         await sched.close()
         await engine.stop()
     util = engine.utilization()
-    return {"trajectories": consumed, "wall_s": wall, "traj_per_s": consumed / wall, "max_lag": max_lag,
+    # Steady state: from the end of the warm-up batches (half the run) to the last batch.
+    k = max(1, len(marks) // 2) - 1
+    steady = (marks[-1][1] - marks[k][1]) / max(marks[-1][0] - marks[k][0], 1e-9) if len(marks) > 1 else 0.0
+    return {"trajectories": consumed, "wall_s": wall, "traj_per_s": consumed / wall, "steady_traj_per_s": steady,
+            "max_lag": max_lag,
             "on_policy": on_policy, "busy": util["busy"], "occupancy": util["occupancy"],
             "stats": sched.stats.as_dict()}
