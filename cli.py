@@ -34,6 +34,82 @@ def _cmd_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_engine(args: argparse.Namespace) -> int:
+    from harnessrl.trainers.engine.cli import run
+
+    return run(args)
+
+
+def _cmd_chat(args: argparse.Namespace) -> int:
+    """One message through the real path: proxy (OpenAI Chat) -> local engine -> the model."""
+    import httpx
+
+    from harnessrl.gym.proxy.config import ProxyConfig
+    from harnessrl.gym.proxy.server import ProxyServer
+    from harnessrl.trainers.engine import EngineServer
+
+    with EngineServer(model=args.model, port=0, weight_version="0") as engine, \
+            ProxyServer(ProxyConfig(engine_url=engine.url, model=args.model)) as proxy:
+        sid, key = proxy.open_session({"harness": "harnessrl-chat"})
+        r = httpx.post(f"{proxy.openai_base_url(sid)}/chat/completions", timeout=600,
+                       headers={"Authorization": f"Bearer {key}"},
+                       json={"model": "policy", "messages": [{"role": "user", "content": args.message}],
+                             "max_tokens": args.max_tokens, "temperature": args.temperature})
+        r.raise_for_status()
+        print(r.json()["choices"][0]["message"]["content"])
+        proxy.set_reward(sid, None, "ok", "chat")
+        traj = proxy.trajectory(sid)
+        seg = traj.segments[0]
+        print(f"-- recorded: {len(seg.token_ids)} tokens, {sum(seg.loss_mask)} sampled, "
+              f"policy version {sorted(set(v for v in seg.versions if v >= 0))}, template {traj.chat_template_hash[:12]}",
+              file=sys.stderr)
+    return 0
+
+
+def _cmd_rollout(args: argparse.Namespace) -> int:
+    import asyncio
+    import json
+
+    from harnessrl.gym.episode import EpisodeConfig
+    from harnessrl.gym.rollout import RolloutConfig, run_rollout
+
+    cfg = RolloutConfig(harness=args.harness, suite=args.suite, model=args.model, tasks=args.tasks,
+                        sandbox=args.sandbox, max_new_tokens=args.max_new_tokens,
+                        episode=EpisodeConfig(max_calls=args.max_calls, wall_time_s=args.wall_time))
+    engine = None
+    if args.engine_url is None:
+        from harnessrl.trainers.engine import EngineServer
+
+        engine = EngineServer(model=args.model, port=0, weight_version="0").start()
+    try:
+        rep = asyncio.run(run_rollout(cfg, args.engine_url or engine.url, args.out, episodes=args.episodes,
+                                      concurrency=args.concurrency))
+    finally:
+        if engine is not None:
+            engine.stop()
+    print(json.dumps(rep, indent=2))
+    return 0
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from harnessrl.trainers.loop import ConfigError, load_config, train
+
+    try:
+        cfg = load_config(args.config)
+    except ConfigError as e:
+        print(f"harnessrl train: {e}", file=sys.stderr)
+        return 2
+    if args.steps is not None:
+        cfg = cfg.model_copy(update={"steps": args.steps})
+    if args.out is not None:
+        cfg = cfg.model_copy(update={"out_dir": args.out})
+    history = asyncio.run(train(cfg))
+    print(f"done: {len(history)} steps; metrics in {cfg.out_dir}/metrics.jsonl, plots in {cfg.out_dir}/plots.png")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="harnessrl", description=(__doc__ or "").splitlines()[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -43,6 +119,33 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("action", choices=["list", "prepare"])
     p.add_argument("names", nargs="*", help="models to prepare (default: smollm2-135m)")
     p.add_argument("--force", action="store_true", help="rebuild even when prepared")
+    p = sub.add_parser("engine", help="run the local CPU engine (SGLang's native HTTP API)")
+    esub = p.add_subparsers(dest="engine_cmd", required=True)
+    from harnessrl.trainers.engine.cli import add_arguments
+
+    add_arguments(esub.add_parser("serve", help="serve until Ctrl-C"))
+    p = sub.add_parser("chat", help="one message through the proxy and the local engine")
+    p.add_argument("message")
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p = sub.add_parser("rollout", help="run a harness on a suite and write trajectories + a report")
+    p.add_argument("--harness", default="mini-swe-agent", help="adapter name or command-adapter config file")
+    p.add_argument("--suite", default="builtin")
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--tasks", nargs="*", default=None, help="instance ids (default: all)")
+    p.add_argument("--episodes", type=int, default=4)
+    p.add_argument("--concurrency", type=int, default=2)
+    p.add_argument("--max-calls", type=int, default=10)
+    p.add_argument("--max-new-tokens", type=int, default=512)
+    p.add_argument("--wall-time", type=float, default=600.0)
+    p.add_argument("--sandbox", default="auto", choices=["auto", "docker", "local"])
+    p.add_argument("--engine-url", default=None, help="an SGLang-contract engine; default: start the local one")
+    p.add_argument("--out", default="runs/rollout")
+    p = sub.add_parser("train", help="the main job: rollouts -> trainer -> weight sync (default: embedded CPU run)")
+    p.add_argument("--config", default=None, help="TOML or YAML config (see examples/train.toml); default: embedded")
+    p.add_argument("--steps", type=int, default=None, help="override the config's steps")
+    p.add_argument("--out", default=None, help="override the config's out_dir")
     return parser
 
 
@@ -53,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
 
         print(__version__)
         return 0
-    handlers = {"doctor": _cmd_doctor, "model": _cmd_model}
+    handlers = {"doctor": _cmd_doctor, "model": _cmd_model, "engine": _cmd_engine, "chat": _cmd_chat,
+                "rollout": _cmd_rollout, "train": _cmd_train}
     try:
         return handlers[args.cmd](args)
     except (FileNotFoundError, KeyError) as e:  # missing model / unknown name: one clear line

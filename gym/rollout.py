@@ -1,0 +1,197 @@
+"""Rollouts: many episodes of one harness on a suite, through one proxy, with a report.
+
+Contract: `Rollout` owns a proxy (in front of an engine it is handed by URL), a sandbox
+backend and a harness adapter; `episode(task, slot)` runs one episode in a worker thread
+(sandboxes and harnesses block) and returns its closed trajectory. `report(...)` turns
+trajectories into the figures every run prints: success rate, reward distribution,
+per-turn env latency p50/p95/p99, model-call latency p50/p95, calls and segments per
+episode with split reasons, failures by reason. The engine is never started here: the
+composition root (the CLI) starts it, so this layer stays free of torch.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from harnessrl.gym.episode import EpisodeConfig, ProxyHandle, run_episode
+from harnessrl.gym.trajectory import Trajectory
+
+
+class RolloutConfig(BaseModel):
+    """What to roll out, where, and how."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    harness: str = "mini-swe-agent"
+    """Adapter name (`harnessrl.adapters.REGISTRY`), "module:Class", or a command-adapter config file."""
+    suite: str = "builtin"
+    """Task suite name or a .jsonl/.parquet task file."""
+    tasks: list[str] | None = None
+    """Only these instance ids (None: the whole suite)."""
+    difficulties: list[str] | None = None
+    """Only tasks of these difficulties ("trivial", "easy", "medium", "hard"; None: all)."""
+    model: str = "smollm2-135m"
+    """Prepared model name or folder: its tokenizer and chat template render prompts."""
+    served_model_name: str = "policy"
+    """The model name harnesses are configured with and must send."""
+    sandbox: Literal["auto", "docker", "local"] = "auto"
+    """Sandbox backend; auto prefers Docker and falls back to bubblewrap."""
+    episode: EpisodeConfig = Field(default_factory=EpisodeConfig)
+    """Per-episode limits (model calls, tokens, wall time) and reward settings."""
+    temperature: float = Field(1.0, ge=0)
+    """Sampling temperature when the harness sends none."""
+    max_new_tokens: int = Field(512, ge=1)
+    """Cap on tokens generated per model call."""
+
+
+def load_suite_tasks(cfg: RolloutConfig) -> list:
+    from harnessrl.gym.task_loaders import load_suite
+
+    tasks = load_suite(cfg.suite)
+    if cfg.tasks is not None:
+        known = {t.instance_id for t in tasks}
+        missing = [t for t in cfg.tasks if t not in known]
+        if missing:
+            raise ValueError(f"tasks: {missing} not in suite {cfg.suite!r}")
+        tasks = [t for t in tasks if t.instance_id in set(cfg.tasks)]
+    if cfg.difficulties is not None:
+        tasks = [t for t in tasks if t.difficulty in cfg.difficulties]
+    if not tasks:
+        raise ValueError(f"suite {cfg.suite!r} has no task matching tasks={cfg.tasks} difficulties={cfg.difficulties}")
+    return tasks
+
+
+class Rollout:
+    """A proxy + sandbox backend + adapter, ready to run episodes against one engine."""
+
+    def __init__(self, cfg: RolloutConfig, engine_url: str, out_dir: str | Path):
+        from harnessrl.adapters import get_adapter
+        from harnessrl.gym.proxy.config import ProxyConfig
+        from harnessrl.gym.proxy.server import ProxyServer
+        from harnessrl.sandboxes import make_backend
+
+        self.cfg = cfg
+        self.out_dir = Path(out_dir)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.tasks = {t.instance_id: t for t in load_suite_tasks(cfg)}
+        self.adapter = get_adapter(cfg.harness)
+        self.backend = make_backend(cfg.sandbox)
+        self.proxy = ProxyServer(ProxyConfig(
+            engine_url=engine_url, model=cfg.model, served_models=[cfg.served_model_name],
+            db_path=str(self.out_dir / "trajectories.db"), uds_path=str(self.out_dir / "proxy.sock"),
+            default_temperature=cfg.temperature, default_max_tokens=cfg.max_new_tokens,
+            max_tokens_cap=cfg.max_new_tokens))
+        self.results: list[Any] = []
+        self._file = None
+
+    def __enter__(self) -> "Rollout":
+        self.proxy.start()
+        self._file = open(self.out_dir / "trajectories.jsonl", "a")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._file:
+            self._file.close()
+        self.proxy.stop()
+
+    @property
+    def handle(self) -> ProxyHandle:
+        return ProxyHandle(self.proxy.url, self.proxy.admin_token, self.proxy.config.uds_path)
+
+    def _make_sandbox(self, spec, mounts):
+        return self.backend.create(spec, mounts)
+
+    def run_one(self, task_id: str) -> Trajectory:
+        """One episode, blocking; the trajectory is appended to trajectories.jsonl."""
+        result = run_episode(self.tasks[task_id], self.adapter, self._make_sandbox, self.handle,
+                             self.cfg.served_model_name, self.cfg.episode)
+        self.results.append(result)
+        traj = result.trajectory
+        assert self._file is not None
+        self._file.write(traj.to_json() + "\n")
+        self._file.flush()
+        return traj
+
+    async def episode(self, slot: Any) -> Trajectory:
+        """An episode function for `RolloutScheduler` (the slot names the task)."""
+        traj = await asyncio.to_thread(self.run_one, slot.task_id)
+        traj.metadata["start_version"] = getattr(slot, "start_version", 0)
+        return traj
+
+
+# -- the report -------------------------------------------------------------------------------
+def _pct(xs: list[float], q: float) -> float | None:
+    if not xs:
+        return None
+    xs = sorted(xs)
+    k = (len(xs) - 1) * q
+    lo, hi = int(k), min(int(k) + 1, len(xs) - 1)
+    return round(xs[lo] + (xs[hi] - xs[lo]) * (k - lo), 4)
+
+
+def report(trajectories: list[Trajectory], wall_s: float | None = None) -> dict[str, Any]:
+    scored = [t for t in trajectories if t.reward is not None and t.status != "infra_error"]
+    env = [c.env_s for t in trajectories for c in t.calls if c.env_s is not None]
+    call = [c.queue_s + c.gen_s for t in trajectories for c in t.calls]
+    tokens = sum(len(c.completion_ids) for t in trajectories for c in t.calls)
+    out: dict[str, Any] = {
+        "episodes": len(trajectories),
+        "scored": len(scored),
+        "success_rate": (sum(t.reward >= 1.0 for t in scored) / len(scored)) if scored else None,
+        "reward_distribution": dict(sorted(Counter(str(t.reward) for t in trajectories).items())),
+        "env_latency_s": {"p50": _pct(env, .5), "p95": _pct(env, .95), "p99": _pct(env, .99), "n": len(env)},
+        "model_call_latency_s": {"p50": _pct(call, .5), "p95": _pct(call, .95), "n": len(call)},
+        "calls_per_episode": _mean([len(t.calls) for t in trajectories]),
+        "segments_per_episode": _mean([len(t.segments) for t in trajectories]),
+        "split_reasons": dict(Counter(s.split_reason for t in trajectories for s in t.segments if s.split_reason)),
+        "endings": dict(Counter(t.termination for t in trajectories)),
+        "failures_by_reason": dict(Counter(t.termination for t in trajectories if t.status == "infra_error")),
+        "completion_tokens": tokens,
+    }
+    if wall_s:
+        out["wall_s"] = round(wall_s, 2)
+        out["tokens_per_s"] = round(tokens / wall_s, 2)
+        out["episodes_per_hour"] = round(len(trajectories) * 3600 / wall_s, 1)
+    return out
+
+
+def _mean(xs: list[float]) -> float | None:
+    return round(sum(xs) / len(xs), 3) if xs else None
+
+
+async def run_rollout(cfg: RolloutConfig, engine_url: str, out_dir: str | Path, *, episodes: int,
+                      concurrency: int, progress: bool = True) -> dict[str, Any]:
+    """`episodes` episodes over the suite's tasks (cycled), `concurrency` at a time; the report
+    is also written to out_dir/report.json."""
+    from tqdm import tqdm
+
+    with Rollout(cfg, engine_url, out_dir) as ro:
+        order = list(itertools.islice(itertools.cycle(ro.tasks), episodes))
+        sem = asyncio.Semaphore(concurrency)
+        done: list[Trajectory] = []
+        bar = tqdm(total=episodes, disable=not progress, unit="ep", dynamic_ncols=True)
+        t0 = time.monotonic()
+
+        async def one(task_id: str) -> None:
+            async with sem:
+                traj = await asyncio.to_thread(ro.run_one, task_id)
+            done.append(traj)
+            scored = [t for t in done if t.reward is not None]
+            toks = sum(len(c.completion_ids) for t in done for c in t.calls)
+            bar.set_postfix(success=f"{sum(t.reward >= 1 for t in scored)}/{len(scored)}",
+                            tok_s=f"{toks / (time.monotonic() - t0):.1f}")
+            bar.update(1)
+
+        await asyncio.gather(*(one(t) for t in order))
+        bar.close()
+        rep = report(done, time.monotonic() - t0)
+        rep.update({"harness": cfg.harness, "suite": cfg.suite, "model": cfg.model, "concurrency": concurrency})
+        (Path(out_dir) / "report.json").write_text(json.dumps(rep, indent=2))
+        return rep

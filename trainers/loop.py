@@ -1,0 +1,217 @@
+"""`harnessrl train`: the main job, a short readable loop.
+
+    engine (local CPU engine, or any SGLang server by URL)
+      -> proxy + sandboxes + harness (gym.rollout.Rollout), episodes scheduled with bounded
+         staleness (gym.scheduler.RolloutScheduler)
+      -> trainer.step(batch of complete GRPO groups)
+      -> weight sync (save -> /update_weights_from_disk with weight_version)
+      -> scheduler.advance_version: later tokens carry the new version
+
+One config file (TOML or YAML), every field documented; a bad field is named in the error.
+Each step prints one line (reward mean, success rate, loss, grad norm, KL, logprob mismatch,
+staleness, env latency p95) and appends it to metrics.jsonl and TensorBoard; at the end a
+PNG with reward and latency plots is written to the run folder.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from harnessrl.gym.episode import EpisodeConfig
+from harnessrl.gym.rollout import Rollout, RolloutConfig, report
+from harnessrl.gym.scheduler import RolloutScheduler, SchedulerConfig
+from harnessrl.trainers.torch_trainer import TorchTrainerConfig
+
+
+def _default_rollout() -> RolloutConfig:
+    # Sized for the embedded default: 2 steps in well under 15 minutes on 2 CPU cores.
+    return RolloutConfig(difficulties=["trivial"], max_new_tokens=192,
+                         episode=EpisodeConfig(max_calls=3, wall_time_s=300))
+
+
+class TrainConfig(BaseModel):
+    """The main job. Every section has its own documented config."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = "smollm2-135m"
+    """Prepared model name or folder; the engine, the proxy's tokenizer and the trainer all use it."""
+    steps: int = Field(2, ge=1)
+    """Training steps (each: one batch of complete groups, one update, one weight sync)."""
+    out_dir: str = "runs/train"
+    """Run folder: metrics.jsonl, TensorBoard events, trajectories, weights, checkpoints, plots."""
+    engine_url: str | None = None
+    """An SGLang-contract engine to use (e.g. a real SGLang server); None starts the local CPU engine."""
+    engine_threads: int | None = Field(None, ge=1)
+    """torch threads of the local engine (None: torch's default)."""
+    rollout: RolloutConfig = Field(default_factory=_default_rollout)
+    """Harness, suite, sandboxes, per-episode limits (its `model` is overridden by `model`)."""
+    scheduler: SchedulerConfig = Field(default_factory=lambda: SchedulerConfig(
+        env_pool_size=2, group_size=2, groups_per_step=1, staleness=1, episode_timeout_s=600))
+    """Env pool size, GRPO group size G, groups per step, staleness η and its policy."""
+    trainer: TorchTrainerConfig = Field(default_factory=lambda: TorchTrainerConfig(lr=1e-6, micro_batch_tokens=4096))
+    """The built-in torch trainer (its `model` is overridden by `model`)."""
+    checkpoint_every: int = Field(0, ge=0)
+    """Save a resumable checkpoint every N steps (0: only at the end)."""
+    tensorboard: bool = True
+    """Also write TensorBoard event files to out_dir/tb."""
+    progress: bool = True
+    """Show a progress bar."""
+
+
+class ConfigError(ValueError):
+    """A bad config file; the message names the field."""
+
+
+def load_config(path: str | Path | None) -> TrainConfig:
+    """TOML (.toml) or YAML (.yaml/.yml); None gives the embedded default."""
+    if path is None:
+        return TrainConfig()
+    p = Path(path)
+    if not p.exists():
+        raise ConfigError(f"config file {p} does not exist")
+    text = p.read_text()
+    try:
+        if p.suffix == ".toml":
+            import tomllib
+
+            data = tomllib.loads(text)
+        elif p.suffix in (".yaml", ".yml"):
+            import yaml
+
+            data = yaml.safe_load(text) or {}
+        else:
+            raise ConfigError(f"{p}: use a .toml or .yaml file")
+    except (ValueError, ImportError) as e:  # tomllib.TOMLDecodeError / yaml.YAMLError are ValueErrors
+        if isinstance(e, ConfigError):
+            raise
+        raise ConfigError(f"{p}: not valid {p.suffix[1:].upper()}: {e}") from e
+    except Exception as e:  # yaml.YAMLError is not a ValueError
+        raise ConfigError(f"{p}: not valid YAML: {e}") from e
+    try:
+        return TrainConfig.model_validate(data)
+    except ValidationError as e:
+        lines = [f"{'.'.join(str(x) for x in err['loc'])}: {err['msg']}" for err in e.errors()]
+        raise ConfigError(f"{p}: bad config field(s):\n  " + "\n  ".join(lines)) from None
+
+
+# -- the loop ---------------------------------------------------------------------------------
+def _env_p95(batch) -> float | None:
+    xs = sorted(c.env_s for t in batch for c in t.calls if c.env_s is not None)
+    return round(xs[min(len(xs) - 1, int(0.95 * len(xs)))], 3) if xs else None
+
+
+def _line(m: dict[str, Any]) -> str:
+    def f(v, spec=".3f"):
+        return "-" if v is None else format(v, spec)
+
+    return (f"step {m['step']:>3} v{m['version']}  reward {f(m['reward_mean'])}  success {f(m['success_rate'], '.2f')}  "
+            f"loss {f(m['loss'], '.4f')}  gnorm {f(m['grad_norm'])}  kl {f(m['kl'], '.4f')}  "
+            f"mismatch {f(m['logprob_mismatch_mean'], '.2e')}  stale {m['staleness_max']}/{f(m['staleness_mean'], '.2f')}  "
+            f"env_p95 {f(m['env_latency_p95_s'])}s  ({m['step_s']:.1f}s train, {m['wall_s']:.0f}s total)")
+
+
+async def train(cfg: TrainConfig) -> list[dict[str, Any]]:
+    from tqdm import tqdm
+
+    from harnessrl.gym.engine_client import EngineClient
+    from harnessrl.trainers.torch_trainer import TorchTrainer
+    from harnessrl.trainers.weight_sync import DiskWeightSync
+
+    out = Path(cfg.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(cfg.model_dump_json(indent=2))
+    engine = None
+    if cfg.engine_url is None:
+        from harnessrl.trainers.engine import EngineServer
+
+        engine = EngineServer(model=cfg.model, port=0, weight_version="0", num_threads=cfg.engine_threads).start()
+    engine_url = cfg.engine_url or engine.url
+    client = EngineClient(engine_url)
+    trainer = TorchTrainer(cfg.trainer.model_copy(update={"model": cfg.model}))
+    sync = DiskWeightSync(client, out / "weights")
+    writer = _tb_writer(out) if cfg.tensorboard else None
+    history: list[dict[str, Any]] = []
+    rollout_cfg = cfg.rollout.model_copy(update={"model": cfg.model})
+    t_start = time.monotonic()
+    try:
+        with Rollout(rollout_cfg, engine_url, out / "rollouts") as ro:
+            tasks = itertools.cycle(sorted(ro.tasks))
+            sched = RolloutScheduler(cfg.scheduler, ro.episode, tasks)
+            await sched.start()
+            bar = tqdm(total=cfg.steps, unit="step", disable=not cfg.progress, dynamic_ncols=True)
+            try:
+                for _ in range(cfg.steps):
+                    batch = await sched.next_batch()
+                    metrics = await asyncio.to_thread(trainer.step, batch)
+                    version = await sync.push(trainer)
+                    await sched.advance_version(version)
+                    m = metrics.to_dict() | {
+                        "env_latency_p95_s": _env_p95(batch), "sync_s": round(sync.last_sync_s, 3),
+                        "wall_s": time.monotonic() - t_start, "scheduler": sched.stats.as_dict(),
+                        "batch_report": report(batch)}
+                    history.append(m)
+                    _record(out, m, writer)
+                    bar.write(_line(m))
+                    bar.update(1)
+                    if cfg.checkpoint_every and m["step"] % cfg.checkpoint_every == 0:
+                        trainer.save_checkpoint(out / "checkpoints" / f"step{m['step']}")
+            finally:
+                bar.close()
+                await sched.close()
+        trainer.save_checkpoint(out / "checkpoints" / "last")
+    finally:
+        await client.aclose()
+        if writer:
+            writer.close()
+        if engine is not None:
+            engine.stop()
+    plot(history, out / "plots.png")
+    return history
+
+
+def _tb_writer(out: Path):
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:  # tensorboard not installed: JSONL still has everything
+        return None
+    return SummaryWriter(str(out / "tb"))
+
+
+def _record(out: Path, m: dict[str, Any], writer) -> None:
+    with open(out / "metrics.jsonl", "a") as f:
+        f.write(json.dumps(m, default=str) + "\n")
+    if writer is not None:
+        for k, v in m.items():
+            if isinstance(v, (int, float)) and v is not None:
+                writer.add_scalar(k, v, m["step"])
+        writer.flush()
+
+
+def plot(history: list[dict[str, Any]], path: Path) -> Path | None:
+    """Reward/success and env/model latency per step, one PNG."""
+    if not history:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [m["step"] for m in history]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    a.plot(steps, [m["reward_mean"] if m["reward_mean"] is not None else float("nan") for m in history], "o-", label="reward mean")
+    a.plot(steps, [m["success_rate"] if m["success_rate"] is not None else float("nan") for m in history], "s--", label="success rate")
+    a.set_xlabel("step"), a.set_title("reward"), a.legend(), a.set_ylim(-0.05, 1.05)
+    for key, label in (("env_latency_s", "env p95"), ("model_call_latency_s", "model call p95")):
+        b.plot(steps, [m["batch_report"][key]["p95"] or float("nan") for m in history], "o-", label=label)
+    b.set_xlabel("step"), b.set_ylabel("seconds"), b.set_title("latency (p95 per batch)"), b.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

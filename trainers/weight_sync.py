@@ -1,0 +1,46 @@
+"""Weight sync: trainer weights -> engine, stamped with a version.
+
+Contract: `DiskWeightSync.push(trainer)` saves the trainer's weights (safetensors +
+tokenizer) into `root/v{version}`, then pause -> `/update_weights_from_disk` with
+`weight_version` -> continue on the engine, the order SGLang documents. Requests running
+at the pause come back `abort` with their partial output; the proxy resumes them on the
+new weights, so every token keeps the version that sampled it. The same calls work
+unchanged against a real SGLang server (the folder must be readable by it). Old version
+folders beyond `keep` are deleted.
+"""
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+from harnessrl.gym.engine_client import EngineClient
+
+
+class DiskWeightSync:
+    def __init__(self, client: EngineClient, root: str | Path, keep: int = 2):
+        self.client = client
+        self.root = Path(root)
+        self.keep = keep
+        self.last_sync_s = 0.0
+
+    async def push(self, trainer) -> int:
+        """Publish the trainer's weights to the engine; returns the new version."""
+        import asyncio
+
+        t0 = time.monotonic()
+        target = self.root / f"v{trainer.version}"
+        version = await asyncio.to_thread(trainer.publish, target)
+        await self.client.pause(mode="abort")
+        try:
+            await self.client.update_weights_from_disk(str(target), weight_version=str(version))
+        finally:
+            await self.client.resume()
+        self._prune()
+        self.last_sync_s = time.monotonic() - t0
+        return version
+
+    def _prune(self) -> None:
+        versions = sorted((p for p in self.root.glob("v*") if p.name[1:].isdigit()), key=lambda p: int(p.name[1:]))
+        for old in versions[: -self.keep]:
+            shutil.rmtree(old, ignore_errors=True)
