@@ -106,6 +106,9 @@ class ProxyHandle:
     admin_token: str
     uds_path: str | None = None
     """The proxy's own unix socket, if it serves one (else the relay targets its TCP port)."""
+    engine_url: str | None = None
+    """The engine behind the proxy; when a harness stops on an error, its /health tells an
+    engine failure (infra, masked) from a harness that gave up (scored)."""
 
 
 @dataclass
@@ -168,6 +171,16 @@ def _engine_failed(traj: Trajectory) -> bool:
     return any(c.finish_reason in ("engine_error", "error") or c.flags.get("engine_error") for c in traj.calls)
 
 
+def engine_down(engine_url: str | None) -> bool:
+    """True when the engine does not answer GET /health (unknown engine: assume it is up)."""
+    if not engine_url:
+        return False
+    try:
+        return httpx.get(f"{engine_url.rstrip('/')}/health", timeout=10).status_code >= 500
+    except httpx.HTTPError:
+        return True
+
+
 def run_episode(task: Task, adapter: HarnessAdapter, make_sandbox: SandboxFactory, proxy: ProxyHandle,
                 model: str, config: EpisodeConfig | None = None, toolchain: Path | None = None) -> EpisodeResult:
     cfg = config or EpisodeConfig()
@@ -203,7 +216,10 @@ def run_episode(task: Task, adapter: HarnessAdapter, make_sandbox: SandboxFactor
             timings["harness_s"] = time.monotonic() - t0
             if not sandbox.alive():
                 raise SandboxGone("the sandbox died during the harness run")
-            raise ending_for(harness, _calls_so_far(admin, sid), cfg.max_calls)
+            end = ending_for(harness, _calls_so_far(admin, sid), cfg.max_calls)
+            if end.reason in ("harness_exited", "harness_crashed", "timeout") and engine_down(proxy.engine_url):
+                raise EngineFailed(f"the engine stopped answering ({end.reason}: {end})")
+            raise end
         except EpisodeEnded:
             raise
         except SandboxDied as e:

@@ -1,0 +1,161 @@
+"""Every episode ending has its reason, status and reward, on real parts: Docker sandboxes, the
+real proxy, the scripted engine (or a dead one), real processes as harnesses (generic
+command adapter) and the real mini-swe-agent for the call limit."""
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+import pytest
+
+from harnessrl.adapters.command import CommandAdapter
+from harnessrl.adapters.toolchain import installed_spec
+from harnessrl.gym.episode import ENDINGS, EpisodeConfig, ProxyHandle, ending_for, run_episode
+from harnessrl.adapters.base import HarnessResult
+
+pytestmark = [pytest.mark.docker]
+
+
+def builtin_task():
+    from harnessrl.gym.suites.builtin import SUITE_DIR, TASKS_FILE
+    from harnessrl.gym.tasks import Task
+
+    try:
+        from harnessrl.gym.suites.builtin import load
+        tasks = load()
+    except ImportError:
+        tasks = []
+        for line in TASKS_FILE.read_text().splitlines():
+            d = json.loads(line)
+            d["source"] = str(SUITE_DIR / d["source"])
+            tasks.append(Task.model_validate(d))
+    return next(t for t in tasks if t.gold_plan)
+
+
+def test_ending_for_maps_harness_reasons_and_spent_budget():
+    assert ending_for(HarnessResult("submitted", 0), 1, 5).reason == "submitted"
+    assert ending_for(HarnessResult("harness_exited", 1), 5, 5).reason == "call_limit"
+    assert ending_for(HarnessResult("harness_exited", 1), 2, 5).reason == "harness_exited"
+    assert ending_for(HarnessResult("timeout", None), 9, 5).reason == "timeout"
+    statuses = {r: c.status for r, c in ENDINGS.items()}
+    assert statuses["timeout"] == statuses["call_limit"] == "truncated"
+    assert statuses["sandbox_died"] == statuses["engine_error"] == statuses["infra"] == "infra_error"
+
+
+@pytest.fixture(scope="module")
+def stack():
+    try:
+        from harnessrl.sandboxes.docker import DockerBackend
+        from harnessrl.sandboxes.images import base_image_tag
+        backend = DockerBackend()
+        backend.client.images.get(base_image_tag())
+    except Exception as e:  # noqa: BLE001
+        pytest.skip(f"docker sandboxes unavailable: {e}")
+    from harnessrl.gym.models import load_tokenizer
+    from harnessrl.gym.proxy.config import ProxyConfig
+    from harnessrl.gym.proxy.server import ProxyServer
+    from harnessrl.gym.scripted import ScriptedEngine, ServedApp
+
+    engine = ScriptedEngine(load_tokenizer("tiny-llama"))
+    with ServedApp(engine.app()) as served, \
+            ProxyServer(ProxyConfig(engine_url=served.url, model="tiny-llama")) as proxy:
+        yield engine, ProxyHandle(proxy.url, proxy.admin_token, engine_url=served.url), backend
+    backend.reap(run_id=backend.run_id)
+
+
+def _command(*argv: str) -> CommandAdapter:
+    return CommandAdapter({"name": "proc", "dialect": "openai-chat", "placement": "beside", "command": list(argv)})
+
+
+def _run(stack, adapter, proxy=None, factory=None, **cfg):
+    engine, handle, backend = stack
+    task = builtin_task()
+    engine.set_plans({task.problem_statement: task.gold_plan})
+    make = factory or (lambda spec, mounts: backend.create(spec, mounts=mounts))
+    return run_episode(task, adapter, make, proxy or handle, "policy", EpisodeConfig(**cfg))
+
+
+@pytest.mark.timeout(300)
+def test_timeout_is_truncated_and_scored(stack):
+    res = _run(stack, _command("sleep", "60"), wall_time_s=2)
+    assert (res.reason, res.status, res.trajectory.termination) == ("timeout", "truncated", "timeout")
+    assert res.trajectory.reward == 0.0 and res.trajectory.status == "truncated"
+
+
+@pytest.mark.timeout(300)
+def test_crashed_and_exited_harnesses_are_scored(stack):
+    res = _run(stack, _command("bash", "-c", "kill -KILL $$$$"))  # $$ escapes $ in templates
+    assert (res.reason, res.status, res.harness.exit_code) == ("harness_crashed", "ok", -9)
+    assert res.trajectory.reward == 0.0
+    res = _run(stack, _command("bash", "-c", "echo bye; exit 3"))
+    assert (res.reason, res.status, res.harness.exit_code) == ("harness_exited", "ok", 3)
+    assert res.harness.stdout_tail == "bye\n"
+
+
+@pytest.mark.timeout(300)
+def test_sandbox_killed_mid_episode_is_infra_error(stack):
+    _, _, backend = stack
+    killed = []
+
+    def factory(spec, mounts):
+        sb = backend.create(spec, mounts=mounts)
+        timer = threading.Timer(1.0, lambda: (sb.container.kill(), killed.append(True)))
+        timer.start()
+        return sb
+
+    res = _run(stack, _command("sleep", "6"), factory=factory)
+    assert killed
+    assert (res.reason, res.status) == ("sandbox_died", "infra_error")
+    assert res.trajectory.reward is None and res.trajectory.status == "infra_error"
+    assert not res.trajectory.trainable
+
+
+@pytest.mark.timeout(300)
+def test_engine_down_is_engine_error_not_a_zero(stack):
+    from harnessrl.gym.proxy.config import ProxyConfig
+    from harnessrl.gym.proxy.server import ProxyServer
+
+    # A harness that makes one model call and exits 1 when it fails, as real ones do.
+    client = ("import json,sys,urllib.request as u\n"
+              "r=u.Request(sys.argv[1]+'/chat/completions',data=json.dumps({'model':'policy','messages':"
+              "[{'role':'user','content':'hi'}]}).encode(),headers={'Authorization':'Bearer '+sys.argv[2],"
+              "'Content-Type':'application/json'})\n"
+              "try: u.urlopen(r,timeout=60)\nexcept Exception as e: print(e); sys.exit(1)\n")
+    dead = "http://127.0.0.1:9"  # nothing listens on the discard port here
+    with ProxyServer(ProxyConfig(engine_url=dead, model="tiny-llama")) as proxy:
+        handle = ProxyHandle(proxy.url, proxy.admin_token, engine_url=dead)
+        res = _run(stack, _command(sys.executable, "-c", client, "${openai_base_url}", "${api_key}"), proxy=handle)
+    assert "HTTP Error 5" in res.harness.stdout_tail
+    assert (res.reason, res.status) == ("engine_error", "infra_error")
+    assert res.trajectory.reward is None
+
+
+@pytest.mark.timeout(300)
+def test_harness_not_installed_is_infra_error(stack):
+    from harnessrl.adapters.mini_swe_agent import MiniSweAgentAdapter
+
+    with tempfile.TemporaryDirectory() as empty:
+        engine, handle, backend = stack
+        task = builtin_task()
+        res = run_episode(task, MiniSweAgentAdapter(), lambda s, m: backend.create(s, mounts=m), handle, "policy",
+                          EpisodeConfig(), toolchain=Path(empty))
+    assert (res.reason, res.status) == ("infra", "infra_error")
+    assert "not installed" in res.error and "install_harnesses.sh mini-swe-agent" in res.error
+
+
+@pytest.mark.harness
+@pytest.mark.timeout(300)
+def test_call_limit_with_real_mini_swe_agent(stack):
+    if installed_spec("venvs", "mini-swe-agent") is None:
+        pytest.skip("mini-swe-agent not installed: run scripts/install_harnesses.sh mini-swe-agent")
+    from harnessrl.adapters.mini_swe_agent import MiniSweAgentAdapter
+
+    task = builtin_task()
+    res = _run(stack, MiniSweAgentAdapter(), max_calls=len(task.gold_plan))
+    # Its budget covered the plan but not the submit: mini stops with LimitsExceeded.
+    assert (res.reason, res.status, res.harness.harness_status) == ("call_limit", "truncated", "LimitsExceeded")
+    assert len(res.trajectory.calls) == len(task.gold_plan)
+    assert res.trajectory.reward == 1.0  # the fix was applied before the budget ran out
