@@ -28,22 +28,27 @@ from harnessrl.sandboxes.base import Sandbox, SandboxError
 TestStatus = Literal["passed", "failed", "error", "skipped", "missing"]
 _WORST_FIRST = ("error", "failed", "skipped", "missing", "passed")
 
-# Runs inside the sandbox: `restore` puts the listed files back to base (deleting ones
-# that did not exist at base); `run` execs the test command with the node ids appended.
+# Runs inside the sandbox. `prepare`: put the listed files back to base (deleting ones that
+# did not exist there), then `git apply` the hidden tests; `run`: exec the test command with
+# the node ids appended. One exec each, since every exec is a round trip to the sandbox.
 _EVAL_SCRIPT = r'''
-import os, subprocess, sys
+import os, shutil, subprocess, sys
 mode, base, listing = sys.argv[1], sys.argv[2], sys.argv[3]
 paths = [p for p in open(listing, encoding="utf-8").read().split("\n") if p]
-if mode == "restore":
+if mode == "prepare":
     for p in paths:
         known = subprocess.run(["git", "cat-file", "-e", f"{base}:{p}"], capture_output=True).returncode == 0
         if known:
             subprocess.run(["git", "checkout", base, "--", p], check=True)
+        elif os.path.isdir(p) and not os.path.islink(p):
+            shutil.rmtree(p)
         elif os.path.lexists(p):
-            if os.path.isdir(p) and not os.path.islink(p):
-                import shutil; shutil.rmtree(p)
-            else:
-                os.remove(p)
+            os.remove(p)
+    patch = sys.argv[4]
+    if os.path.getsize(patch):
+        done = subprocess.run(["git", "apply", "--whitespace=nowarn", patch], capture_output=True, text=True)
+        if done.returncode:
+            sys.exit("hidden test patch did not apply: " + done.stderr.strip()[-400:])
     sys.exit(0)
 junit, cmd = sys.argv[4], sys.argv[5:]
 if os.path.exists(junit):
@@ -177,39 +182,37 @@ def _score(sandbox: Sandbox, task: Task, config: RewardConfig, out: RewardResult
         raise _Infra("sandbox is not alive")
     out.agent_diff = sandbox.diff()
     quick = config.command_timeout_s
-    base = _run(sandbox, "git rev-parse --verify --quiet " + shlex.quote(task.base_commit + "^{commit}"), quick,
-                f"resolving base commit {task.base_commit}").output.strip().splitlines()[-1]
-    head = _run(sandbox, "git rev-parse HEAD", quick, "reading HEAD").output.strip().splitlines()[-1]
-    out.head_moved = head != base
-
     # A fresh, unguessable directory: nothing the agent planted can pose as our report.
     eval_dir = f"/tmp/harnessrl-eval-{uuid.uuid4().hex}"
-    _run(sandbox, f"mkdir -p {eval_dir}", quick, "creating the eval directory")
-    sandbox.write_file(f"{eval_dir}/eval.py", _EVAL_SCRIPT.encode())
+    refs = _run(sandbox, "git rev-parse --verify --quiet " + shlex.quote(task.base_commit + "^{commit}")
+                + f" && git rev-parse HEAD && mkdir -p {eval_dir}", quick,
+                f"resolving base commit {task.base_commit} and HEAD").output.split()
+    base, head = refs[-2], refs[-1]
+    out.head_moved = head != base
 
+    touched = patch_files(out.agent_diff)
     protected = dict.fromkeys([*patch_files(task.test_patch), *task.test_files(),
-                               *(p for p in patch_files(out.agent_diff) if is_test_path(p))])
-    out.restored_files = [p for p in protected if p in patch_files(out.agent_diff)]
+                               *(p for p in touched if is_test_path(p))])
+    out.restored_files = [p for p in protected if p in touched]
+    sandbox.write_file(f"{eval_dir}/eval.py", _EVAL_SCRIPT.encode())
     sandbox.write_file(f"{eval_dir}/restore.txt", "\n".join(protected).encode())
-    _run(sandbox, f"python3 {eval_dir}/eval.py restore {base} {eval_dir}/restore.txt", quick,
-         "restoring test files to base")
-    if task.test_patch.strip():
-        sandbox.write_file(f"{eval_dir}/test.patch", task.test_patch.encode())
-        _run(sandbox, f"git apply --whitespace=nowarn {eval_dir}/test.patch", quick,
-             "applying the hidden test patch")
-
+    sandbox.write_file(f"{eval_dir}/test.patch", task.test_patch.encode())
     sandbox.write_file(f"{eval_dir}/ids.txt", "\n".join(ids).encode())
+    _run(sandbox, f"python3 {eval_dir}/eval.py prepare {base} {eval_dir}/restore.txt {eval_dir}/test.patch",
+         quick, "restoring test files and applying the hidden tests")
+
     junit = f"{eval_dir}/junit.xml"
     run = sandbox.exec(f"python3 {eval_dir}/eval.py run {base} {eval_dir}/ids.txt {junit} {task.test_command}",
                        timeout=config.test_timeout_s, workdir=sandbox.workdir)
     out.test_output = run.output[-config.output_tail_chars:]
     if run.timed_out:
         raise _Infra(f"hidden test run timed out after {config.test_timeout_s:g}s")
-    probe = sandbox.exec(f"test -s {junit}", timeout=quick, workdir=sandbox.workdir)
-    if probe.exit_code != 0:
-        raise _Infra(f"test run produced no JUnit report (exit {run.exit_code}): {run.output.strip()[-300:]}")
     try:
-        results = parse_junit(sandbox.read_file(junit))
+        report = sandbox.read_file(junit)
+    except FileNotFoundError:
+        raise _Infra(f"test run produced no JUnit report (exit {run.exit_code}): {run.output.strip()[-300:]}") from None
+    try:
+        results = parse_junit(report)
     except ET.ParseError as e:
         raise _Infra(f"unreadable JUnit report: {e}") from None
     for kind, nodes in (("FAIL_TO_PASS", task.FAIL_TO_PASS), ("PASS_TO_PASS", task.PASS_TO_PASS)):

@@ -207,7 +207,8 @@ def test_no_report_and_unappliable_hidden_tests_are_infra_errors(sb):
     assert bad_patch != CALC2.test_patch
     r = score(sb, CALC2.model_copy(update={"test_patch": bad_patch}))
     assert (r.reward, r.status) == (None, "infra_error")
-    assert r.reason.startswith("applying the hidden test patch failed")
+    assert r.reason.startswith("restoring test files and applying the hidden tests failed (exit 1)")
+    assert "hidden test patch did not apply" in r.reason
 
 
 # --- local (bubblewrap) backend ----------------------------------------------------------------
