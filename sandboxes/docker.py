@@ -13,11 +13,14 @@ raises SandboxDied; a command past its timeout is killed and reported with exit_
 from __future__ import annotations
 
 import io
+import json
+import socket
+import struct
 import tarfile
 import threading
 import time
 import uuid
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 from typing import Any, Sequence
 
 from pydantic import BaseModel, Field
@@ -33,17 +36,9 @@ __all__ = ["DockerConfig", "DockerBackend", "DockerSandbox", "base_image_tag", "
 MANAGED_LABEL = "harnessrl.managed"
 RUN_LABEL = "harnessrl.run_id"
 HOME = "/home/agent"
-# PID 1 of every sandbox: reaps orphans (so killed process trees leave no zombies) and exits on
-# SIGTERM. Python, because the base image has it and `sleep` as PID 1 reaps nothing.
-_INIT = """import os, signal
-signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGCHLD, signal.SIGTERM])
-while True:
-    try:
-        while os.waitpid(-1, os.WNOHANG)[0] > 0: pass
-    except ChildProcessError: pass
-    s = signal.sigtimedwait([signal.SIGCHLD, signal.SIGTERM], 5)
-    if s is not None and s.si_signo == signal.SIGTERM: break
-"""
+# PID 1 of every sandbox: reaps orphans, cannot be signalled from inside, runs resets for the
+# host over `docker attach` (see sandbox_init.py).
+_INIT = Path(__file__).with_name("sandbox_init.py").read_text()
 # Every exec: `timeout` puts the command in its own process group; the group dies with it.
 # $1=1 merges stderr into stdout at the source, so their order is kept (docker demuxes them).
 _WRAP = """[ "$1" = 1 ] && exec 2>&1
@@ -56,8 +51,14 @@ exit "$rc"
 """
 # Before reset: kill every process but PID 1 (left-over servers of the last episode), empty
 # /tmp and the home directory (so nothing, e.g. applied hidden tests, reaches the next one).
-_CLEAN_PROCS_AND_SCRATCH = (f"kill -9 -1 2>/dev/null; find /tmp {HOME} -mindepth 1 -delete "
-                            "2>/dev/null; true")
+_CLEAN_PROCS_AND_SCRATCH = f"""kill -9 -1 2>/dev/null || true
+shopt -s nullglob dotglob
+scratch=(/tmp/* {HOME}/*)
+[ ${{#scratch[@]}} -eq 0 ] || rm -rf "${{scratch[@]}}" 2>/dev/null || true
+"""
+
+
+_RESET = _CLEAN_PROCS_AND_SCRATCH + "\n" + RESET_SCRIPT
 
 
 class DockerConfig(BaseModel):
@@ -120,8 +121,10 @@ class DockerBackend:
         image = self.image_for(spec)
         base_sha = self.client.images.get(image).labels.get("harnessrl.base_sha", "")
         c = self.config
+        reset_argv = ["bash", "-c", _RESET, "harnessrl", spec.workdir, base_sha, PRISTINE_DIR]
         container = self.client.containers.create(
-            image, ["python3", "-c", _INIT], user="1000:1000", working_dir=spec.workdir,
+            image, ["python3", "-c", _INIT, json.dumps(reset_argv)], stdin_open=True,
+            user="1000:1000", working_dir=spec.workdir,
             network_mode="none", read_only=True, cap_drop=["ALL"], security_opt=["no-new-privileges"],
             mem_limit=c.memory, memswap_limit=c.memory, pids_limit=c.pids_limit,
             nano_cpus=int(c.cpus * 1e9), environment={"HOME": HOME, **(env or {})},
@@ -166,6 +169,8 @@ class DockerSandbox:
         self.workdir = spec.workdir
         self.id = container.id
         self._api = container.client.api
+        self._ctl = None  # attach socket to PID 1 (resets), opened on first use
+        self._ctl_lock = threading.Lock()
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
@@ -181,6 +186,7 @@ class DockerSandbox:
             return False
 
     def close(self) -> None:
+        self._close_ctl()
         try:
             self.container.remove(force=True, v=True)
         except Exception:
@@ -192,8 +198,7 @@ class DockerSandbox:
                            + (f": {err}" if err else ""))
 
     def _run(self, argv: list[str], timeout: float, env: dict[str, str] | None,
-             workdir: str | None, demux: bool = True, wrap: bool = True
-             ) -> tuple[int, bytes, bytes, bool, float]:
+             workdir: str | None, demux: bool = True) -> tuple[int, bytes, bytes, bool, float]:
         """Run argv; return (exit code, stdout, stderr, timed_out, seconds). demux=False:
         stdout and stderr interleaved as they came, all in the stdout slot."""
         import docker.errors
@@ -201,8 +206,8 @@ class DockerSandbox:
         # In-container `timeout` kills the command's process group at its deadline, and the
         # wrapper kills what is left of the group when the command ends (a fork bomb, stray
         # `&` jobs); the host thread below is the backstop for processes that left the group.
-        wrapped = (["bash", "-c", _WRAP, "harnessrl-exec", "0" if demux else "1",
-                    f"{max(timeout, 0.001):.3f}", *argv] if wrap else argv)
+        wrapped = ["bash", "-c", _WRAP, "harnessrl-exec", "0" if demux else "1",
+                   f"{max(timeout, 0.001):.3f}", *argv]
         t0 = time.monotonic()
         try:
             eid = self._api.exec_create(self.id, wrapped, user="1000:1000", environment=env,
@@ -249,9 +254,9 @@ class DockerSandbox:
         text = out.decode("utf-8", "replace")
         return ExecResult(exit_code=code, output=text, timed_out=timed_out, duration_s=dur)
 
-    def _script(self, script: str, *args: str, timeout: float = 120.0, wrap: bool = True) -> bytes:
+    def _script(self, script: str, *args: str, timeout: float = 120.0) -> bytes:
         code, out, err, timed_out, _ = self._run(["bash", "-c", script, "harnessrl", *args],
-                                                 timeout, None, "/", wrap=wrap)
+                                                 timeout, None, "/")
         if code != 0:
             raise SandboxError(f"sandbox script failed (exit {code}{', timed out' if timed_out else ''}): "
                                f"{err.decode('utf-8', 'replace')[-2000:]}")
@@ -261,9 +266,52 @@ class DockerSandbox:
         return self._script(DIFF_SCRIPT, self.workdir, self.base_sha).decode("utf-8", "replace")
 
     def reset(self) -> None:
-        # Unwrapped (no `timeout` parent): `kill -9 -1` spares only PID 1 and the calling shell.
-        self._script(_CLEAN_PROCS_AND_SCRATCH + "\n" + RESET_SCRIPT, self.workdir, self.base_sha,
-                     PRISTINE_DIR, wrap=False)
+        """Through PID 1's attach channel (no `docker exec`): `kill -9 -1` in the reset script
+        spares PID 1 and itself, so every process of the last episode dies."""
+        with self._ctl_lock:
+            try:
+                reply = self._ctl_request(b"reset\n", timeout=120.0)
+            except (OSError, ValueError) as e:
+                self._close_ctl()
+                if not self.alive():
+                    raise self._died("cannot reset", e) from e
+                raise SandboxError(f"reset of {self.id[:12]} failed: {type(e).__name__}: {e}") from e
+        if reply.get("rc") != 0:
+            raise SandboxError(f"reset of {self.id[:12]} failed (exit {reply.get('rc')}): "
+                               f"{reply.get('err', '')[-2000:]}")
+
+    def _ctl_request(self, line: bytes, timeout: float) -> dict:
+        if self._ctl is None:
+            sock = self._api.attach_socket(self.id, params={"stdin": 1, "stdout": 1, "stream": 1})
+            self._ctl = getattr(sock, "_sock", sock)
+        raw: socket.socket = self._ctl
+        raw.settimeout(timeout)
+        raw.sendall(line)
+        out = b""
+        while b"\n" not in out:  # non-tty attach: frames of [type, 0, 0, 0, size(4, BE)] + payload
+            kind, size = struct.unpack(">BxxxL", self._recv_exact(raw, 8))
+            payload = self._recv_exact(raw, size)
+            if kind == 1:
+                out += payload
+        return json.loads(out.split(b"\n", 1)[0])
+
+    @staticmethod
+    def _recv_exact(raw: socket.socket, n: int) -> bytes:
+        buf = b""
+        while len(buf) < n:
+            chunk = raw.recv(n - len(buf))
+            if not chunk:
+                raise ConnectionError("attach stream closed")
+            buf += chunk
+        return buf
+
+    def _close_ctl(self) -> None:
+        if self._ctl is not None:
+            try:
+                self._ctl.close()
+            except OSError:
+                pass
+            self._ctl = None
 
     # -- files -----------------------------------------------------------------------------
     def _abs(self, path: str) -> PurePosixPath:

@@ -22,7 +22,7 @@ from pathlib import Path
 from harnessrl.sandboxes.base import RepoSpec, SandboxError
 
 #: Bump when materialize/finalize change what a built checkout contains (rebuilds caches).
-LAYOUT_VERSION = "3"
+LAYOUT_VERSION = "4"
 _SHA = re.compile(r"^[0-9a-f]{40}$")
 
 
@@ -135,6 +135,7 @@ git config gc.auto 0
 git repack -a -d -q && git prune --expire=now && rm -rf .git/logs
 rm -rf "$3" && mkdir -p "$3" && cp -a .git/config .git/info .git/hooks "$3"/
 ls .git/objects/pack > "$3"/packs
+mkdir -p "$3"/refs/heads "$3"/refs/tags && echo "$2" > "$3"/refs/heads/main
 """
 
 #: Back to base: restore .git metadata first (so no planted config runs), drop every ref but
@@ -142,23 +143,39 @@ ls .git/objects/pack > "$3"/packs
 #: what set-up left.
 RESET_SCRIPT = r"""
 set -euo pipefail
+shopt -s nullglob dotglob
 cd "$1"
-if [ -n "${3:-}" ] && [ -d "$3" ]; then
-  rm -rf .git/config .git/info .git/hooks && cp -a "$3"/config "$3"/info "$3"/hooks .git/
+pristine="${3:-}"
+# Few processes on purpose: this runs between every two episodes of a warm pool.
+if [ -d "$pristine/refs" ]; then  # refs: only main, at base (the agent's branches, tags, stash go)
+  rm -rf .git/*.lock .git/logs .git/FETCH_HEAD .git/MERGE_HEAD .git/CHERRY_PICK_HEAD \
+    .git/rebase-merge .git/rebase-apply .git/objects/info/alternates .git/packed-refs .git/refs \
+    .git/config .git/info .git/hooks
+  cp -a "$pristine"/config "$pristine"/info "$pristine"/hooks "$pristine"/refs .git/
+  echo 'ref: refs/heads/main' > .git/HEAD
+else  # no pristine copy: the same with git itself
+  rm -rf .git/*.lock .git/logs
+  git symbolic-ref HEAD refs/heads/main
+  for ref in $(git for-each-ref --format='%(refname)'); do
+    [ "$ref" = refs/heads/main ] || git update-ref -d "$ref"
+  done
 fi
-rm -rf .git/index.lock .git/HEAD.lock .git/logs .git/ORIG_HEAD .git/FETCH_HEAD .git/MERGE_HEAD \
-  .git/CHERRY_PICK_HEAD .git/rebase-merge .git/rebase-apply .git/objects/info/alternates
-if [ -f "${3:-}/packs" ]; then
-  find .git/objects -mindepth 2 -maxdepth 2 -type f -path '*/objects/[0-9a-f][0-9a-f]/*' -delete
-  for p in .git/objects/pack/*; do grep -qxF "${p##*/}" "$3"/packs || rm -f "$p"; done
-fi
-git symbolic-ref HEAD refs/heads/main
-git for-each-ref --format='%(refname)' | { grep -vx refs/heads/main || true; } |
-  while read -r ref; do git update-ref -d "$ref"; done
 git reset -q --hard "$2"
 keep=()
-while IFS= read -r p; do keep+=(-e "$p"); done < <(cat .git/info/harnessrl-keep 2>/dev/null || true)
+if [ -f .git/info/harnessrl-keep ]; then
+  mapfile -t lines < .git/info/harnessrl-keep
+  for p in "${lines[@]}"; do keep+=(-e "$p"); done
+fi
 git clean -q -ffdx "${keep[@]}"
+# Objects made since base (base is all packed): loose ones and packs it did not ship with.
+if [ -f "$pristine/packs" ]; then
+  gone=(.git/objects/[0-9a-f][0-9a-f]/* .git/ORIG_HEAD)
+  declare -A shipped=()
+  mapfile -t packs < "$pristine"/packs
+  for p in "${packs[@]}"; do shipped[$p]=1; done
+  for p in .git/objects/pack/*; do [ -n "${shipped[${p##*/}]:-}" ] || gone+=("$p"); done
+  [ ${#gone[@]} -eq 0 ] || rm -rf "${gone[@]}"
+fi
 """
 
 #: The agent's changes against base, new files included, without touching the real index.

@@ -374,3 +374,20 @@ def test_reaper_removes_leftovers_of_a_crashed_run(spec):
     assert volumes.isdisjoint(v.name for v in client.volumes.list())
     with pytest.raises(SandboxDied):
         left[0].exec("true")
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(60)
+def test_agent_cannot_stop_or_drive_the_sandbox_init(docker_backend, spec):
+    # Killing its own sandbox would turn a failing episode into an (unscored) infra error.
+    sb = docker_backend.create(spec)
+    try:
+        res = sb.exec("kill -KILL 1; kill -TERM 1; kill -INT 1; echo reset > /proc/1/fd/0; "
+                      "cat /proc/1/environ > /dev/null")
+        assert res.exit_code != 0 and "Permission denied" in res.output, res.output
+        assert sb.alive() and sb.exec("echo alive").output == "alive\n"
+        sb.write_file("calc.py", b"x = 1\n")
+        sb.reset()  # the host's channel to PID 1 still works
+        assert sb.read_file("calc.py") == CALC.encode()
+    finally:
+        sb.close()
