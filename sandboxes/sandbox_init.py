@@ -53,6 +53,7 @@ def main():
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)  # Python's KeyboardInterrupt handler would let it die
     stdin_open, buf = True, b""
     while True:
         ready = select.select([0, wake_r] if stdin_open else [wake_r], [], [], 5.0)[0]
