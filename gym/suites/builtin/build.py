@@ -162,6 +162,8 @@ def _paths(patch: str) -> list[str]:
 
 
 def main() -> None:
+    if not (HERE / "specs").is_dir() or not (HERE / "projects").is_dir():
+        raise SystemExit(f"{HERE} has no specs/ and projects/: run this from a source checkout")
     projects = sorted(p.stem for p in (HERE / "specs").glob("*.py"))
     tasks = []
     with tempfile.TemporaryDirectory() as tmp:
