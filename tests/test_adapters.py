@@ -7,8 +7,7 @@ given and returned, and each segment's loss-masked tokens are exactly the sample
 """
 from __future__ import annotations
 
-import json
-import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,9 @@ import pytest
 from harnessrl.adapters import REGISTRY, adapter_class, get_adapter
 from harnessrl.adapters.base import REASONS, Endpoint, HarnessAdapter, HarnessResult, classify_exit
 from harnessrl.adapters.toolchain import installed_spec, toolchain_root
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from adapter_helpers import builtin_task  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples" / "harnesses"
@@ -70,22 +72,6 @@ def test_exit_classification_and_result_validation():
 
 
 # -- end to end ---------------------------------------------------------------------------------
-def _builtin_task():
-    from harnessrl.gym.suites.builtin import SUITE_DIR, TASKS_FILE
-    from harnessrl.gym.tasks import Task
-
-    try:
-        from harnessrl.gym.suites.builtin import load
-        tasks = load()
-    except ImportError:  # the loader module not there yet: read the shipped file directly
-        tasks = []
-        for line in TASKS_FILE.read_text().splitlines():
-            d = json.loads(line)
-            d["source"] = str(SUITE_DIR / d["source"])
-            tasks.append(Task.model_validate(d))
-    return next(t for t in tasks if t.gold_plan)
-
-
 @pytest.fixture(scope="module")
 def stack():
     """Scripted engine + proxy + docker backend, shared by the module's episodes."""
@@ -125,7 +111,7 @@ def _episode(stack, harness: str, gold: bool):
     engine, proxy, backend = stack
     adapter = get_adapter(harness)
     _require(adapter)
-    task = _builtin_task()
+    task = builtin_task()
     engine.set_plans({task.problem_statement: task.gold_plan if gold else []})
     start = len(engine.calls)
     res = run_episode(task, adapter, lambda spec, mounts: backend.create(spec, mounts=mounts),

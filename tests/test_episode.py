@@ -3,7 +3,6 @@ real proxy, the scripted engine (or a dead one), real processes as harnesses (ge
 command adapter) and the real mini-swe-agent for the call limit."""
 from __future__ import annotations
 
-import json
 import sys
 import tempfile
 import threading
@@ -16,23 +15,10 @@ from harnessrl.adapters.toolchain import installed_spec
 from harnessrl.gym.episode import ENDINGS, EpisodeConfig, ProxyHandle, ending_for, run_episode
 from harnessrl.adapters.base import HarnessResult
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from adapter_helpers import builtin_task  # noqa: E402
+
 pytestmark = [pytest.mark.docker]
-
-
-def builtin_task():
-    from harnessrl.gym.suites.builtin import SUITE_DIR, TASKS_FILE
-    from harnessrl.gym.tasks import Task
-
-    try:
-        from harnessrl.gym.suites.builtin import load
-        tasks = load()
-    except ImportError:
-        tasks = []
-        for line in TASKS_FILE.read_text().splitlines():
-            d = json.loads(line)
-            d["source"] = str(SUITE_DIR / d["source"])
-            tasks.append(Task.model_validate(d))
-    return next(t for t in tasks if t.gold_plan)
 
 
 def test_ending_for_maps_harness_reasons_and_spent_budget():
