@@ -4,7 +4,7 @@ tasks.jsonl, written next to this file.
     python -m harnessrl.gym.suites.builtin.build          # from a source checkout
 
 Sources (in the checkout only, not installed): `projects/<name>/` is each project's tree at
-its base commit (every task's bug is present there, none of its hidden tests), and
+its base commit, Python files stored as `*.py.txt` (every task's bug is present there, none of its hidden tests), and
 `specs/<name>.py` lists that project's tasks: the fix as exact string replacements, the
 hidden tests as text appended to (or creating) test files. All tasks of a project share one
 base commit, so one sandbox per project serves all of them through reset().
@@ -49,6 +49,10 @@ def make_repo(project: str, dest: Path) -> str:
     """Commit projects/<project> into a fresh repo at dest; returns the base commit."""
     shutil.copytree(HERE / "projects" / project, dest,
                     ignore=shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache"))
+    # Sources are stored as *.py.txt so that nothing in harnessrl's own tree (packaging,
+    # pytest, linters) mistakes these projects for harnessrl code.
+    for stored in sorted(dest.rglob("*.py.txt")):
+        stored.rename(stored.with_suffix(""))
     git(dest, "init", "-q", "-b", "main")
     git(dest, "add", "-A")
     git(dest, "commit", "-q", "-m", f"Import {project}")
