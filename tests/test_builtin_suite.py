@@ -83,3 +83,28 @@ def test_builtin_task_on_local_backend(tmp_path_factory, task):
         check_task(sb, task)
     finally:
         sb.close()
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(240)
+def test_check_suite_tells_valid_from_invalid_tasks():
+    from harnessrl.gym.suites.check import check_suite
+    from harnessrl.sandboxes.docker import DockerConfig
+    try:
+        backend = make_backend("docker", DockerConfig(run_id=f"test-check-{uuid.uuid4().hex[:8]}"))
+    except Exception as e:
+        pytest.skip(f"docker backend unavailable here: {e}")
+    good = next(t for t in TASKS if t.instance_id.endswith("calc-4"))
+    mislabelled = good.model_copy(update={"instance_id": "mislabelled", "FAIL_TO_PASS": good.PASS_TO_PASS[:1]})
+    broken_gold = good.model_copy(update={"instance_id": "broken-gold",
+                                          "patch": good.patch.replace("def error(self, message):", "def err(self):")})
+    try:
+        results = {r["instance_id"]: r for r in check_suite([good, mislabelled, broken_gold], backend)}
+    finally:
+        backend.reap(run_id=backend.run_id)
+    assert results[good.instance_id] == {"instance_id": good.instance_id, "valid": True, "problem": "",
+                                         "base_reward": 0.0, "gold_reward": 1.0}
+    assert not results["mislabelled"]["valid"]
+    assert results["mislabelled"]["problem"].startswith("FAIL_TO_PASS already passing at base")
+    assert not results["broken-gold"]["valid"]
+    assert results["broken-gold"]["problem"].startswith("gold patch does not apply")

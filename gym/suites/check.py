@@ -1,0 +1,106 @@
+"""Validate a task suite in real sandboxes before training on it.
+
+Contract: a task is valid when, scored by `gym.rewards.score`, the untouched base gives 0.0
+with every FAIL_TO_PASS test failing and every PASS_TO_PASS test passing, and the gold
+`patch` (written as a file, then `git apply`-ed) gives 1.0. One sandbox per repository
+serves all of its tasks through reset(). Infra errors are reported as such, not as invalid.
+
+    harnessrl tasks list builtin
+    harnessrl tasks check builtin --backend docker
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any, Callable
+
+from harnessrl.gym.rewards import RewardConfig, score
+from harnessrl.gym.tasks import Task
+
+
+def check_task(sb: Any, task: Task, config: RewardConfig | None = None) -> dict[str, Any]:
+    """{"instance_id", "valid", "problem", "base_reward", "gold_reward"} for one task."""
+    out: dict[str, Any] = {"instance_id": task.instance_id, "valid": False, "problem": "",
+                           "base_reward": None, "gold_reward": None}
+    sb.reset()
+    base = score(sb, task, config)
+    out["base_reward"] = base.reward
+    if base.status != "ok":
+        out["problem"] = f"infra_error at base: {base.reason}"
+        return out
+    status = {t.node_id: t.status for t in base.tests}
+    passing_f2p = [n for n in task.FAIL_TO_PASS if status[n] == "passed"]
+    failing_p2p = [n for n in task.PASS_TO_PASS if status[n] != "passed"]
+    sb.reset()
+    sb.write_file("/tmp/harnessrl-gold.patch", task.patch.encode())
+    applied = sb.exec("git apply --whitespace=nowarn /tmp/harnessrl-gold.patch && rm /tmp/harnessrl-gold.patch",
+                      timeout=60)
+    if applied.exit_code != 0:
+        out["problem"] = f"gold patch does not apply: {applied.output.strip()[-300:]}"
+        return out
+    gold = score(sb, task, config)
+    out["gold_reward"] = gold.reward
+    problems = []
+    if passing_f2p:
+        problems.append(f"FAIL_TO_PASS already passing at base: {passing_f2p[:3]}")
+    if failing_p2p:
+        problems.append(f"PASS_TO_PASS not passing at base: {failing_p2p[:3]}")
+    if gold.status != "ok":
+        problems.append(f"infra_error with gold: {gold.reason}")
+    elif gold.reward != 1.0:
+        problems.append(f"gold patch not rewarded: {gold.reason}")
+    out["problem"] = "; ".join(problems)
+    out["valid"] = not problems
+    return out
+
+
+def check_suite(tasks: list[Task], backend: Any, config: RewardConfig | None = None,
+                on_result: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+    """check_task for every task, grouped so each repository gets one sandbox."""
+    results = []
+    by_repo: dict[tuple[str, str | None, str], list[Task]] = {}
+    for t in tasks:
+        by_repo.setdefault((t.repo, t.source, t.base_commit), []).append(t)
+    for group in by_repo.values():
+        sb = backend.create(group[0].repo_spec())
+        try:
+            for task in group:
+                results.append(check_task(sb, task, config))
+                if on_result:
+                    on_result(results[-1])
+        finally:
+            sb.close()
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`harnessrl tasks list|check SUITE`: exit 0 when every checked task is valid."""
+    from harnessrl.gym.task_loaders import load_suite
+
+    parser = argparse.ArgumentParser(prog="harnessrl tasks", description=__doc__.split("\n\n")[0])
+    parser.add_argument("action", choices=["list", "check"])
+    parser.add_argument("suite", nargs="?", default="builtin", help="suite name or .jsonl/.parquet path")
+    parser.add_argument("--task", action="append", help="only these instance ids (repeatable)")
+    parser.add_argument("--backend", default="auto", help="sandbox backend for check: auto, docker, local")
+    args = parser.parse_args(argv)
+    tasks = load_suite(args.suite)
+    if args.task:
+        tasks = [t for t in tasks if t.instance_id in set(args.task)]
+    if args.action == "list":
+        for t in tasks:
+            print(f"{t.instance_id}\t{t.difficulty or '-'}\t{len(t.FAIL_TO_PASS)} f2p\t{len(t.PASS_TO_PASS)} p2p\t"
+                  f"{t.problem_statement.splitlines()[0] if t.problem_statement else ''}")
+        return 0
+    from harnessrl.sandboxes import make_backend
+
+    backend = make_backend(args.backend)
+    results = check_suite(tasks, backend, on_result=lambda r: print(
+        f"{'ok     ' if r['valid'] else 'INVALID'} {r['instance_id']} {r['problem']}", file=sys.stderr))
+    invalid = [r["instance_id"] for r in results if not r["valid"]]
+    print(json.dumps({"checked": len(results), "valid": len(results) - len(invalid), "invalid": invalid}))
+    return 1 if invalid else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
