@@ -179,6 +179,16 @@ def test_agent_commits_are_scored_against_base(sb):
 
 @pytest.mark.docker
 @pytest.mark.timeout(180)
+def test_broken_code_is_a_zero_not_an_infra_error(sb):
+    # The agent's syntax error stops collection: its own failure, so reward 0.0, status ok.
+    sb.write_file("calc/parser.py", b"def broken(:\n")
+    r = score(sb, CALC2)
+    assert (r.reward, r.status) == (0.0, "ok")
+    assert {t.status for t in r.tests} <= {"missing", "error"}
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(180)
 def test_killed_sandbox_is_infra_error(docker_backend, sb):
     run_plan(sb, CALC2)
     docker_backend.client.api.kill(sb.id)  # mid-episode, from outside: an OOM kill or a crash
