@@ -114,3 +114,12 @@ def test_classify():
     assert classify(prev, k(s, u, a1, Message("user", "new")), "") == "truncation"
     assert classify(prev, k(s, Message("user", "summary")), "") == "summarization"
     assert classify(prev, k(s, Message("user", "u2"), a0, o0, a1, o0), "") == "edited"
+
+
+@settings(max_examples=60, deadline=None)
+@given(parts=st.lists(st.one_of(texts, st.sampled_from(["<|im_start|>", "<|im_end|>", "<|endoftext|>", "\n", " "]),
+                                st.builds(lambda t: t * 80, texts)), max_size=12))
+def test_piecewise_cached_encoding_equals_the_tokenizer(r, parts):
+    text = "".join(parts)
+    assert r._split is not None
+    assert r.encode(text) == r.encode(text) == r.tok.encode(text, add_special_tokens=False)

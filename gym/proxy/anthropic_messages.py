@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .canonical import ChatRequest, Completion, Message, Tool, ToolCall, check_tool_results, text_of
+from .canonical import ChatRequest, Completion, Message, Tool, ToolCall, check_tool_results, dumps, text_of
 from .errors import bad_request
 
 DIALECT = "anthropic_messages"
@@ -126,7 +126,7 @@ class Stream:
 
     @staticmethod
     def _ev(type_: str, **fields) -> bytes:
-        return b"event: " + type_.encode() + b"\ndata: " + json.dumps({"type": type_, **fields}).encode() + b"\n\n"
+        return b"event: " + type_.encode() + b"\ndata: " + dumps({"type": type_, **fields}) + b"\n\n"
 
     def start(self) -> bytes:
         msg = {"id": self.mid, "type": "message", "role": "assistant", "model": self.model, "content": [],

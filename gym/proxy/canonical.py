@@ -12,6 +12,18 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from .errors import bad_request
+
+try:
+    import orjson
+
+    def dumps(obj: Any) -> bytes:
+        """Compact JSON bytes (orjson when installed: SSE events are the per-token hot path)."""
+        return orjson.dumps(obj)
+except ImportError:  # pragma: no cover
+    def dumps(obj: Any) -> bytes:
+        return json.dumps(obj, separators=(",", ":")).encode()
+
 ROLES = ("system", "user", "assistant", "tool")
 
 
@@ -45,9 +57,12 @@ class Message:
     name: str | None = None
 
     def key(self) -> tuple:
+        c = self.content
+        if c and (c[0].isspace() or c[-1].isspace()):  # strip() copies: skip it when there is nothing to strip
+            c = c.strip()
         if self.tool_calls:
-            return (self.role, self.content.strip(), tuple(tc.key() for tc in self.tool_calls))
-        return (self.role, self.content.strip())
+            return (self.role, c, tuple(tc.key() for tc in self.tool_calls))
+        return (self.role, c)
 
 
 @dataclass(slots=True)
@@ -85,12 +100,10 @@ class ChatRequest:
 
 def text_of(content: Any, where: str, types: tuple[str, ...] = ("text", "input_text", "output_text")) -> str:
     """A message content that is a string, null, or a list of text parts, as one string."""
-    from .errors import bad_request
-
+    if content.__class__ is str:
+        return content
     if content is None:
         return ""
-    if isinstance(content, str):
-        return content
     if isinstance(content, list):
         parts = []
         for i, part in enumerate(content):
@@ -115,8 +128,6 @@ def text_of(content: Any, where: str, types: tuple[str, ...] = ("text", "input_t
 
 def check_tool_results(messages: list[Message], where: str) -> None:
     """Every tool result answers a tool call made earlier in the same conversation."""
-    from .errors import bad_request
-
     seen: set[str] = set()
     for i, m in enumerate(messages):
         for tc in m.tool_calls:

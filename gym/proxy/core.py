@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
 from ..engine_client import EngineClient
+from .engine_http import make_engine_client
 from .canonical import ChatRequest, Completion, Message
 from .config import ProxyConfig
 from .errors import ProxyError
@@ -80,7 +81,7 @@ class ProxyCore:
                          "interruptions": 0, "segments_split": 0, "tool_call_flags": 0, "rejected_paused": 0}
 
     async def start(self) -> None:
-        self.engine = EngineClient(self.config.engine_url)
+        self.engine = make_engine_client(self.config.engine_url)
         self.gate = PauseGate()
 
     async def stop(self) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .canonical import ChatRequest, Completion, Message, Tool, ToolCall, check_tool_results, text_of
+from .canonical import ChatRequest, Completion, Message, Tool, ToolCall, check_tool_results, dumps, text_of
 from .errors import bad_request
 
 DIALECT = "openai_chat"
@@ -36,14 +36,16 @@ def parse(body: dict) -> ChatRequest:
         raise bad_request("'messages' must be a non-empty list", "messages")
     messages: list[Message] = []
     for i, m in enumerate(msgs):
-        where = f"messages[{i}]"
-        if not isinstance(m, dict):
-            raise bad_request(f"{where} must be an object", where)
+        if m.__class__ is not dict:
+            raise bad_request(f"messages[{i}] must be an object", f"messages[{i}]")
         role = _ROLES.get(m.get("role"))
+        where = f"messages[{i}]"
         if role is None:
             raise bad_request(f"{where}.role {m.get('role')!r} is not one of system, developer, user, "
                               "assistant, tool", f"{where}.role")
-        content = text_of(m.get("content"), f"{where}.content")
+        content = m.get("content")
+        if content.__class__ is not str:
+            content = text_of(content, f"{where}.content")
         if role == "assistant":
             messages.append(Message("assistant", content, _tool_calls(m.get("tool_calls"), f"{where}.tool_calls")))
         elif role == "tool":
@@ -107,7 +109,7 @@ class Stream:
 
     def _chunk(self, delta: dict, finish: str | None = None) -> bytes:
         body = dict(self.head, choices=[{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}])
-        return b"data: " + json.dumps(body).encode() + b"\n\n"
+        return b"data: " + dumps(body) + b"\n\n"
 
     def start(self) -> bytes:
         return self._chunk({"role": "assistant", "content": ""})
@@ -121,12 +123,12 @@ class Stream:
             out.append(self._chunk({"tool_calls": [dict(tc, index=i)]}))
         out.append(self._chunk({}, _finish(c)))
         if self.req.include_usage:
-            out.append(b"data: " + json.dumps(dict(self.head, choices=[], usage=_usage(c))).encode() + b"\n\n")
+            out.append(b"data: " + dumps(dict(self.head, choices=[], usage=_usage(c))) + b"\n\n")
         out.append(b"data: [DONE]\n\n")
         return b"".join(out)
 
     def error(self, status: int, message: str) -> bytes:
-        return b"data: " + json.dumps({"error": {"message": message, "type": "server_error", "code": status}}).encode() + b"\n\n"
+        return b"data: " + dumps({"error": {"message": message, "type": "server_error", "code": status}}) + b"\n\n"
 
 
 def error_body(status: int, message: str, kind: str, param: str | None) -> dict:

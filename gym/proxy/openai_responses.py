@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .canonical import ChatRequest, Completion, Message, Tool, ToolCall, check_tool_results, text_of
+from .canonical import ChatRequest, Completion, Message, Tool, ToolCall, check_tool_results, dumps, text_of
 from .errors import bad_request
 
 DIALECT = "openai_responses"
@@ -134,7 +134,7 @@ class Stream:
     def _ev(self, type_: str, **fields) -> bytes:
         fields = {"type": type_, "sequence_number": self.seq, **fields}
         self.seq += 1
-        return b"event: " + type_.encode() + b"\ndata: " + json.dumps(fields).encode() + b"\n\n"
+        return b"event: " + type_.encode() + b"\ndata: " + dumps(fields) + b"\n\n"
 
     def start(self) -> bytes:
         r = _response(self.req, self.rid, self.model, self.created, "in_progress", [], None)

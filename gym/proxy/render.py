@@ -10,13 +10,16 @@ was sampled) plus the new messages rendered by the model's own chat template.
 Only the new messages are templated and tokenized, so turn 40 costs what turn 1 does:
 they are rendered after a short fixed anchor conversation and the anchor's text is cut
 off. Whether `tokens(bridge) + tokens(suffix)` equals the tokens of a full render is
-checked once per template at start-up (`incremental_exact`); when the anchor trick does
+checked once per template at start-up (`incremental_exact`). Long text pieces between
+added tokens (system prompts with tool lists) are tokenized once and cached. When the anchor trick does
 not hold for a template (it renders earlier turns differently), the renderer falls back to
 diffing two full renders of the real history.
 """
 from __future__ import annotations
 
 import hashlib
+import re
+from collections import OrderedDict
 
 from .canonical import Message, Tool
 from .toolcalls import ToolFormat
@@ -37,6 +40,8 @@ class Renderer:
         self._fast = getattr(tokenizer, "_tokenizer", None)  # tokenizers.Tokenizer: skips python overhead
         self.template_hash = hashlib.sha256(tokenizer.chat_template.encode()).hexdigest()[:16]
         self.stop_token_ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+        self._pieces: OrderedDict[str, list[int]] = OrderedDict()
+        self._split = self._piecewise_split()
         anchor = [Message("system", "A"), Message("user", "B")]
         self._anchor_tmpl = self.tool_format.to_template(anchor, None) + [{"role": "assistant", "content": _MARK}]
         self._anchor_text = self.render_text(self._anchor_tmpl, False)
@@ -51,10 +56,52 @@ class Renderer:
     def render_text(self, tmsgs: list[dict], generation_prompt: bool) -> str:
         return self.tok.apply_chat_template(tmsgs, tokenize=False, add_generation_prompt=generation_prompt)
 
-    def encode(self, text: str) -> list[int]:
+    def _encode_raw(self, text: str) -> list[int]:
         if self._fast is not None:
             return self._fast.encode(text, add_special_tokens=False).ids
         return self.tok.encode(text, add_special_tokens=False)
+
+    def _piecewise_split(self):
+        """Added tokens cut text into pieces the tokenizer encodes independently, so long
+        pieces (a harness's 6-17 kB system prompt + tool list, identical in every episode)
+        can be cached. Only when every added token is a plain literal; checked on a sample."""
+        added = getattr(self.tok, "added_tokens_decoder", {}) or {}
+        if not added or any(t.lstrip or t.rstrip or t.single_word or t.normalized for t in added.values()):
+            return None
+        ids = {t.content: i for i, t in added.items()}
+        split = (re.compile("|".join(re.escape(c) for c in sorted(ids, key=len, reverse=True))), ids)
+        sample = self.tok.apply_chat_template([{"role": "system", "content": "S " * 600},
+                                               {"role": "user", "content": " hi\n<|x|> \u00e9t\u00e9"}],
+                                              tokenize=False, add_generation_prompt=True)
+        self._split = split
+        return split if self.encode(sample) == self._encode_raw(sample) == self.encode(sample) else None
+
+    def encode(self, text: str) -> list[int]:
+        if self._split is None:
+            return self._encode_raw(text)
+        rx, ids = self._split
+        out: list[int] = []
+        pos = 0
+        for m in rx.finditer(text):
+            if m.start() > pos:
+                out += self._piece(text[pos:m.start()])
+            out.append(ids[m.group()])
+            pos = m.end()
+        if pos < len(text):
+            out += self._piece(text[pos:])
+        return out
+
+    def _piece(self, piece: str) -> list[int]:
+        if len(piece) < 1024:
+            return self._encode_raw(piece)
+        hit = self._pieces.get(piece)
+        if hit is None:
+            hit = self._pieces[piece] = self._encode_raw(piece)
+            if len(self._pieces) > 256:
+                self._pieces.popitem(last=False)
+        else:
+            self._pieces.move_to_end(piece)
+        return hit
 
     def decode(self, ids: list[int]) -> str:
         return self.tok.decode(ids, skip_special_tokens=True)

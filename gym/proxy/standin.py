@@ -18,6 +18,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+
+try:
+    import orjson
+    _loads = orjson.loads
+except ImportError:  # pragma: no cover
+    _loads = json.loads
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -86,7 +92,7 @@ class StandinEngine:
 
     def app(self) -> Starlette:
         async def generate(request: Request) -> Response:
-            req = json.loads(await request.body())
+            req = _loads(await request.body())
             if not req.get("stream"):
                 out, finish = [], ""
                 async for new, fin in self._produce(req):
@@ -132,7 +138,7 @@ class StandinEngine:
             return Response(b"ok")
 
         async def chat(request: Request) -> Response:
-            body = json.loads(await request.body())
+            body = _loads(await request.body())
             return Response(json.dumps({
                 "id": "chatcmpl-standin", "object": "chat.completion", "created": int(time.time()),
                 "model": body.get("model", "policy"),
