@@ -81,9 +81,16 @@ class BatchKV:
         position_ids = self.lengths.unsqueeze(1).clone()
         self.lengths = self.lengths + 1
         L = self.mask.shape[1]
+        if bool(self.mask.all()):
+            attention_mask = None  # no padding: the exact path of an unbatched generate step
+        else:
+            # a ready 4D additive mask [B, 1, 1, L]: HF uses it as is, instead of building one
+            # from the 2D mask per step (slow on CPU for padded batches)
+            attention_mask = torch.zeros(self.size, 1, 1, L).masked_fill(
+                self.mask[:, None, None, :] == 0, torch.finfo(torch.float32).min)
         return {
             "past_key_values": self.cache,
-            "attention_mask": self.mask,
+            "attention_mask": attention_mask,
             "position_ids": position_ids,
             "cache_position": torch.tensor([L - 1]),
             "use_cache": True,
