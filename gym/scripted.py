@@ -16,7 +16,9 @@ no session id and serves concurrent episodes:
   required string arguments filled with a short text;
 - how to finish: `echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT` through the tool when the
   prompt asks for that (mini-swe-agent), otherwise a final answer without a tool call.
-A call with no tools in its prompt (a title or side request) gets a short plain answer.
+A call with no tools in its prompt gets plain text: for an edit-only harness that asks for
+SEARCH/REPLACE blocks (aider), the task's gold patch rewritten as such blocks (`edits`);
+for a title or side request, a short answer.
 """
 from __future__ import annotations
 
@@ -51,6 +53,8 @@ class ScriptedPolicy:
 
     tokenizer: Any
     plans: dict[str, list[str]] = field(default_factory=dict)
+    edits: dict[str, str] = field(default_factory=dict)
+    """problem statement -> SEARCH/REPLACE text, for edit-only harnesses (aider)."""
     final_text: str = "The fix is applied; the task is done."
     assistant_marker: str = "<|im_start|>assistant"
 
@@ -97,6 +101,13 @@ class ScriptedPolicy:
         step = max(0, prompt.count(self.assistant_marker) - 1)
         task = self._task(prompt)
         if not tools:
+            if task is not None and "SEARCH" in prompt and "REPLACE" in prompt:
+                # aider's prompt holds worked examples as earlier turns, so the step count says
+                # nothing here: answer with the edits unless they were already given.
+                edits = self.edits.get(task, "")
+                if edits.strip() and edits.strip() not in prompt:
+                    return edits, task, step
+                return "No change is needed.", task, step
             return ("Scripted episode" if task is None else self.final_text), task, step
         plan = self.plans.get(task, []) if task is not None else []
         if step < len(plan):
@@ -119,8 +130,15 @@ class ScriptedEngine:
         self.calls: list[ScriptedCall] = []
         self._lock = threading.Lock()
 
-    def set_plans(self, plans: dict[str, list[str]]) -> None:
+    def set_plans(self, plans: dict[str, list[str]], edits: dict[str, str] | None = None) -> None:
         self.policy.plans = dict(plans)
+        self.policy.edits = dict(edits or {})
+
+    def set_tasks(self, tasks: Iterable[Any], gold: bool = True) -> None:
+        """Plans (and SEARCH/REPLACE edits) from Task objects; gold=False: empty plans."""
+        tasks = list(tasks)
+        self.set_plans({t.problem_statement: list(t.gold_plan) if gold else [] for t in tasks},
+                       {t.problem_statement: search_replace_blocks(t.patch) for t in tasks if gold and t.patch})
 
     def generate(self, input_ids: list[int], max_new_tokens: int | None) -> tuple[list[int], str, str]:
         prompt = self.tokenizer.decode(input_ids, skip_special_tokens=False)
@@ -178,6 +196,36 @@ class ScriptedEngine:
                                  Route("/health", health, methods=["GET"]),
                                  Route("/get_model_info", model_info, methods=["GET"]),
                                  Route("/abort_request", abort, methods=["POST"])])
+
+
+def search_replace_blocks(patch: str) -> str:
+    """A unified git diff as aider's SEARCH/REPLACE blocks: one block per hunk, SEARCH = its
+    context and removed lines, REPLACE = its context and added lines (new file: empty SEARCH)."""
+    out: list[str] = []
+    path, search, replace, in_hunk = None, [], [], False
+
+    def flush() -> None:
+        if in_hunk and path is not None:
+            out.append(f"{path}\n```\n<<<<<<< SEARCH\n{''.join(search)}=======\n{''.join(replace)}"
+                       ">>>>>>> REPLACE\n```\n")
+
+    for line in patch.splitlines(keepends=True):
+        if line.startswith("diff --git "):
+            flush()
+            path, search, replace, in_hunk = None, [], [], False
+        elif line.startswith("+++ "):
+            path = line[4:].strip().removeprefix("b/")
+        elif line.startswith("@@"):
+            flush()
+            search, replace, in_hunk = [], [], True
+        elif in_hunk and line[:1] in (" ", "-", "+"):
+            body = line[1:] if line.endswith("\n") else line[1:] + "\n"
+            if line[0] in " -":
+                search.append(body)
+            if line[0] in " +":
+                replace.append(body)
+    flush()
+    return "\n".join(out)
 
 
 class ServedApp:
