@@ -89,7 +89,7 @@ def assert_same_gradients(a, b, atol=1e-6):
         assert torch.allclose(ga[name].grad, p.grad, rtol=1e-4, atol=atol), name
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(300)
 def test_step_changes_parameters_and_reports_metrics(policy, tok):
     batch = rollouts(policy, tok)
     trainer = TorchTrainer(config())
@@ -110,7 +110,7 @@ def test_step_changes_parameters_and_reports_metrics(policy, tok):
     json.dumps(m.to_dict())  # one JSONL line of the main job
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(300)
 def test_logprob_mismatch_is_zero_in_float32(policy, tok):
     batch = rollouts(policy, tok, seed=1)
     m = TorchTrainer(config()).step(batch)
@@ -119,7 +119,7 @@ def test_logprob_mismatch_is_zero_in_float32(policy, tok):
     assert abs(m.kl_behaviour) < 1e-6
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(300)
 def test_sampling_temperature_is_scored_with_the_same_temperature(policy, tok):
     batch = rollouts(policy, tok, seed=2, temperature=0.7)
     same = TorchTrainer(config(temperature=0.7)).step(batch)
@@ -128,7 +128,7 @@ def test_sampling_temperature_is_scored_with_the_same_temperature(policy, tok):
     assert wrong.logprob_mismatch_mean > 1e-2  # the fidelity metric catches a temperature mix-up
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(400)
 def test_resume_from_checkpoint_reproduces_next_step_exactly(policy, tok, tmp_path):
     cfg = config(minibatches=2, warmup_steps=3)  # shuffling RNG and scheduler state matter
     first, second = rollouts(policy, tok, seed=3), rollouts(policy, tok, seed=4)
@@ -153,7 +153,7 @@ def test_resume_from_checkpoint_reproduces_next_step_exactly(policy, tok, tmp_pa
     assert not torch.equal(params(c)["model.embed_tokens.weight"], pa["model.embed_tokens.weight"])
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(300)
 def test_micro_batching_accumulates_to_the_same_update(policy, tok):
     batch = rollouts(policy, tok, seed=5)
     longest = max(len(t.segments[0].token_ids) for t in batch)
@@ -171,7 +171,7 @@ def _samples(trainer, batch):
     return build_samples(batch, trainer.config.samples).samples
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(300)
 def test_activation_checkpointing_gives_the_same_update(policy, tok):
     batch = rollouts(policy, tok, seed=6)
     plain, ckpt = TorchTrainer(config()), TorchTrainer(config(activation_checkpointing=True))
@@ -179,7 +179,7 @@ def test_activation_checkpointing_gives_the_same_update(policy, tok):
     assert_same_gradients(plain, ckpt)
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(300)
 def test_infra_failed_episode_does_not_touch_the_update(policy, tok):
     batch = rollouts(policy, tok, seed=7)
     infra = Trajectory(session_id="infra", task_id="A", reward=0.0, status="infra_error",
@@ -191,7 +191,7 @@ def test_infra_failed_episode_does_not_touch_the_update(policy, tok):
     assert all(torch.equal(pa[k], pb[k]) for k in pa)
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(400)
 @pytest.mark.parametrize("normalization", ["sequence", "token"])
 def test_split_trajectory_is_not_over_weighted(policy, tok, normalization):
     """The same tokens recorded as one segment or split in two train identically."""
@@ -222,7 +222,7 @@ def test_split_trajectory_is_not_over_weighted(policy, tok, normalization):
             assert_same_gradients(u, eq)
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(400)
 def test_staleness_and_decoupled_ppo_across_versions(policy, tok, tmp_path):
     trainer = TorchTrainer(config(minibatches=2, lr=1e-2))
     m0 = trainer.step(rollouts(policy, tok, seed=10))
@@ -245,7 +245,7 @@ def test_staleness_and_decoupled_ppo_across_versions(policy, tok, tmp_path):
     assert trainer.version == 2
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(300)
 def test_behaviour_weight_mask_and_cap(policy, tok):
     batch = rollouts(policy, tok, seed=13)
     # Pretend the engine gave the first sampled token of a1 a much lower logprob: the
@@ -263,7 +263,7 @@ def test_behaviour_weight_mask_and_cap(policy, tok):
     assert masked.loss != pytest.approx(capped.loss)
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(400)
 def test_kl_to_reference(policy, tok):
     trainer = TorchTrainer(config(kl_coef=0.1, lr=1e-2))
     m0 = trainer.step(rollouts(policy, tok, seed=14))
@@ -273,7 +273,7 @@ def test_kl_to_reference(policy, tok):
     assert TorchTrainer(config()).step(rollouts(policy, tok, seed=14)).kl is None
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(300)
 def test_publish_writes_a_loadable_folder(policy, tok, tmp_path):
     trainer = TorchTrainer(config())
     trainer.step(rollouts(policy, tok, seed=16))
@@ -294,7 +294,7 @@ def test_publish_writes_a_loadable_folder(policy, tok, tmp_path):
     assert torch.equal(names["model.norm.weight"], trainer.model.model.norm.weight)
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(300)
 def test_bad_records_and_configs_are_named(policy, tok):
     trainer = TorchTrainer(config())
     batch = rollouts(policy, tok, seed=18)
@@ -307,9 +307,9 @@ def test_bad_records_and_configs_are_named(policy, tok):
         TorchTrainerConfig(device="tpu")
     with pytest.raises(ValueError, match="micro_batch_size"):
         TorchTrainerConfig(micro_batch_size=4)
-    with pytest.raises(ValueError, match="bfloat16"):
-        TorchTrainer(config(dtype="bfloat16"))
-    assert trainer_class("torch") is TorchTrainer
+    cls = trainer_class("torch")
+    assert cls is TorchTrainer and cls.Config(**{"model": "tiny-llama", "lr": 3e-4}).lr == 3e-4
+    assert trainer_class("harnessrl.trainers.torch_trainer:TorchTrainer") is TorchTrainer
     with pytest.raises(KeyError, match="known: torch"):
         trainer_class("jax")
 
@@ -321,3 +321,18 @@ def test_batch_without_trainable_tokens_takes_no_step(policy, tok):
     m = trainer.step([Trajectory(session_id="i", task_id="A", reward=None, status="infra_error", segments=[])])
     assert not m.updated and m.masked_infra == 1 and trainer.version == 0 and m.reward_mean is None
     assert all(torch.equal(before[k], v) for k, v in params(trainer).items())
+
+
+@pytest.mark.timeout(300)
+def test_bf16_autocast_path_on_cpu(policy, tok):
+    """The bf16 code path (autocast, fp32 master weights, fp32 logprobs) runs on CPU when asked."""
+    batch = rollouts(policy, tok, seed=19)
+    trainer = TorchTrainer(config(dtype="bfloat16"))
+    assert trainer.autocast_dtype is torch.bfloat16 and TorchTrainer(config()).autocast_dtype is None
+    before = params(trainer)
+    m = trainer.step(batch)
+    assert m.updated and math.isfinite(m.loss) and m.grad_norm > 0
+    assert all(v.dtype == torch.float32 for v in params(trainer).values())
+    assert not torch.equal(before["model.embed_tokens.weight"], trainer.model.model.embed_tokens.weight)
+    # bf16 logits lose precision against the fp32 engine logprobs: measurable, bounded
+    assert 1e-5 < m.logprob_mismatch_max < 0.5

@@ -16,8 +16,9 @@ One `step(batch)`:
 The fidelity number, |trainer logprob - engine logprob|, is measured before any update on
 tokens sampled by the current version (older tokens differ by the policy change itself).
 
-bf16 is autocast (fp32 master weights) and only on a CUDA device that supports it; CPU
-trains in float32. Logprobs are always taken in float32.
+bf16 is autocast (fp32 master weights): by default on a CUDA device that supports it,
+on CPU only when asked for; CPU trains in float32 by default. Logprobs are always taken
+from float32 logits.
 """
 from __future__ import annotations
 
@@ -50,8 +51,8 @@ class TorchTrainerConfig(BaseModel):
     device: str = "auto"
     """"auto" (CUDA when available, else CPU), "cpu", "cuda" or "cuda:N"."""
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
-    """Compute dtype: "bfloat16" autocasts (fp32 master weights) and needs a CUDA device with
-    bf16; "auto" picks bf16 on such a device and float32 otherwise (CPU)."""
+    """Compute dtype: "bfloat16" autocasts (fp32 master weights, fp32 logprobs); "auto" picks
+    bf16 on a CUDA device that supports it and float32 otherwise (CPU)."""
     lr: float = Field(1e-6, gt=0)
     """AdamW learning rate."""
     weight_decay: float = Field(0.0, ge=0)
@@ -116,16 +117,22 @@ def _load_model(name: str, device: torch.device):
 class TorchTrainer:
     """GRPO / decoupled-PPO trainer on one device; satisfies Trainer, Checkpointable, TensorPublisher."""
 
+    Config = TorchTrainerConfig
+    """The config class, so a composition root can do `cls(cls.Config(**section))`."""
+
     def __init__(self, config: TorchTrainerConfig | None = None):
         self.config = config = config or TorchTrainerConfig()
         if config.device == "auto":
             self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         else:
             self.device = torch.device(config.device)
-        bf16_ok = self.device.type == "cuda" and torch.cuda.is_bf16_supported()
-        if config.dtype == "bfloat16" and not bf16_ok:
-            raise ValueError(f"dtype 'bfloat16' needs a CUDA device with bf16; this trainer runs on {self.device}")
-        self.autocast_dtype = torch.bfloat16 if (config.dtype != "float32" and bf16_ok) else None
+        cuda_bf16 = self.device.type == "cuda" and torch.cuda.is_bf16_supported()
+        if config.dtype == "bfloat16" and self.device.type == "cuda" and not cuda_bf16:
+            raise ValueError(f"dtype 'bfloat16': {self.device} does not support bf16; use 'float32'")
+        # "auto" means bf16 only where it pays (a bf16-capable GPU); CPU bf16 autocast works
+        # but is slow without AMX/AVX512-bf16, so CPU gets it only when asked for.
+        use_bf16 = config.dtype == "bfloat16" or (config.dtype == "auto" and cuda_bf16)
+        self.autocast_dtype = torch.bfloat16 if use_bf16 else None
         self.model, self.model_path = _load_model(config.model, self.device)
         self.model.config.use_cache = False
         if config.activation_checkpointing:
