@@ -96,6 +96,17 @@ class Cgroup:
                 except ProcessLookupError:
                     pass
 
+    @staticmethod
+    def reap(prefix: str, keep: set[str]) -> None:
+        """Remove cgroups named `prefix*` except those in `keep` (left by a crashed run)."""
+        for parent in (ROOT / "harnessrl", ROOT / "pids" / "harnessrl", ROOT / "memory" / "harnessrl"):
+            for d in parent.glob(prefix + "*") if parent.is_dir() else ():
+                if d.name not in keep:
+                    try:
+                        d.rmdir()  # fails while a process is still inside
+                    except OSError:
+                        pass
+
     def remove(self) -> None:
         self.kill_all()
         for d in self.dirs:

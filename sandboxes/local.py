@@ -14,6 +14,7 @@ processes die when it returns (start a server and its client in one command).
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import os
 import shutil
 import signal
@@ -21,7 +22,6 @@ import subprocess
 import tempfile
 import threading
 import time
-import uuid
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -138,6 +138,22 @@ class LocalBackend:
                 shutil.rmtree(tmp, ignore_errors=True)
         return cdir
 
+    def reap(self, older_than_s: float = 0.0, run_id: str | None = None) -> int:
+        """Remove sandbox dirs (and their cgroups) untouched for `older_than_s`: what a crashed
+        run left. `run_id` is accepted for symmetry with docker; local boxes carry none."""
+        removed, now = 0, time.time()
+        for box in (self.root / "boxes").iterdir():
+            if now - box.stat().st_mtime >= older_than_s:
+                shutil.rmtree(box, ignore_errors=True)
+                removed += 1
+        alive = {self._cgroup_name(b.name) for b in (self.root / "boxes").iterdir()}
+        Cgroup.reap(self._cgroup_name(""), keep=alive)
+        return removed
+
+    def _cgroup_name(self, box: str) -> str:
+        """Cgroups are host-wide: the name carries this root's hash, so reap spares other roots."""
+        return f"box-{hashlib.sha256(str(self.root.resolve()).encode()).hexdigest()[:8]}-{box}"
+
     def create(self, spec: RepoSpec, mounts: Sequence[Any] = (), env: dict[str, str] | None = None,
                start: bool = True) -> "LocalSandbox":
         """A new sandbox for `spec`; `mounts` as (host_path, container_path, read_only) tuples or
@@ -179,7 +195,7 @@ class LocalSandbox:
 
     def start(self) -> None:
         c = self.backend.config
-        self.cgroup = Cgroup.create(f"box-{uuid.uuid4().hex[:12]}", _bytes(c.memory), c.pids_limit)
+        self.cgroup = Cgroup.create(self.backend._cgroup_name(self.id), _bytes(c.memory), c.pids_limit)
         if self.cgroup is None and c.require_limits:
             self.close()
             raise SandboxUnavailable("local sandboxes need a writable cgroupfs to enforce memory/"

@@ -55,20 +55,20 @@ def source(tmp_path_factory):
     return d, base, _git(d, "rev-parse", "HEAD")
 
 
-def _backend(name: str):
+def _backend(name: str, root: Path | None = None):
     if name == "docker":
         from harnessrl.sandboxes.docker import DockerConfig
         return make_backend("docker", DockerConfig(memory="256m", pids_limit=64, cpus=1.0,
                                                    run_id=f"test-{uuid.uuid4().hex[:8]}"))
     from harnessrl.sandboxes.local import LocalConfig
-    return make_backend("local", LocalConfig(memory="256m", pids_limit=64))
+    return make_backend("local", LocalConfig(memory="256m", pids_limit=64, root=str(root)))
 
 
 @pytest.fixture(scope="module", params=[pytest.param("docker", marks=pytest.mark.docker),
                                         pytest.param("local", marks=pytest.mark.bwrap)])
-def backend(request):
+def backend(request, tmp_path_factory):
     try:
-        b = _backend(request.param)
+        b = _backend(request.param, tmp_path_factory.mktemp("local-root"))
     except Exception as e:  # SandboxUnavailable, or the base image missing
         pytest.skip(f"{request.param} backend unavailable here: {e}")
     yield b
@@ -391,3 +391,21 @@ def test_agent_cannot_stop_or_drive_the_sandbox_init(docker_backend, spec):
         assert sb.read_file("calc.py") == CALC.encode()
     finally:
         sb.close()
+
+
+@pytest.mark.bwrap
+@pytest.mark.timeout(60)
+def test_local_reaper_removes_leftover_boxes(spec, tmp_path):
+    try:
+        crashed = _backend("local", tmp_path / "root")
+    except Exception as e:
+        pytest.skip(f"bubblewrap unavailable: {e}")
+    sb = crashed.create(spec)
+    assert sb.exec("echo up").output == "up\n"
+    assert crashed.reap(older_than_s=3600) == 0
+    assert crashed.reap() == 1
+    assert list((tmp_path / "root" / "boxes").iterdir()) == []
+    with pytest.raises(SandboxDied):
+        sb.exec("true")
+    if sb.cgroup is not None:
+        assert not any(d.exists() for d in sb.cgroup.dirs)
