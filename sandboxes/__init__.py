@@ -9,8 +9,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from harnessrl.sandboxes.base import (ExecResult, RepoSpec, Sandbox, SandboxDied, SandboxError,
-                                      SandboxUnavailable)
+from harnessrl.sandboxes.base import (ExecResult, RepoSpec, Sandbox, SandboxBackend, SandboxDied,
+                                      SandboxError, SandboxUnavailable)
 
 #: Backend name -> "module:Class" (imported lazily; a full "module:Class" path works too).
 BACKENDS: dict[str, str] = {
@@ -18,7 +18,7 @@ BACKENDS: dict[str, str] = {
     "local": "harnessrl.sandboxes.local:LocalBackend",
 }
 
-__all__ = ["BACKENDS", "make_backend", "ExecResult", "RepoSpec", "Sandbox", "SandboxDied",
+__all__ = ["BACKENDS", "make_backend", "ExecResult", "RepoSpec", "Sandbox", "SandboxBackend", "SandboxDied",
            "SandboxError", "SandboxUnavailable", "SandboxPool", "PoolConfig"]
 
 

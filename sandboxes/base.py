@@ -6,7 +6,7 @@ patches cross the boundary as bytes (tar streams or files), never on a command l
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, Sequence, runtime_checkable
 
 
 @dataclass(frozen=True)
@@ -89,3 +89,22 @@ class Sandbox(Protocol):
     def alive(self) -> bool: ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class SandboxBackend(Protocol):
+    """Makes sandboxes for RepoSpecs (`docker`, `local`; see make_backend)."""
+
+    name: str
+
+    def create(self, spec: RepoSpec, mounts: Sequence[Any] = (), env: dict[str, str] | None = None,
+               start: bool = True) -> Sandbox:
+        """A sandbox at `spec`'s base commit. `mounts`: extra bind mounts, each a
+        (host_path, sandbox_path, read_only) tuple or an object with host/target/read_only
+        attributes (e.g. a unix-socket dir, a read-only toolchain); `env`: variables every
+        command sees."""
+        ...
+
+    def reap(self, older_than_s: float = 0.0, run_id: str | None = None) -> int:
+        """Remove sandboxes a crashed run left behind; return how many."""
+        ...

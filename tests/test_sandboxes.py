@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from harnessrl.sandboxes import RepoSpec, SandboxDied, SandboxError, SandboxPool, make_backend
-from harnessrl.sandboxes.base import Sandbox
+from harnessrl.sandboxes.base import Sandbox, SandboxBackend
 from harnessrl.sandboxes.pool import PoolConfig
 from harnessrl.sandboxes.repo import materialize
 
@@ -409,3 +409,32 @@ def test_local_reaper_removes_leftover_boxes(spec, tmp_path):
         sb.exec("true")
     if sb.cgroup is not None:
         assert not any(d.exists() for d in sb.cgroup.dirs)
+
+
+def test_mounts_and_env_reach_every_command(backend, spec, tmp_path):
+    assert isinstance(backend, SandboxBackend)
+    tools, shared = tmp_path / "tools", tmp_path / "shared"
+    tools.mkdir()
+    shared.mkdir()
+    shared.chmod(0o777)  # the sandbox user is uid 1000
+    (tools / "hello.sh").write_text("#!/bin/sh\necho hello from tools\n")
+    (tools / "hello.sh").chmod(0o755)
+    sb = backend.create(spec, mounts=[(str(tools), "/opt/tools", True), (str(shared), "/run/shared", False)],
+                        env={"HARNESSRL_X": "42"})
+    try:
+        assert isinstance(sb, Sandbox)
+        assert sb.exec("/opt/tools/hello.sh; echo $HARNESSRL_X").output == "hello from tools\n42\n"
+        assert sb.exec("touch /opt/tools/nope").exit_code != 0  # read-only
+        assert sb.exec("echo out > /run/shared/f.txt").exit_code == 0
+        assert (shared / "f.txt").read_text() == "out\n"
+    finally:
+        sb.close()
+
+
+@pytest.mark.timeout(300)
+def test_failing_setup_command_names_itself(backend, source):
+    d, base, _ = source
+    bad = RepoSpec(f"calc-badsetup-{uuid.uuid4().hex[:6]}", str(d), base,
+                   setup_commands=("echo ok", "exit 7  # broken-step"))
+    with pytest.raises(SandboxError, match="broken-step"):
+        backend.create(bad)
