@@ -121,22 +121,29 @@ def _episode(stack, harness: str, gold: bool):
 
 
 def assert_token_exact(traj, engine_calls) -> None:
-    """Recorded ids are exactly the engine's, and loss_mask marks exactly the sampled ids."""
-    assert traj.calls, "no call recorded"
-    by_prompt = {tuple(c.prompt_ids): c for c in engine_calls}
-    for rec in traj.calls:
-        sampled = by_prompt.get(tuple(rec.prompt_ids))
-        assert sampled is not None, f"call {rec.index}: recorded prompt ids were never sent to the engine"
-        assert rec.completion_ids == sampled.output_ids
-    traj.validate()
-    for seg in traj.segments:
-        calls = [c for c in traj.calls if c.call_id in seg.call_ids] or \
-                [c for c in traj.calls if c.segment == traj.segments.index(seg)]
-        last = calls[-1]
-        full = last.prompt_ids + last.completion_ids
-        assert seg.token_ids[:len(full)] == full
-        masked = [t for t, m in zip(seg.token_ids, seg.loss_mask) if m == 1]
-        assert masked == [t for c in calls for t in c.completion_ids]
+    from harnessrl.gym.check_adapter import token_exact_problems
+
+    assert token_exact_problems(traj, engine_calls) == []
+
+
+def test_token_exact_check_catches_a_tampered_record():
+    from harnessrl.gym.check_adapter import token_exact_problems
+    from harnessrl.gym.scripted import ScriptedCall
+    from harnessrl.gym.trajectory import CallRecord, Segment, Trajectory
+
+    sampled = [ScriptedCall([1, 5, 6], [7, 2], "x", None, 0), ScriptedCall([1, 5, 6, 7, 2, 9], [8, 2], "y", None, 1)]
+    calls = [CallRecord("a", "s", 0, "openai-chat", [1, 5, 6], [7, 2], [-0.1] * 2, [0] * 2, "stop", 0),
+             CallRecord("b", "s", 1, "openai-chat", [1, 5, 6, 7, 2, 9], [8, 2], [-0.1] * 2, [0] * 2, "stop", 0)]
+    seg = Segment([1, 5, 6, 7, 2, 9, 8, 2], [0, 0, 0, 1, 1, 0, 1, 1], [0.0] * 3 + [-0.1] * 2 + [0.0] + [-0.1] * 2,
+                  [-1, -1, -1, 0, 0, -1, 0, 0], call_ids=["a", "b"])
+    traj = Trajectory("s", [seg], calls=calls)
+    assert token_exact_problems(traj, sampled) == []
+    seg.loss_mask[5] = 1  # a template token marked as sampled
+    seg.versions[5] = 0
+    assert token_exact_problems(traj, sampled) == ["segment 0: loss-masked tokens are not exactly the sampled ones"]
+    seg.loss_mask[5], seg.versions[5] = 0, -1
+    calls[1].completion_ids = [8, 3]
+    assert "call 1: recorded completion ids differ from the sampled ones" in token_exact_problems(traj, sampled)
 
 
 E2E = ["mini-swe-agent", str(EXAMPLES / "mini-swe-agent.toml"), "codex", "claude-code", "opencode", "aider"]
@@ -171,3 +178,32 @@ def test_empty_plan_scores_zero(stack, harness):
     assert res.trajectory.reward == 0.0
     assert res.reward is not None and res.reward.agent_diff == ""
     assert_token_exact(res.trajectory, calls)
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(600)
+def test_check_adapter_fails_a_config_that_does_nothing(tmp_path):
+    """A harness that exits 0 without calling the model cannot pass the contract checks."""
+    from harnessrl.gym.check_adapter import main
+
+    cfg = tmp_path / "noop.toml"
+    cfg.write_text('name = "noop"\ndialect = "openai-chat"\nplacement = "beside"\ncommand = ["true"]\n')
+    try:
+        from harnessrl.sandboxes.docker import DockerBackend
+        DockerBackend()
+    except Exception as e:  # noqa: BLE001
+        pytest.skip(f"docker unavailable: {e}")
+    import contextlib
+    import io
+    import json as _json
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        rc = main([str(cfg), "--backend", "docker", "--wall-time", "60"])
+    report = _json.loads(out.getvalue().strip().splitlines()[-1])
+    checks = {c["name"]: c for c in report["checks"]}
+    assert rc == 1 and report["ok"] is False
+    assert checks["loads"]["ok"] and checks["capabilities"]["ok"] and checks["installed"]["ok"]
+    assert not checks["gold: reward 1.0"]["ok"] and "reward 0.0" in checks["gold: reward 1.0"]["detail"]
+    assert checks["gold: token-exact record"]["detail"] == "no model call was recorded"
+    assert checks["empty: reward 0.0"]["ok"]

@@ -1,0 +1,160 @@
+"""`harnessrl check-adapter NAME|CONFIG`: the contract checks a new adapter or config must pass.
+
+    python -m harnessrl.gym.check_adapter examples/harnesses/codex.toml
+
+Runs, on real parts (the sandbox backend, the proxy, the scripted policy with the real
+tokenizer): (1) it loads and declares valid capabilities; (2) its harness is installed;
+(3) a gold-plan episode on a built-in task ends `submitted`/`harness_exited` with reward 1.0
+and a token-exact record (each recorded call's prompt and completion ids are exactly what
+the engine was given and returned; each segment's loss mask marks exactly the sampled ids);
+(4) an empty-plan episode scores 0.0; (5) every ending carries its reason into the stored
+trajectory. Prints one line per check and ends with one JSON line; exit status 0 iff all pass.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from harnessrl.adapters import get_adapter
+from harnessrl.adapters.toolchain import installed_spec
+
+DIALECTS = ("openai-chat", "openai-responses", "anthropic")
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: str = ""
+
+
+@dataclass
+class CheckReport:
+    adapter: str
+    checks: list[Check] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.checks) and all(c.ok for c in self.checks)
+
+    def add(self, name: str, ok: bool, detail: str = "") -> bool:
+        self.checks.append(Check(name, bool(ok), detail))
+        return bool(ok)
+
+
+def token_exact_problems(traj: Any, engine_calls: list[Any]) -> list[str]:
+    """Why a trajectory is not token-exact against the engine's own log (empty: it is)."""
+    problems: list[str] = []
+    if not traj.calls:
+        return ["no model call was recorded"]
+    sent = {tuple(c.prompt_ids): c for c in engine_calls}
+    for rec in traj.calls:
+        got = sent.get(tuple(rec.prompt_ids))
+        if got is None:
+            problems.append(f"call {rec.index}: its prompt ids were never sent to the engine")
+        elif rec.completion_ids != got.output_ids:
+            problems.append(f"call {rec.index}: recorded completion ids differ from the sampled ones")
+    try:
+        traj.validate()
+    except ValueError as e:
+        problems.append(str(e))
+    for i, seg in enumerate(traj.segments):
+        calls = [c for c in traj.calls if c.call_id in seg.call_ids] or [c for c in traj.calls if c.segment == i]
+        if not calls:
+            problems.append(f"segment {i}: no call belongs to it")
+            continue
+        full = calls[-1].prompt_ids + calls[-1].completion_ids
+        if seg.token_ids[:len(full)] != full:
+            problems.append(f"segment {i}: its tokens do not start with its last call's prompt + completion")
+        masked = [t for t, m in zip(seg.token_ids, seg.loss_mask) if m == 1]
+        if masked != [t for c in calls for t in c.completion_ids]:
+            problems.append(f"segment {i}: loss-masked tokens are not exactly the sampled ones")
+    return problems
+
+
+def _capabilities(report: CheckReport, adapter: Any) -> bool:
+    bad = []
+    for attr, ok in (("name", isinstance(getattr(adapter, "name", None), str)),
+                     ("dialect", getattr(adapter, "dialect", None) in DIALECTS),
+                     ("placement", getattr(adapter, "placement", None) in ("inside", "beside")),
+                     ("streams", isinstance(getattr(adapter, "streams", None), bool)),
+                     ("version", isinstance(getattr(adapter, "version", None), str)),
+                     ("install", isinstance(getattr(adapter, "install", None), str)),
+                     ("completion", isinstance(getattr(adapter, "completion", None), str)),
+                     ("launch", callable(getattr(adapter, "launch", None))),
+                     ("mounts", callable(getattr(adapter, "mounts", None)))):
+        if not ok:
+            bad.append(attr)
+    return report.add("capabilities", not bad, f"missing or invalid: {bad}" if bad else
+                      f"{adapter.dialect}, {adapter.placement}, streams={adapter.streams}, {adapter.install}")
+
+
+def _installed(report: CheckReport, adapter: Any) -> bool:
+    kind, _, spec = adapter.install.partition(":")
+    if kind not in ("npm", "pip"):
+        return report.add("installed", True, "user-provided (install = none): not checked")
+    name = adapter.name.removesuffix("-cmd")
+    got = installed_spec("npm" if kind == "npm" else "venvs", name)
+    return report.add("installed", got == spec, f"toolchain has {got!r}, want {spec!r}"
+                      + ("" if got == spec else f": run scripts/install_harnesses.sh {name}"))
+
+
+def check_adapter(target: str, backend: str = "auto", wall_time_s: float = 300.0) -> CheckReport:
+    from harnessrl.gym.episode import EpisodeConfig, ProxyHandle, run_episode
+    from harnessrl.gym.models import load_tokenizer
+    from harnessrl.gym.proxy.config import ProxyConfig
+    from harnessrl.gym.proxy.server import ProxyServer
+    from harnessrl.gym.scripted import ScriptedEngine, ServedApp
+    from harnessrl.gym.suites.builtin import load
+    from harnessrl.sandboxes import make_backend
+
+    report = CheckReport(target)
+    try:
+        adapter = get_adapter(target)
+    except (ValueError, OSError) as e:
+        report.add("loads", False, str(e))
+        return report
+    report.add("loads", True, type(adapter).__name__)
+    if not (_capabilities(report, adapter) and _installed(report, adapter)):
+        return report
+    task = next(t for t in load() if t.gold_plan)
+    sandboxes = make_backend(backend)
+    engine = ScriptedEngine(load_tokenizer("tiny-llama"))
+    with ServedApp(engine.app()) as served, \
+            ProxyServer(ProxyConfig(engine_url=served.url, model="tiny-llama")) as proxy:
+        handle = ProxyHandle(proxy.url, proxy.admin_token, engine_url=served.url)
+        for gold in (True, False):
+            engine.set_tasks([task], gold=gold)
+            start = len(engine.calls)
+            res = run_episode(task, adapter, lambda s, m: sandboxes.create(s, mounts=m), handle, "policy",
+                              EpisodeConfig(max_calls=10, wall_time_s=wall_time_s))
+            label = "gold" if gold else "empty"
+            want = 1.0 if gold else 0.0
+            report.add(f"{label}: ends with a reason", res.trajectory.termination == res.reason and bool(res.reason),
+                       f"{res.reason} ({res.status}) {res.error}".strip())
+            report.add(f"{label}: reward {want}", res.status == "ok" and res.trajectory.reward == want,
+                       f"reward {res.trajectory.reward}, harness {res.harness.reason if res.harness else None}")
+            problems = token_exact_problems(res.trajectory, engine.calls[start:])
+            report.add(f"{label}: token-exact record", not problems,
+                       "; ".join(problems) or f"{len(res.trajectory.calls)} calls")
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="harnessrl check-adapter", description=__doc__.splitlines()[0])
+    ap.add_argument("adapter", help="registry name, package.module:Class, or a .toml/.yaml command config")
+    ap.add_argument("--backend", default="auto", help="sandbox backend: auto, docker or local")
+    ap.add_argument("--wall-time", type=float, default=300.0, help="harness wall-clock limit per episode (s)")
+    args = ap.parse_args(argv)
+    report = check_adapter(args.adapter, args.backend, args.wall_time)
+    for c in report.checks:
+        print(f"{'PASS' if c.ok else 'FAIL'}  {c.name}: {c.detail}")
+    print(json.dumps({"adapter": report.adapter, "ok": report.ok, "checks": [asdict(c) for c in report.checks]}))
+    return 0 if report.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
