@@ -111,7 +111,7 @@ def _line(m: dict[str, Any]) -> str:
     def f(v, spec=".3f"):
         return "-" if v is None else format(v, spec)
 
-    return (f"step {m['step']:>3} v{m['version']}  reward {f(m['reward_mean'])}  success {f(m['success_rate'], '.2f')}  "
+    return (f"step {m['step']:>3} v{m['version']}{'' if m['updated'] else ' (no update)'}  reward {f(m['reward_mean'])}  success {f(m['success_rate'], '.2f')}  "
             f"loss {f(m['loss'], '.4f')}  gnorm {f(m['grad_norm'])}  kl {f(m['kl'], '.4f')}  "
             f"mismatch {f(m['logprob_mismatch_mean'], '.2e')}  stale {m['staleness_max']}/{f(m['staleness_mean'], '.2f')}  "
             f"env_p95 {f(m['env_latency_p95_s'])}s  ({m['step_s']:.1f}s train, {m['wall_s']:.0f}s total)")
@@ -150,8 +150,8 @@ async def train(cfg: TrainConfig) -> list[dict[str, Any]]:
                 for _ in range(cfg.steps):
                     batch = await sched.next_batch()
                     metrics = await asyncio.to_thread(trainer.step, batch)
-                    version = await sync.push(trainer)
-                    await sched.advance_version(version)
+                    if metrics.updated:  # no trainable token (all masked or zero advantage): same weights
+                        await sched.advance_version(await sync.push(trainer))
                     m = metrics.to_dict() | {
                         "env_latency_p95_s": _env_p95(batch), "sync_s": round(sync.last_sync_s, 3),
                         "wall_s": time.monotonic() - t_start, "scheduler": sched.stats.as_dict(),
