@@ -32,7 +32,8 @@ Placement = Literal["inside", "beside"]
 REASONS = ("submitted", "harness_exited", "call_limit", "timeout", "harness_crashed")
 
 #: Where the toolchain (node + npm prefixes) is mounted read-only inside a sandbox.
-TOOLCHAIN_MOUNT = "/opt/harnessrl/toolchain"
+# Not under /opt/harnessrl: sandbox backends bind their own read-only data there.
+TOOLCHAIN_MOUNT = "/opt/harnessrl-toolchain"
 #: Where the per-episode directory holding the proxy's unix socket is mounted inside a sandbox.
 SOCKET_MOUNT = "/run/harnessrl"
 #: The socket's file name inside that directory (host and sandbox alike).
