@@ -96,6 +96,11 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
     from harnessrl.trainers.loop import ConfigError, load_config, train
 
+    if args.print_config:
+        from harnessrl.trainers.loop import documented_config
+
+        print(documented_config(), end="")
+        return 0
     try:
         cfg = load_config(args.config)
     except ConfigError as e:
@@ -146,6 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", default=None, help="TOML or YAML config (see examples/train.toml); default: embedded")
     p.add_argument("--steps", type=int, default=None, help="override the config's steps")
     p.add_argument("--out", default=None, help="override the config's out_dir")
+    p.add_argument("--print-config", action="store_true", help="print the default config, every field documented")
     return parser
 
 

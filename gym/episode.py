@@ -81,7 +81,7 @@ ENDINGS: dict[str, type[EpisodeEnded]] = {c.reason: c for c in (
 
 
 # -- plain data in and out ------------------------------------------------------------------
-class EpisodeConfig(BaseModel):
+class EpisodeConfig(BaseModel, extra="forbid", use_attribute_docstrings=True):
     """Limits and bookkeeping of one episode."""
 
     max_calls: int = Field(30, ge=1)

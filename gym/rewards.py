@@ -57,7 +57,7 @@ os.execvp(cmd[0], cmd + ["--junitxml=" + junit] + paths)
 '''
 
 
-class RewardConfig(BaseModel):
+class RewardConfig(BaseModel, extra="forbid", use_attribute_docstrings=True):
     """How hidden tests are run after an episode."""
 
     test_timeout_s: float = 600.0

@@ -27,7 +27,7 @@ from harnessrl.gym.trajectory import Trajectory
 class RolloutConfig(BaseModel):
     """What to roll out, where, and how."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     harness: str = "mini-swe-agent"
     """Adapter name (`harnessrl.adapters.REGISTRY`), "module:Class", or a command-adapter config file."""

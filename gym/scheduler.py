@@ -35,7 +35,7 @@ from pydantic import BaseModel, Field
 from harnessrl.gym.trajectory import Trajectory
 
 
-class SchedulerConfig(BaseModel, extra="forbid"):
+class SchedulerConfig(BaseModel, extra="forbid", use_attribute_docstrings=True):
     """How episodes are scheduled against the trainer."""
 
     env_pool_size: int = Field(8, ge=1)

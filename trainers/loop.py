@@ -38,7 +38,7 @@ def _default_rollout() -> RolloutConfig:
 class TrainConfig(BaseModel):
     """The main job. Every section has its own documented config."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     model: str = "smollm2-135m"
     """Prepared model name or folder; the engine, the proxy's tokenizer and the trainer all use it."""
@@ -215,3 +215,51 @@ def plot(history: list[dict[str, Any]], path: Path) -> Path | None:
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+# -- the documented config file ----------------------------------------------------------------
+def documented_config(cfg: BaseModel | None = None) -> str:
+    """The config as TOML, every field with its docstring as a comment (`harnessrl train --print-config`)."""
+    cfg = cfg or TrainConfig()
+    lines: list[str] = ["# harnessrl train config: every field, its default and what it means.", ""]
+    _emit(cfg, [], lines)
+    return "\n".join(lines) + "\n"
+
+
+def _toml_value(v: Any) -> str:
+    if v is None:
+        return '"__none__"'
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v)
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k} = {_toml_value(x)}" for k, x in v.items()) + "}"
+    return json.dumps(str(v))
+
+
+def _emit(model: BaseModel, path: list[str], lines: list[str]) -> None:
+    nested = []
+    for name, field in type(model).model_fields.items():
+        value = getattr(model, name)
+        doc = (field.description or "").strip()
+        if isinstance(value, BaseModel):
+            nested.append((name, value, doc))
+            continue
+        for d in doc.splitlines():
+            lines.append(f"# {d.strip()}")
+        if value is None:
+            lines.append(f"# {name} =   (unset: None)")
+        else:
+            lines.append(f"{name} = {_toml_value(value)}")
+        lines.append("")
+    for name, value, doc in nested:
+        lines.append(f"[{'.'.join(path + [name])}]")
+        for d in doc.splitlines():
+            lines.append(f"# {d.strip()}")
+        lines.append("")
+        _emit(value, path + [name], lines)

@@ -34,7 +34,7 @@ LOGPROB_TOLERANCE = 1e-3
 class SampleConfig(BaseModel):
     """How trajectories become training samples."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     baseline: Literal["group_mean", "none"] = "group_mean"
     """"group_mean": GRPO, advantage = reward - mean reward of the trajectories with the same

@@ -42,7 +42,7 @@ from harnessrl.trainers.samples import Sample, SampleConfig, build_samples
 class TorchTrainerConfig(BaseModel):
     """The built-in torch trainer."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     model: str = "smollm2-135m"
     """Prepared model name or folder (`harnessrl.gym.models.resolve_model`)."""
