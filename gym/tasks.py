@@ -49,7 +49,7 @@ def _as_test_list(value: Any) -> list[str]:
 class Task(BaseModel):
     """One SWE-style task. Unknown fields are rejected so a typo in a task file is loud."""
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, use_attribute_docstrings=True)
 
     # --- SWE-bench fields -------------------------------------------------------------
     instance_id: str = Field(min_length=1)
