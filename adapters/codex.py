@@ -58,9 +58,14 @@ class CodexAdapter:
     def launch(self, launch: Launch) -> HarnessResult:
         require("npm", self.name, self.install.split(":", 1)[1], launch.toolchain)
         ep = launch.endpoint
-        home = f"{SANDBOX_SCRATCH}/codex"
+        # Codex refuses to put its helper binaries (the apply_patch alias) under /tmp, so its
+        # home goes in the sandbox user's own HOME when there is one.
+        user_home = launch.sandbox.exec('printf %s "$HOME"', timeout=30).output.strip()
+        if not user_home.startswith("/") or user_home.startswith("/tmp") or user_home == "/":
+            user_home = f"{SANDBOX_SCRATCH}/home"
+        home = f"{user_home}/.codex"
         files = {f"{home}/config.toml": CONFIG.format(model=ep.model, base_url=ep.inside_base_url).encode()}
-        env = {"CODEX_HOME": home, "LOCAL_API_KEY": ep.api_key, "HOME": f"{SANDBOX_SCRATCH}/home",
+        env = {"CODEX_HOME": home, "LOCAL_API_KEY": ep.api_key, "HOME": user_home,
                "PATH": path_for(self.name), "NO_COLOR": "1"}
         argv = ["codex", "exec", "--color", "never", "--json", "--disable", "unbounded_connection_retries",
                 launch.problem_statement]
