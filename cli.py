@@ -152,10 +152,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=None, help="override the config's steps")
     p.add_argument("--out", default=None, help="override the config's out_dir")
     p.add_argument("--print-config", action="store_true", help="print the default config, every field documented")
+    for name, (_, about) in PASSTHROUGH.items():
+        sub.add_parser(name, help=about, add_help=False)
     return parser
 
 
+#: Subcommands whose module parses its own arguments.
+PASSTHROUGH = {
+    "tasks": ("harnessrl.gym.suites.check", "list or check a task suite (gold -> 1.0, base -> 0.0 in a real sandbox)"),
+    "check-adapter": ("harnessrl.gym.check_adapter", "run the contract checks on a harness adapter or config file"),
+}
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in PASSTHROUGH:
+        import importlib
+
+        module = importlib.import_module(PASSTHROUGH[argv[0]][0])
+        return module.main(argv[1:])
     args = build_parser().parse_args(argv)
     if args.cmd == "version":
         from harnessrl import __version__

@@ -32,6 +32,9 @@ command -v debootstrap >/dev/null 2>&1 || [ -x /usr/sbin/debootstrap ] || need+=
 command -v bwrap >/dev/null 2>&1 || need+=(bubblewrap)
 command -v node >/dev/null 2>&1 || need+=(nodejs)
 command -v npm >/dev/null 2>&1 || need+=(npm)
+# The bubblewrap backend runs hidden tests with the host's system python.
+[ -x /usr/bin/python3 ] && /usr/bin/python3 -c "import pytest" >/dev/null 2>&1 || need+=(python3 python3-pytest)
+command -v git >/dev/null 2>&1 || need+=(git)
 "$PYTHON" -c "import venv, ensurepip" >/dev/null 2>&1 || need+=(python3-venv)
 if [ "${#need[@]}" -gt 0 ]; then
   log "installing Debian packages: ${need[*]}"
