@@ -145,3 +145,30 @@ def test_call_limit_with_real_mini_swe_agent(stack):
     assert (res.reason, res.status, res.harness.harness_status) == ("call_limit", "truncated", "LimitsExceeded")
     assert len(res.trajectory.calls) == len(task.gold_plan)
     assert res.trajectory.reward == 1.0  # the fix was applied before the budget ran out
+
+
+@pytest.mark.harness
+@pytest.mark.timeout(600)
+def test_concurrent_episodes_keep_their_own_records(stack):
+    """Three mini-swe-agent episodes on three tasks at once: each scores 1.0 and each record
+    holds only its own task's calls, token-exact."""
+    if installed_spec("venvs", "mini-swe-agent") is None:
+        pytest.skip("mini-swe-agent not installed: run scripts/install_harnesses.sh mini-swe-agent")
+    from concurrent.futures import ThreadPoolExecutor
+
+    from harnessrl.adapters.mini_swe_agent import MiniSweAgentAdapter
+    from harnessrl.gym.check_adapter import token_exact_problems
+    from harnessrl.gym.suites.builtin import load
+
+    engine, handle, backend = stack
+    tasks = [t for t in load() if t.gold_plan][:3]
+    engine.set_tasks(tasks, gold=True)
+    with ThreadPoolExecutor(3) as pool:
+        results = list(pool.map(lambda t: run_episode(
+            t, MiniSweAgentAdapter(), lambda s, m: backend.create(s, mounts=m), handle, "policy",
+            EpisodeConfig(max_calls=8, wall_time_s=400)), tasks))
+    for task, res in zip(tasks, results):
+        assert (res.reason, res.trajectory.reward) == ("submitted", 1.0), res.error
+        mine = [c for c in engine.calls if c.task_key == task.problem_statement]
+        assert len(res.trajectory.calls) == len(mine) == len(task.gold_plan) + 1
+        assert token_exact_problems(res.trajectory, mine) == []
