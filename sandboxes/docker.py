@@ -5,8 +5,9 @@ capability dropped, `no-new-privileges`, runs as `agent` (uid 1000), and a read-
 only the repository (`spec.workdir`), `/tmp` and `/home/agent` are writable (anonymous volumes,
 seeded from the image, removed with the container). A command's process group ends with the
 command (so do its `&` jobs and any fork bomb); to keep a server running across commands,
-start it with `setsid -f` and wait in that command until it is up. Containers carry `harnessrl.managed=1`
-and a run id, so `reap()` removes what a crashed run left. Files cross as tar streams
+start it with `setsid -f` and wait in that command until it is up. Containers carry
+`harnessrl.managed=1` and a run id, so `reap()` removes what a crashed run left. Reset goes
+through PID 1 (sandbox_init.py), not `docker exec`. Files cross as tar streams
 (put_archive / get_archive), never on a command line. If the container is gone, every call
 raises SandboxDied; a command past its timeout is killed and reported with exit_code -1.
 """
@@ -27,7 +28,7 @@ from pydantic import BaseModel, Field
 
 from harnessrl.sandboxes.base import (ExecResult, RepoSpec, SandboxDied, SandboxError,
                                       SandboxUnavailable)
-from harnessrl.sandboxes.images import PRISTINE_DIR, base_image_tag, build_base_image, ensure_task_image
+from harnessrl.sandboxes.images import HOME_PRISTINE, PRISTINE_DIR, base_image_tag, build_base_image, ensure_task_image
 from harnessrl.sandboxes.repo import DIFF_SCRIPT, RESET_SCRIPT
 
 __all__ = ["DockerConfig", "DockerBackend", "DockerSandbox", "base_image_tag", "build_base_image",
@@ -50,11 +51,14 @@ kill -9 -- "-$pid" 2>/dev/null; kill -9 -- "-$pid" 2>/dev/null
 exit "$rc"
 """
 # Before reset: kill every process but PID 1 (left-over servers of the last episode), empty
-# /tmp and the home directory (so nothing, e.g. applied hidden tests, reaches the next one).
+# /tmp and put home back as the image had it (so nothing, e.g. applied hidden tests, reaches
+# the next episode, while what set-up installed there, e.g. `pip install --user`, stays).
 _CLEAN_PROCS_AND_SCRATCH = f"""kill -9 -1 2>/dev/null || true
 shopt -s nullglob dotglob
 scratch=(/tmp/* {HOME}/*)
 [ ${{#scratch[@]}} -eq 0 ] || rm -rf "${{scratch[@]}}" 2>/dev/null || true
+[ ! -d {HOME_PRISTINE} ] || cp -a {HOME_PRISTINE}/. {HOME}/
+shopt -u nullglob dotglob
 """
 
 

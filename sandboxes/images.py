@@ -22,8 +22,10 @@ from harnessrl.sandboxes.base import RepoSpec, SandboxError, SandboxUnavailable
 from harnessrl.sandboxes.repo import FINALIZE_SCRIPT, image_name, materialize, spec_key
 
 BASE_SCRIPT = Path(__file__).with_name("base_image.sh")
-#: Inside task images: read-only copy of .git's config/info/hooks that reset restores.
+#: Inside task images: root-owned copies of .git's config/info/hooks/refs and of the home
+#: directory after set-up, which reset restores.
 PRISTINE_DIR = "/opt/harnessrl/pristine"
+HOME_PRISTINE = "/opt/harnessrl/home"
 AGENT = "1000:1000"
 _build_locks: dict[str, threading.Lock] = {}
 _locks_guard = threading.Lock()
@@ -67,7 +69,7 @@ def _dockerfile(base: str, spec: RepoSpec, key: str, sha: str) -> str:
         "USER 0:0",
         # Root owns the pristine copy, so the agent cannot change what reset restores.
         f"RUN bash /opt/harnessrl/finalize.sh {shlex.quote(spec.workdir)} {sha} {PRISTINE_DIR}"
-        f" && chown -R {AGENT} {shlex.quote(spec.workdir)}",
+        f" && chown -R {AGENT} {shlex.quote(spec.workdir)} && cp -a /home/agent {HOME_PRISTINE}",
         f"USER {AGENT}",
         f'LABEL harnessrl.managed="1" harnessrl.spec="{key}" harnessrl.repo_id="{spec.repo_id}" '
         f'harnessrl.base_sha="{sha}"',

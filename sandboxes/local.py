@@ -132,8 +132,7 @@ class LocalBackend:
                 (tmp / "base_sha").write_text(sha)
                 (tmp / "ready").touch()
                 shutil.rmtree(tmp / "tmp", ignore_errors=True)
-                shutil.rmtree(tmp / "home", ignore_errors=True)
-                os.rename(tmp, cdir)
+                os.rename(tmp, cdir)  # keeps home/ as set-up left it: each sandbox starts from it
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
         return cdir
@@ -160,9 +159,10 @@ class LocalBackend:
         objects with host/target/read_only attributes."""
         cdir = self.checkout(spec)
         box = Path(tempfile.mkdtemp(prefix=f"{spec.repo_id[:40]}-", dir=self.root / "boxes"))
-        subprocess.run(["cp", "-a", "--reflink=auto", str(cdir / "repo"), str(box / "repo")], check=True)
+        subprocess.run(["cp", "-a", "--reflink=auto", str(cdir / "repo"), str(cdir / "home"), str(box)],
+                       check=True)
         sb = LocalSandbox(self, spec, box, cdir / "opt", (cdir / "base_sha").read_text().strip(),
-                          mounts=mounts, env=env)
+                          mounts=mounts, env=env, home_template=cdir / "home")
         if start:
             sb.start()
         return sb
@@ -172,8 +172,10 @@ class LocalSandbox:
     """One bubblewrap sandbox: a host directory holding repo/, tmp/ and home/."""
 
     def __init__(self, backend: LocalBackend, spec: RepoSpec, box: Path, opt: Path, base_sha: str,
-                 mounts: Sequence[Any] = (), env: dict[str, str] | None = None, pristine_rw: bool = False):
+                 mounts: Sequence[Any] = (), env: dict[str, str] | None = None, pristine_rw: bool = False,
+                 home_template: Path | None = None):
         self.backend, self.spec, self.box, self.base_sha = backend, spec, box, base_sha
+        self.home_template = home_template
         self.workdir = spec.workdir
         self.id = box.name
         self.env = dict(env or {})
@@ -280,7 +282,11 @@ class LocalSandbox:
         self._script(RESET_SCRIPT, self.workdir, self.base_sha, PRISTINE_DIR)
         for d in (self.box / "tmp", self.box / "home"):  # rmtree never follows symlinks
             shutil.rmtree(d, ignore_errors=True)
-            d.mkdir()
+        (self.box / "tmp").mkdir()
+        if self.home_template is not None:  # home as set-up left it
+            shutil.copytree(self.home_template, self.box / "home", symlinks=True)
+        else:
+            (self.box / "home").mkdir()
 
     def _abs(self, path: str) -> str:
         return path if path.startswith("/") else f"{self.workdir}/{path}"

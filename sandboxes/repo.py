@@ -22,7 +22,7 @@ from pathlib import Path
 from harnessrl.sandboxes.base import RepoSpec, SandboxError
 
 #: Bump when materialize/finalize change what a built checkout contains (rebuilds caches).
-LAYOUT_VERSION = "4"
+LAYOUT_VERSION = "5"
 _SHA = re.compile(r"^[0-9a-f]{40}$")
 
 
