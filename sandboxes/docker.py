@@ -127,7 +127,7 @@ class DockerBackend:
         c = self.config
         reset_argv = ["bash", "-c", _RESET, "harnessrl", spec.workdir, base_sha, PRISTINE_DIR]
         container = self.client.containers.create(
-            image, ["python3", "-c", _INIT, json.dumps(reset_argv)], stdin_open=True,
+            image, ["python3", "-S", "-c", _INIT, json.dumps(reset_argv)], stdin_open=True,
             user="1000:1000", working_dir=spec.workdir,
             network_mode="none", read_only=True, cap_drop=["ALL"], security_opt=["no-new-privileges"],
             mem_limit=c.memory, memswap_limit=c.memory, pids_limit=c.pids_limit,
@@ -177,11 +177,20 @@ class DockerSandbox:
         self._ctl_lock = threading.Lock()
 
     # -- lifecycle -------------------------------------------------------------------------
-    def start(self) -> None:
-        try:
-            self.container.start()
-        except Exception as e:
-            raise SandboxError(f"container for {self.spec.repo_id!r} failed to start: {e}") from e
+    def start(self, timeout: float = 120.0) -> None:
+        """Start the container and wait until PID 1 says it is ready (its signal dispositions
+        set: before that, a SIGINT from inside could still stop it)."""
+        with self._ctl_lock:
+            try:
+                self._ctl_open()  # attached before start, so the ready line cannot be missed
+                self.container.start()
+                ready = self._ctl_read(timeout).get("ready")
+            except Exception as e:
+                self._close_ctl()
+                raise SandboxError(f"container for {self.spec.repo_id!r} failed to start: "
+                                   f"{type(e).__name__}: {e}") from e
+        if not ready:
+            raise SandboxError(f"container for {self.spec.repo_id!r} started without its init")
 
     def alive(self) -> bool:
         try:
@@ -284,13 +293,22 @@ class DockerSandbox:
             raise SandboxError(f"reset of {self.id[:12]} failed (exit {reply.get('rc')}): "
                                f"{reply.get('err', '')[-2000:]}")
 
-    def _ctl_request(self, line: bytes, timeout: float) -> dict:
+    def _ctl_open(self) -> socket.socket:
         if self._ctl is None:
             sock = self._api.attach_socket(self.id, params={"stdin": 1, "stdout": 1, "stream": 1})
             self._ctl = getattr(sock, "_sock", sock)
-        raw: socket.socket = self._ctl
+        return self._ctl
+
+    def _ctl_request(self, line: bytes, timeout: float) -> dict:
+        raw = self._ctl_open()
         raw.settimeout(timeout)
         raw.sendall(line)
+        return self._ctl_read(timeout)
+
+    def _ctl_read(self, timeout: float) -> dict:
+        """One JSON line from PID 1's stdout."""
+        raw: socket.socket = self._ctl
+        raw.settimeout(timeout)
         out = b""
         while b"\n" not in out:  # non-tty attach: frames of [type, 0, 0, 0, size(4, BE)] + payload
             kind, size = struct.unpack(">BxxxL", self._recv_exact(raw, 8))

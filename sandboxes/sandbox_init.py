@@ -5,6 +5,7 @@
   signals sent to a PID namespace's init from inside it, so the agent cannot stop its own
   sandbox (and turn a failing episode into an infra error).
 - Is non-dumpable: the agent (same uid) can neither ptrace it nor open its stdin via /proc.
+- Says {"ready": true} on stdout once the above holds (the host waits for it in start()).
 - Serves the host over `docker attach`: each line "reset" on stdin runs the reset command
   fixed in argv[1] (a JSON argv) and answers one JSON line {"rc": int, "err": str} on stdout.
   Nothing else is accepted. This saves the host a `docker exec` (a runc start) per reset,
@@ -47,13 +48,14 @@ def _run(argv):
 
 
 def main():
+    signal.signal(signal.SIGINT, signal.SIG_DFL)  # Python's KeyboardInterrupt handler would let it die
     ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE, 0
     reset_argv = json.loads(sys.argv[1]) if len(sys.argv) > 1 else None
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
-    signal.signal(signal.SIGINT, signal.SIG_DFL)  # Python's KeyboardInterrupt handler would let it die
+    os.write(1, b'{"ready": true}\n')  # the host's start() waits for this line
     stdin_open, buf = True, b""
     while True:
         ready = select.select([0, wake_r] if stdin_open else [wake_r], [], [], 5.0)[0]
