@@ -207,3 +207,24 @@ def test_check_adapter_fails_a_config_that_does_nothing(tmp_path):
     assert not checks["gold: reward 1.0"]["ok"] and "reward 0.0" in checks["gold: reward 1.0"]["detail"]
     assert checks["gold: token-exact record"]["detail"] == "no model call was recorded"
     assert checks["empty: reward 0.0"]["ok"]
+
+
+@pytest.mark.docker
+@pytest.mark.harness
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_claude_code_past_max_turns_is_a_call_limit(stack):
+    """--max-turns comes from the call budget; Claude Code's error_max_turns is a truncation."""
+    from harnessrl.gym.episode import EpisodeConfig, ProxyHandle, run_episode
+
+    engine, proxy, backend = stack
+    adapter = get_adapter("claude-code")
+    _require(adapter)
+    task = builtin_task()
+    engine.set_tasks([task], gold=True)
+    res = run_episode(task, adapter, lambda spec, mounts: backend.create(spec, mounts=mounts),
+                      ProxyHandle(proxy.url, proxy.admin_token), "policy",
+                      EpisodeConfig(max_calls=len(task.gold_plan), wall_time_s=240))
+    assert (res.reason, res.status, res.harness.harness_status) == ("call_limit", "truncated", "error_max_turns")
+    assert res.trajectory.termination == "call_limit"
+    assert res.trajectory.reward == 1.0  # the plan ran before the turn budget was spent
