@@ -155,11 +155,30 @@ def report(trajectories: list[Trajectory], wall_s: float | None = None) -> dict[
         "failures_by_reason": dict(Counter(t.termination for t in trajectories if t.status == "infra_error")),
         "completion_tokens": tokens,
     }
+    out["generator_utilization"] = generator_utilization(trajectories)
     if wall_s:
         out["wall_s"] = round(wall_s, 2)
         out["tokens_per_s"] = round(tokens / wall_s, 2)
         out["episodes_per_hour"] = round(len(trajectories) * 3600 / wall_s, 1)
     return out
+
+
+def generator_utilization(trajectories: list[Trajectory]) -> float | None:
+    """Fraction of the run's window (first generation start to last end) in which at least one
+    generation was running: the union of every call's [finished_at - gen_s, finished_at]."""
+    spans = sorted((c.finished_at - c.gen_s, c.finished_at) for t in trajectories for c in t.calls if c.finished_at)
+    if not spans:
+        return None
+    busy, (cur_lo, cur_hi) = 0.0, spans[0]
+    for lo, hi in spans[1:]:
+        if lo > cur_hi:
+            busy += cur_hi - cur_lo
+            cur_lo, cur_hi = lo, hi
+        else:
+            cur_hi = max(cur_hi, hi)
+    busy += cur_hi - cur_lo
+    window = max(hi for _, hi in spans) - spans[0][0]
+    return round(busy / window, 4) if window > 0 else 1.0
 
 
 def _mean(xs: list[float]) -> float | None:

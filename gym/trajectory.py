@@ -60,6 +60,8 @@ class CallRecord:
     gen_s: float = 0.0
     env_s: float | None = None
     """Harness/env time since the session's previous response (None on the first call)."""
+    finished_at: float = 0.0
+    """Wall-clock time (epoch seconds) the call was recorded; generation ran in [finished_at - gen_s, finished_at]."""
     flags: dict[str, Any] = field(default_factory=dict)
 
 

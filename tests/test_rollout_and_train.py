@@ -87,3 +87,16 @@ def test_train_one_step_with_the_tiny_model(tmp_path: Path) -> None:
     assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
     assert (tmp_path / "checkpoints" / "last").is_dir()
     assert (tmp_path / "rollouts" / "trajectories.db").exists()
+
+
+def test_generator_utilization_is_the_union_of_generation_spans() -> None:
+    from harnessrl.gym.rollout import generator_utilization
+    from harnessrl.gym.trajectory import CallRecord, Trajectory
+
+    def call(end: float, gen: float) -> CallRecord:
+        return CallRecord("c", "s", 0, "openai-chat", [1], [2], [0.0], [0], "stop", 0, 0.0, gen, None, end)
+
+    # spans [0,2], [1,3] (overlap), [6,8]: busy 3 + 2 = 5 over the window [0,8]
+    t = Trajectory("s", [], calls=[call(2, 2), call(3, 2), call(8, 2)])
+    assert generator_utilization([t]) == 5 / 8
+    assert generator_utilization([Trajectory("e", [])]) is None

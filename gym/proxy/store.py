@@ -106,11 +106,11 @@ class Store:
             if s is None:
                 raise KeyError(f"no session {sid!r} in {self.path}")
             rows = self._db.execute("SELECT call_id, idx, dialect, segment, split_reason, prefix_len, new_prompt, "
-                                    "completion, logprobs, versions, finish_reason, queue_s, gen_s, env_s, flags "
+                                    "completion, logprobs, versions, finish_reason, queue_s, gen_s, env_s, flags, created "
                                     "FROM calls WHERE session_id=? ORDER BY idx", (sid,)).fetchall()
         segs: dict[int, Segment] = {}
         calls: list[CallRecord] = []
-        for (cid, idx, dialect, seg_i, reason, prefix_len, newp, comp, lps, vers, fin, q, g, e, flags) in rows:
+        for (cid, idx, dialect, seg_i, reason, prefix_len, newp, comp, lps, vers, fin, q, g, e, flags, created) in rows:
             newp, comp, lps, vers = _unpack("i", newp), _unpack("i", comp), _unpack("d", lps), _unpack("i", vers)
             seg = segs.get(seg_i)
             if seg is None:
@@ -130,7 +130,7 @@ class Store:
             seg.versions += vers
             seg.call_ids.append(cid)
             calls.append(CallRecord(cid, sid, idx, dialect, prompt, comp, lps, vers, fin, seg_i, q, g, e,
-                                    json.loads(flags)))
+                                    created or 0.0, json.loads(flags)))
         meta, reward, status, term, task_id, harness, model, th = s
         return Trajectory(sid, [segs[k] for k in sorted(segs)], reward, status, term or "", task_id or "",
                           harness or "", model or "", th or "", calls, json.loads(meta or "{}"))
