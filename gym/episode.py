@@ -27,7 +27,6 @@ from pydantic import BaseModel, Field
 
 from harnessrl.adapters.base import SOCKET_NAME, Endpoint, HarnessAdapter, HarnessResult, Launch, Limits, Mount
 from harnessrl.adapters.relay import Relay
-from harnessrl.adapters.toolchain import HarnessNotInstalled
 from harnessrl.gym.rewards import RewardConfig, RewardResult, score
 from harnessrl.gym.tasks import Task
 from harnessrl.gym.trajectory import Trajectory
@@ -181,79 +180,102 @@ def engine_down(engine_url: str | None) -> bool:
         return True
 
 
+@dataclass
+class _Run:
+    """What one episode accumulates while it runs (closed over by the helpers below)."""
+
+    relay: Relay | None = None
+    sandbox: Sandbox | None = None
+    harness: HarnessResult | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def _endpoint(run: _Run, adapter: HarnessAdapter, proxy: ProxyHandle, sid: str, key: str, model: str,
+              scratch: Path) -> Endpoint:
+    """The session as plain data; an inside harness also gets a private socket dir whose
+    `proxy.sock` (a host relay) reaches the proxy, to be bind-mounted into its sandbox."""
+    socket_dir = None
+    if adapter.placement == "inside":
+        socket_dir = scratch / "sock"
+        socket_dir.mkdir()
+        os.chmod(socket_dir, 0o755)  # the sandbox user (uid 1000) must reach the socket
+        target = f"unix:{proxy.uds_path}" if proxy.uds_path else "tcp:" + proxy.url.split("://", 1)[1].rstrip("/")
+        run.relay = Relay(f"unix:{socket_dir / SOCKET_NAME}", target).start()
+    return Endpoint(f"{proxy.url.rstrip('/')}/s/{sid}", key, model, str(socket_dir) if socket_dir else None)
+
+
+def _play(run: _Run, task: Task, adapter: HarnessAdapter, make_sandbox: SandboxFactory, proxy: ProxyHandle,
+          admin: ProxyAdmin, sid: str, endpoint: Endpoint, cfg: EpisodeConfig, scratch: Path,
+          toolchain: Path | None) -> None:
+    """Sandbox up, harness run to its end; always raises the EpisodeEnded that says why."""
+    try:
+        t0 = time.monotonic()
+        run.sandbox = make_sandbox(task.repo_spec(), adapter.mounts(endpoint, toolchain))
+        run.timings["sandbox_s"] = time.monotonic() - t0
+        t0 = time.monotonic()
+        run.harness = adapter.launch(Launch(endpoint, task.problem_statement, run.sandbox,
+                                            Limits(cfg.max_calls, cfg.max_tokens, cfg.wall_time_s),
+                                            scratch / "harness", toolchain))
+        run.timings["harness_s"] = time.monotonic() - t0
+        if not run.sandbox.alive():
+            raise SandboxGone("the sandbox died during the harness run")
+        end = ending_for(run.harness, _calls_so_far(admin, sid), cfg.max_calls)
+        if end.reason in ("harness_exited", "harness_crashed", "timeout") and engine_down(proxy.engine_url):
+            raise EngineFailed(f"the engine stopped answering ({end.reason}: {end})")
+        raise end
+    except EpisodeEnded:
+        raise
+    except SandboxDied as e:
+        raise SandboxGone(str(e)) from e
+    except Exception as e:  # anything else is ours, not the policy's: mask the episode
+        raise InfraFailed(f"{type(e).__name__}: {e}") from e
+
+
 def run_episode(task: Task, adapter: HarnessAdapter, make_sandbox: SandboxFactory, proxy: ProxyHandle,
                 model: str, config: EpisodeConfig | None = None, toolchain: Path | None = None) -> EpisodeResult:
     cfg = config or EpisodeConfig()
-    timings: dict[str, float] = {}
     scratch = Path(tempfile.mkdtemp(prefix="harnessrl-ep-", dir=cfg.scratch_root))
     admin = ProxyAdmin(proxy)
-    sid, key = admin.open({"task_id": task.instance_id, "harness": adapter.name,
-                           "harness_version": adapter.version, "max_calls": cfg.max_calls,
-                           "max_tokens": cfg.max_tokens})
-    relay = None
-    sandbox: Sandbox | None = None
-    harness: HarnessResult | None = None
+    run = _Run()
     reward: RewardResult | None = None
-    error = ""
     try:
-        socket_dir = None
-        if adapter.placement == "inside":
-            socket_dir = scratch / "sock"
-            socket_dir.mkdir()
-            os.chmod(socket_dir, 0o755)  # the sandbox user (uid 1000) must reach the socket
-            target = f"unix:{proxy.uds_path}" if proxy.uds_path else "tcp:" + proxy.url.split("://", 1)[1].rstrip("/")
-            relay = Relay(f"unix:{socket_dir / SOCKET_NAME}", target).start()
-        endpoint = Endpoint(f"{proxy.url.rstrip('/')}/s/{sid}", key, model,
-                            str(socket_dir) if socket_dir else None)
+        sid, key = admin.open({"task_id": task.instance_id, "harness": adapter.name,
+                               "harness_version": adapter.version, "max_calls": cfg.max_calls,
+                               "max_tokens": cfg.max_tokens})
         try:
+            endpoint = _endpoint(run, adapter, proxy, sid, key, model, scratch)
+            _play(run, task, adapter, make_sandbox, proxy, admin, sid, endpoint, cfg, scratch, toolchain)
+        except EpisodeEnded as end:
+            ending = end
+        except Exception as e:  # the relay or socket dir could not be set up
+            ending = InfraFailed(f"{type(e).__name__}: {e}")
+        status, reason = ending.status, ending.reason
+        error = str(ending) if status == "infra_error" else ""
+        if status != "infra_error" and run.sandbox is not None:
             t0 = time.monotonic()
-            sandbox = make_sandbox(task.repo_spec(), adapter.mounts(endpoint, toolchain))
-            timings["sandbox_s"] = time.monotonic() - t0
-            limits = Limits(cfg.max_calls, cfg.max_tokens, cfg.wall_time_s)
-            t0 = time.monotonic()
-            harness = adapter.launch(Launch(endpoint, task.problem_statement, sandbox, limits,
-                                            scratch / "harness", toolchain))
-            timings["harness_s"] = time.monotonic() - t0
-            if not sandbox.alive():
-                raise SandboxGone("the sandbox died during the harness run")
-            end = ending_for(harness, _calls_so_far(admin, sid), cfg.max_calls)
-            if end.reason in ("harness_exited", "harness_crashed", "timeout") and engine_down(proxy.engine_url):
-                raise EngineFailed(f"the engine stopped answering ({end.reason}: {end})")
-            raise end
-        except EpisodeEnded:
-            raise
-        except SandboxDied as e:
-            raise SandboxGone(str(e)) from e
-        except (SandboxError, HarnessNotInstalled, OSError, RuntimeError, ValueError) as e:
-            raise InfraFailed(f"{type(e).__name__}: {e}") from e
-    except EpisodeEnded as end:
-        ending = end
-        error = str(end) if end.status == "infra_error" else ""
-    status, reason = ending.status, ending.reason
-    if status != "infra_error" and sandbox is not None:
-        t0 = time.monotonic()
-        reward = score(sandbox, task, cfg.reward)
-        timings["reward_s"] = time.monotonic() - t0
-        if reward.status == "infra_error":
-            status, error = "infra_error", f"reward: {reward.reason}"
-    final = reward.reward if (reward is not None and status != "infra_error") else None
-    if relay is not None:
-        relay.close()
-    if sandbox is not None:
-        try:
-            sandbox.close()
-        except SandboxError:
-            pass
-    if status != "infra_error" and _engine_failed(admin.trajectory(sid)):
-        status, reason, final, error = "infra_error", "engine_error", None, "an engine call failed"
-    traj = admin.finish(sid, final, status, reason)
-    admin.close()
-    traj.metadata.update({"harness_status": harness.harness_status if harness else None,
-                          "harness_exit_code": harness.exit_code if harness else None, "timings": timings,
-                          "error": error})
-    if not cfg.keep_scratch:
-        shutil.rmtree(scratch, ignore_errors=True)
-    return EpisodeResult(traj, harness, reward, reason, status, timings, error)
+            reward = score(run.sandbox, task, cfg.reward)  # hidden tests only now, harness gone
+            run.timings["reward_s"] = time.monotonic() - t0
+            if reward.status == "infra_error":
+                status, error = "infra_error", f"reward: {reward.reason}"
+        if status != "infra_error" and _engine_failed(admin.trajectory(sid)):
+            status, reason, error = "infra_error", "engine_error", "an engine call failed"
+        final = reward.reward if (reward is not None and status != "infra_error") else None
+        traj = admin.finish(sid, final, status, reason)
+    finally:
+        if run.relay is not None:
+            run.relay.close()
+        if run.sandbox is not None:
+            try:
+                run.sandbox.close()
+            except SandboxError:
+                pass
+        admin.close()
+        if not cfg.keep_scratch:
+            shutil.rmtree(scratch, ignore_errors=True)
+    h = run.harness
+    traj.metadata.update({"harness_status": h.harness_status if h else None,
+                          "harness_exit_code": h.exit_code if h else None, "timings": run.timings, "error": error})
+    return EpisodeResult(traj, h, reward, reason, status, run.timings, error)
 
 
 def _calls_so_far(admin: ProxyAdmin, sid: str) -> int:
