@@ -65,11 +65,13 @@ def cpu_s(pid: int) -> float:
     return total / 1e9
 
 
-def wait_http(port: int, path: str, timeout: float) -> None:
+def wait_http(port: int, path: str, timeout: float, proc: subprocess.Popen | None = None) -> None:
     import httpx
 
     t0 = time.time()
     while time.time() - t0 < timeout:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"the server exited with status {proc.returncode} before answering")
         try:
             if httpx.get(f"http://127.0.0.1:{port}{path}", timeout=2).status_code < 500:
                 return
@@ -227,6 +229,9 @@ def admin_get(port: int, token: str, path: str) -> dict:
     return httpx.get(f"http://127.0.0.1:{port}{path}", headers={"Authorization": f"Bearer {token}"}, timeout=60).json()
 
 
+LITELLM_KEY = "sk-bench-" + os.urandom(8).hex()
+
+
 def start_litellm(binary: str, upstream: int, workdir: Path) -> tuple[subprocess.Popen, int]:
     port = free_port()
     cfg = workdir / "litellm.yaml"
@@ -239,13 +244,15 @@ def start_litellm(binary: str, upstream: int, workdir: Path) -> tuple[subprocess
 litellm_settings:
   telemetry: false
   drop_params: true
+general_settings:
+  master_key: {LITELLM_KEY}
 """)
     env = dict(os.environ, LITELLM_LOCAL_MODEL_COST_MAP="True", LITELLM_TELEMETRY="False",
                LITELLM_LOG="ERROR", NO_DOCS="True")
     proc = subprocess.Popen([binary, "--config", str(cfg), "--port", str(port), "--num_workers", "1"],
                             stdout=subprocess.DEVNULL, stderr=open(workdir / "litellm.log", "w"), env=env,
                             cwd=workdir)
-    wait_http(port, "/health/liveliness", 180)
+    wait_http(port, "/health/liveliness", 240, proc)
     return proc, port
 
 
@@ -291,7 +298,7 @@ def main() -> int:
             if lport:
                 ln = max(50, n // 5)
                 results["litellm"][conc] = measure(lport, "/v1/chat/completions", ln, conc, body,
-                                                   ["Authorization: Bearer sk-any\r\n"], lproc.pid)
+                                                   [f"Authorization: Bearer {LITELLM_KEY}\r\n"], lproc.pid)
             del paths
             print(f"concurrency {conc}: proxy {results['proxy'][conc]} | direct {results['direct'][conc]}"
                   + (f" | litellm {results['litellm'][conc]}" if lport else ""), file=sys.stderr)

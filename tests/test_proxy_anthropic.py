@@ -30,11 +30,12 @@ def tok():
     return load_tokenizer("tiny-llama")
 
 
-@pytest.fixture(scope="module")
-def env(tok):
+@pytest.fixture(scope="module", params=[False, True], ids=["buffered-stream", "engine-stream"])
+def env(tok, request):
+    """Streamed calls either buffer one engine request or relay the engine's token stream."""
     eng, script = standin(tok)
-    with ServedApp(eng.app()) as e, ProxyServer(ProxyConfig(engine_url=e.url, served_models=["policy", "probe-model"]),
-                                               tokenizer=tok) as p:
+    cfg = ProxyConfig(engine_url="", served_models=["policy", "probe-model"], engine_stream=request.param)
+    with ServedApp(eng.app()) as e, ProxyServer(cfg.model_copy(update={"engine_url": e.url}), tokenizer=tok) as p:
         yield SimpleNamespace(eng=eng, script=script, proxy=p)
 
 
@@ -149,3 +150,15 @@ def test_errors_use_anthropic_shape(env):
     env.script.say("ok")
     assert _message(post(url, key, {"model": "policy", "max_tokens": 5,
                                     "messages": [{"role": "user", "content": "x"}]}), False)["content"][0]["text"] == "ok"
+
+
+def test_count_tokens_is_the_full_render(env, tok):
+    sid, key, url, n0 = _session(env)
+    body = {"model": "policy", "system": "Be brief.", "messages": [{"role": "user", "content": "hi"}], "tools": TOOLS}
+    r = post(env.proxy.anthropic_base_url(sid) + "/v1/messages/count_tokens", key, body)
+    from harnessrl.gym.proxy.anthropic_messages import parse
+
+    req = parse(dict(body, max_tokens=1))
+    assert r.status_code == 200 and r.json() == {
+        "input_tokens": len(env.proxy.core.renderer.full_prompt(req.messages, req.tools))}
+    assert r.json()["input_tokens"] > 100  # the tool list is in the prompt

@@ -99,7 +99,7 @@ def test_three_turns_record_what_the_engine_samples(stack, tok, dialect, stream)
         ids, lps = _direct(engine, c.prompt_ids, 0.0, None)
         assert c.completion_ids == ids
         assert c.logprobs == pytest.approx(lps, abs=1e-4)
-        assert tok.decode(c.completion_ids, skip_special_tokens=True) == text
+        assert tok.decode(c.completion_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False) == text
         assert seg.token_ids[:len(c.prompt_ids)] == c.prompt_ids
     last = t.calls[-1]
     assert seg.token_ids == last.prompt_ids + last.completion_ids
@@ -115,3 +115,64 @@ def test_seeded_sampling_is_recorded_exactly(stack):
         _turn(proxy, sid, key, "chat", history, False, 1.0, 1234 + turn)
     for turn, c in enumerate(proxy.trajectory(sid).calls):
         assert c.completion_ids == _direct(engine, c.prompt_ids, 1.0, 1234 + turn)[0]
+
+
+def test_prompt_over_the_engine_context_is_a_clear_400_and_the_session_goes_on(stack):
+    engine, proxy = stack
+    sid, key = proxy.open_session({})
+    url = proxy.openai_base_url(sid) + "/chat/completions"
+    r = post(url, key, {"model": "policy", "messages": [{"role": "user", "content": "word " * 9000}], "max_tokens": 4})
+    assert r.status_code == 400 and "context" in r.json()["error"]["message"]
+    r = post(url, key, {"model": "policy", "messages": [{"role": "user", "content": "short"}], "max_tokens": 4})
+    assert r.status_code == 200 and len(proxy.trajectory(sid).calls) == 1
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_weight_update_mid_generation_resumes_with_two_versions(tok, stream):
+    """Issue 7 item 2 on the real engine: pause admission, abort, load new weights, resume;
+    the harness gets one ordinary reply whose tokens carry the version that sampled them."""
+    import asyncio
+    import threading
+
+    from harnessrl.gym.engine_client import EngineClient
+    from harnessrl.gym.models import resolve_model
+    from harnessrl.trainers.engine import EngineServer
+
+    with EngineServer(model="tiny-llama") as engine, \
+            ProxyServer(ProxyConfig(engine_url=engine.url), tokenizer=tok) as proxy:
+        sid, key = proxy.open_session({})
+        out = {}
+        body = {"model": "policy", "messages": [{"role": "user", "content": "Tell a long story."}],
+                "max_tokens": 120, "temperature": 0, "stream": stream}
+        th = threading.Thread(target=lambda: out.update(
+            r=post(proxy.openai_base_url(sid) + "/chat/completions", key, body)))
+        th.start()
+
+        async def update():
+            async with EngineClient(engine.url) as c:
+                for _ in range(600):  # until the call is decoding
+                    if (await c.model_info()).get("running"):
+                        break
+                    await asyncio.sleep(0.05)
+                await asyncio.sleep(0.1)
+                proxy.pause()
+                await c.pause("abort")
+                await c.update_weights_from_disk(str(resolve_model("tiny-llama")), "1")
+                await c.resume()
+                proxy.resume()
+
+        asyncio.run(update())
+        th.join(240)
+        assert out["r"].status_code == 200
+        c = proxy.trajectory(sid).calls[0]
+        assert c.flags["interruptions"] == 1
+        n0 = c.versions.count(0)
+        assert 0 < n0 < len(c.completion_ids) and c.versions == [0] * n0 + [1] * (len(c.completion_ids) - n0)
+        # same weights reloaded: the resumed greedy output equals one uninterrupted generation
+        assert c.completion_ids == _direct_n(engine, c.prompt_ids, len(c.completion_ids))
+
+
+def _direct_n(engine, prompt, n):
+    r = httpx.post(engine.url + "/generate", json={"input_ids": prompt, "return_logprob": True, "sampling_params": {
+        "max_new_tokens": n, "temperature": 0, "stop_token_ids": [2]}}, timeout=300).json()
+    return [e[1] for e in r["meta_info"]["output_token_logprobs"]]

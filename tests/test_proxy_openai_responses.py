@@ -30,11 +30,12 @@ def tok():
     return load_tokenizer("tiny-llama")
 
 
-@pytest.fixture(scope="module")
-def env(tok):
+@pytest.fixture(scope="module", params=[False, True], ids=["buffered-stream", "engine-stream"])
+def env(tok, request):
+    """Streamed calls either buffer one engine request or relay the engine's token stream."""
     eng, script = standin(tok)
-    with ServedApp(eng.app()) as e, ProxyServer(ProxyConfig(engine_url=e.url, served_models=["policy", "probe-model"]),
-                                               tokenizer=tok) as p:
+    cfg = ProxyConfig(engine_url="", served_models=["policy", "probe-model"], engine_stream=request.param)
+    with ServedApp(eng.app()) as e, ProxyServer(cfg.model_copy(update={"engine_url": e.url}), tokenizer=tok) as p:
         yield SimpleNamespace(eng=eng, script=script, proxy=p)
 
 

@@ -224,11 +224,12 @@ def _continuing(target: list[int]):
     return respond
 
 
-@pytest.mark.parametrize("stream", [False, True])
-def test_interrupted_generation_resumes_and_tokens_keep_their_version(tok, stream):
+@pytest.mark.parametrize("stream, engine_stream", [(False, False), (True, False), (True, True)])
+def test_interrupted_generation_resumes_and_tokens_keep_their_version(tok, stream, engine_stream):
     target = tok.encode("one two three four five six seven eight nine ten", add_special_tokens=False) + [2]
     eng = StandinEngine(responder=_continuing(target), weight_version="3", token_delay_s=0.05)
-    with ServedApp(eng.app()) as e, ProxyServer(ProxyConfig(engine_url=e.url), tokenizer=tok) as p:
+    cfg = ProxyConfig(engine_url="", engine_stream=engine_stream)
+    with ServedApp(eng.app()) as e, ProxyServer(cfg.model_copy(update={"engine_url": e.url}), tokenizer=tok) as p:
         sid, key = p.open_session({})
         out = {}
         body = {"model": "policy", "messages": [{"role": "user", "content": "count"}], "stream": stream}
@@ -298,7 +299,7 @@ def test_200_concurrent_sessions_5_turns_no_lost_or_crossed_records(tok, tmp_pat
             for turn, c in enumerate(t.calls):
                 # the reply is a function of this session's own prompt: a crossed record cannot match
                 assert c.completion_ids == default_responder(c.prompt_ids)
-                assert tok.decode(c.completion_ids, skip_special_tokens=True) == replies[turn]
+                assert tok.decode(c.completion_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False) == replies[turn]
                 assert f"task number {i}<" in tok.decode(c.prompt_ids)
             t.validate()
 
@@ -328,7 +329,7 @@ def test_killed_proxy_loses_no_finished_call(tok, tmp_path):
     t = store.trajectory(s["session_id"])
     assert len(t.calls) == 3 and len(t.segments) == 1 and t.task_id == "k"
     check_exact(t, eng.calls[-3:])
-    assert [tok.decode(c.completion_ids, skip_special_tokens=True) for c in t.calls] == [m["content"] for m in replies]
+    assert [tok.decode(c.completion_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False) for c in t.calls] == [m["content"] for m in replies]
 
 
 def test_export_jsonl_and_parquet_with_per_token_fields(env, tmp_path):
@@ -365,3 +366,24 @@ def test_unix_socket_serves_harnesses_but_not_admin(tok, tmp_path):
             r = c.get("/admin/stats", headers={"Authorization": f"Bearer {p.admin_token}"})
             assert r.status_code == 403
     assert not os.path.exists(uds)
+
+
+def test_buffered_streams_send_keepalives_that_sdks_skip(tok):
+    import anthropic
+    import openai
+
+    target = tok.encode("slow but steady", add_special_tokens=False) + [2]
+    eng = StandinEngine(responder=lambda ids: list(target), token_delay_s=0.05)
+    with ServedApp(eng.app()) as e, ProxyServer(ProxyConfig(engine_url=e.url, keepalive_s=0.05), tokenizer=tok) as p:
+        sid, key = p.open_session({})
+        r = post(p.openai_base_url(sid) + "/chat/completions", key,
+                 {"model": "policy", "messages": [{"role": "user", "content": "x"}], "stream": True})
+        assert r.text.count(": keep-alive\n\n") >= 2
+        oa = openai.OpenAI(base_url=p.openai_base_url(sid), api_key=key, max_retries=0)
+        chunks = oa.chat.completions.create(model="policy", messages=[{"role": "user", "content": "y"}], stream=True)
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "slow but steady"
+        events = list(oa.responses.create(model="policy", input="z", stream=True))
+        assert events[-1].type == "response.completed" and events[-1].response.output_text == "slow but steady"
+        an = anthropic.Anthropic(base_url=p.anthropic_base_url(sid), api_key=key, max_retries=0)
+        with an.messages.stream(model="policy", max_tokens=50, messages=[{"role": "user", "content": "w"}]) as s:
+            assert "".join(s.text_stream) == "slow but steady"

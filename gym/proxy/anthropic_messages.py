@@ -160,6 +160,9 @@ class Stream:
         out.append(self._ev("message_stop"))
         return b"".join(out)
 
+    def keepalive(self) -> bytes:
+        return self._ev("ping")
+
     def error(self, status: int, message: str) -> bytes:
         return self._ev("error", error={"type": "api_error", "message": message})
 

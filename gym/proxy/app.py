@@ -20,6 +20,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from . import anthropic_messages, openai_chat, openai_responses
+from ..engine_client import EngineError
 from .core import Prepared, ProxyCore
 from .errors import ProxyError
 
@@ -106,9 +107,16 @@ def build_app(core: ProxyCore, admin_token: str) -> Starlette:
                     return _json(dialect.response(req, c))
             except ProxyError as e:
                 return _error(dialect, e)
-            except Exception as e:  # engine failures: the harness sees a 502 naming the cause
+            except EngineError as e:
+                if e.status_code == 400:  # e.g. the prompt outgrew the context: the harness must compact
+                    core.counters["errors_4xx"] += 1
+                    return _error(dialect, ProxyError(400, f"the engine refused the prompt: {e}"))
                 core.counters["errors_5xx"] += 1
                 return _error(dialect, ProxyError(502, f"generation failed: {e}", kind="api_error"))
+            except Exception as e:  # a bug or an unreadable engine reply: a 502 naming the cause
+                core.counters["errors_5xx"] += 1
+                return _error(dialect, ProxyError(502, f"generation failed: {type(e).__name__}: {e}",
+                                                  kind="api_error"))
         return handler
 
     async def _sse(core, p, dialect):
@@ -118,6 +126,21 @@ def build_app(core: ProxyCore, admin_token: str) -> Starlette:
         except Exception as e:  # headers are out: report in the dialect's stream error event
             core.counters["errors_5xx"] += 1
             yield dialect.Stream(p.req, "error", p.req.model, 0).error(502, f"generation failed: {e}")
+
+    async def count_tokens(request: Request) -> Response:
+        """Anthropic's /v1/messages/count_tokens: the prompt a call would get, from scratch."""
+        try:
+            session_for(request)
+            body = _loads(await _read_body(request, cfg.max_body_bytes) or b"{}")
+            if not isinstance(body, dict):
+                raise ProxyError(400, "request body must be a JSON object")
+            body.setdefault("max_tokens", 1)
+            req = anthropic_messages.parse(body)
+        except ProxyError as e:
+            return _error(anthropic_messages, e)
+        except _JSONError as e:
+            return _error(anthropic_messages, ProxyError(400, f"request body is not valid JSON: {e}"))
+        return _json({"input_tokens": len(core.renderer.full_prompt(req.messages, req.tools))})
 
     async def models(request: Request) -> Response:
         try:
@@ -190,6 +213,7 @@ def build_app(core: ProxyCore, admin_token: str) -> Starlette:
         Route("/s/{sid}/v1/chat/completions", dialect_route("openai_chat"), methods=["POST"]),
         Route("/s/{sid}/v1/responses", dialect_route("openai_responses"), methods=["POST"]),
         Route("/s/{sid}/v1/messages", dialect_route("anthropic_messages"), methods=["POST"]),
+        Route("/s/{sid}/v1/messages/count_tokens", count_tokens, methods=["POST"]),
         Route("/s/{sid}/v1/models", models, methods=["GET"]),
         Route("/admin/sessions", admin(a_open), methods=["POST"]),
         Route("/admin/sessions/{sid}/close", admin(a_close), methods=["POST"]),

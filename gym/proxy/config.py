@@ -58,5 +58,14 @@ class ProxyConfig(BaseModel):
     max_interruptions: int = Field(100, ge=0)
     """Aborted engine generations resumed per call before the call fails with a 503."""
 
+    engine_stream: bool = False
+    """Stream tokens from the engine to streaming harnesses as they are sampled. False (default)
+    generates a streamed call in one engine request and sends its events at the end, with
+    keep-alives meanwhile: same recorded ids, a fraction of the per-token CPU (RL rollouts
+    need whole replies, not time-to-first-token)."""
+
+    keepalive_s: float = Field(10.0, gt=0.0)
+    """Seconds between keep-alive events of a buffered stream (engine_stream=False)."""
+
     max_branches: int = Field(4, ge=1)
     """Live segments per session a new call may extend (side calls such as title requests interleave)."""

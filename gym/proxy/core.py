@@ -100,6 +100,7 @@ class ProxyCore:
         if s is None:
             raise KeyError(f"unknown session {sid!r}")
         s.closed = True
+        s.branches = []  # its token state is in the store; keep memory flat over long runs
         self.store.close_session(sid)
 
     def set_reward(self, sid: str, reward: float | None, status: str = "ok", termination: str = "") -> None:
@@ -112,7 +113,7 @@ class ProxyCore:
         self.store.set_reward(sid, reward, status, termination)
 
     def stats(self) -> dict[str, Any]:
-        return dict(self.counters, sessions_open=sum(not s.closed for s in self.sessions.values()),
+        return dict(self.counters, sessions_open=sum(not s.closed for s in list(self.sessions.values())),
                     sessions=len(self.sessions), paused=bool(self.gate and self.gate.paused),
                     chat_template_hash=self.renderer.template_hash,
                     incremental_exact=self.renderer.incremental_exact, stored_calls=self.store.call_count())
@@ -158,12 +159,14 @@ class ProxyCore:
             markers = list(req.stop)
             if req.tools and req.tool_choice != "none":
                 markers.append(self.renderer.tool_format.start_marker)
+            params, maxi = self._params(req), self.config.max_interruptions
             if stream_writer is not None:
                 yield stream_writer.start()
+            if stream_writer is not None and self.config.engine_stream:
                 detok = Detokenizer(self.renderer)
                 held, text = False, ""
-                async for ids in generate(self.engine, self.gate, pl.prompt_ids, stream=True, params=self._params(req),
-                                          max_interruptions=self.config.max_interruptions, rid=cid, out=gen):
+                async for ids in generate(self.engine, self.gate, pl.prompt_ids, stream=True, params=params,
+                                          max_interruptions=maxi, rid=cid, out=gen):
                     piece = detok.add(ids)
                     if held or not piece:
                         continue
@@ -173,10 +176,12 @@ class ProxyCore:
                         delta = text[len(sent):cut]
                         sent += delta
                         yield stream_writer.text(delta)
+            elif stream_writer is not None:
+                async for ping in self._buffered(pl.prompt_ids, params, cid, gen, stream_writer):
+                    yield ping
             else:
-                async for _ in generate(self.engine, self.gate, pl.prompt_ids, stream=False,
-                                        params=self._params(req), max_interruptions=self.config.max_interruptions,
-                                        rid=cid, out=gen):
+                async for _ in generate(self.engine, self.gate, pl.prompt_ids, stream=False, params=params,
+                                        max_interruptions=maxi, rid=cid, out=gen):
                     pass
             c, reply, flags = self._finish(req, gen, cid, created, len(pl.prompt_ids),
                                            sent if stream_writer is not None else None)
@@ -197,6 +202,26 @@ class ProxyCore:
                 yield stream_writer.finish(c, c.content[len(sent):] if c.content.startswith(sent) else "")
             else:
                 yield c
+
+    async def _buffered(self, prompt: list[int], params: dict[str, Any], cid: str, gen: Generation,
+                        writer) -> AsyncIterator[bytes]:
+        """A streamed call generated in one engine request: keep-alives while it runs, so a
+        harness with an idle timeout waits; the whole reply follows in `finish`."""
+        async def drain() -> None:
+            async for _ in generate(self.engine, self.gate, prompt, stream=False, params=params,
+                                    max_interruptions=self.config.max_interruptions, rid=cid, out=gen):
+                pass
+        task = asyncio.ensure_future(drain())
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=self.config.keepalive_s)
+                if done:
+                    task.result()
+                    return
+                yield writer.keepalive()
+        finally:
+            if not task.done():
+                task.cancel()  # the client went away: closing the engine request aborts it there
 
     def _finish(self, req: ChatRequest, gen: Generation, cid: str, created: int, n_prompt: int,
                 sent: str | None) -> tuple[Completion, Message, dict[str, Any]]:

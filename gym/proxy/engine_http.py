@@ -74,14 +74,23 @@ class _Body(httpx.AsyncByteStream):
             pass
 
     async def aclose(self) -> None:
-        if not self.done and self.keep and self.chunked:
-            # An SSE reader stops at "data: [DONE]"; the chunked terminator follows at once.
-            # Reading it keeps the connection (a reconnect costs more than the whole call).
-            try:
-                await asyncio.wait_for(self._drain(), 0.05)
-            except (asyncio.TimeoutError, ConnectionError, asyncio.IncompleteReadError, ValueError):
-                pass
         if self.done and self.keep:
+            self.t._release(self.key, self.conn)
+        elif self.keep and self.chunked:
+            # An SSE reader stops at "data: [DONE]"; the chunked terminator follows. Reading it
+            # in the background keeps the connection without making this call wait for it.
+            task = asyncio.ensure_future(self._finish_later())
+            self.t._draining.add(task)
+            task.add_done_callback(self.t._draining.discard)
+        else:
+            self.conn.close()
+
+    async def _finish_later(self) -> None:
+        try:
+            await asyncio.wait_for(self._drain(), 5.0)
+        except (asyncio.TimeoutError, ConnectionError, asyncio.IncompleteReadError, ValueError):
+            pass
+        if self.done:
             self.t._release(self.key, self.conn)
         else:
             self.conn.close()
@@ -90,6 +99,7 @@ class _Body(httpx.AsyncByteStream):
 class KeepAliveTransport(httpx.AsyncBaseTransport):
     def __init__(self, max_idle_per_host: int = 1024):
         self._idle: dict[tuple[str, int], list[_Conn]] = {}
+        self._draining: set[asyncio.Future] = set()
         self.max_idle = max_idle_per_host
 
     def _release(self, key, conn: _Conn) -> None:

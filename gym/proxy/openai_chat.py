@@ -127,6 +127,9 @@ class Stream:
         out.append(b"data: [DONE]\n\n")
         return b"".join(out)
 
+    def keepalive(self) -> bytes:
+        return b": keep-alive\n\n"  # an SSE comment: clients skip it, idle timers reset
+
     def error(self, status: int, message: str) -> bytes:
         return b"data: " + dumps({"error": {"message": message, "type": "server_error", "code": status}}) + b"\n\n"
 

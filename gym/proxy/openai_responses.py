@@ -184,6 +184,9 @@ class Stream:
         out.append(self._ev("response.completed", response=r))
         return b"".join(out)
 
+    def keepalive(self) -> bytes:
+        return b": keep-alive\n\n"  # an SSE comment: clients skip it, idle timers reset
+
     def error(self, status: int, message: str) -> bytes:
         return self._ev("error", code=str(status), message=message, param=None)
 

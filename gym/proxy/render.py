@@ -104,7 +104,10 @@ class Renderer:
         return hit
 
     def decode(self, ids: list[int]) -> str:
-        return self.tok.decode(ids, skip_special_tokens=True)
+        """Sampled text exactly: special tokens dropped, no "clean-up" of spaces before punctuation."""
+        if self._fast is not None:
+            return self._fast.decode(ids, skip_special_tokens=True)
+        return self.tok.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
     # -- prompts -----------------------------------------------------------------------
     def full_prompt(self, messages: list[Message], tools: list[Tool]) -> list[int]:
