@@ -230,7 +230,7 @@ class LocalSandbox:
         t0 = time.monotonic()
         full = self._argv(argv, env, workdir)
         if cg:  # a shell joins the cgroup, then becomes bwrap (no preexec_fn: we have threads)
-            full = ["sh", "-c", 'for f in $0; do echo $$ > "$f"; done; exec "$@"',
+            full = ["sh", "-c", 'for f in $0; do echo $$ > "$f" || exit 125; done; exec "$@"',
                     " ".join(cg.procs_files()), *full]
         proc = subprocess.Popen(full, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT if merge else subprocess.PIPE,
