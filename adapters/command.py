@@ -21,7 +21,6 @@ import json
 import re
 import shutil
 import string
-import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
@@ -97,6 +96,10 @@ class CommandAdapter:
         p = Path(path)
         text = p.read_text()
         if p.suffix == ".toml":
+            try:
+                import tomllib
+            except ImportError:  # Python 3.10
+                raise ValueError(f"{p}: TOML configs need Python >= 3.11; use the same keys in YAML") from None
             data = tomllib.loads(text)
         else:
             import yaml

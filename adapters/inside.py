@@ -59,7 +59,7 @@ rm -f {d}/relay.ready
 python3 {d}/relay.py --listen tcp:127.0.0.1:{RELAY_PORT} --target unix:{SOCKET_MOUNT}/{SOCKET_NAME} \\
   --ready-file {d}/relay.ready 2>{d}/relay.err &
 relay=$!
-for i in $(seq 200); do [ -e {d}/relay.ready ] && break; sleep 0.05; done
+for i in $(seq 600); do [ -e {d}/relay.ready ] && break; sleep 0.05; done  # <= 30 s under load
 if [ ! -e {d}/relay.ready ]; then cat {d}/relay.err >&2; kill $relay 2>/dev/null; exit {RELAY_FAILED_EXIT}; fi
 timeout -k 5 {wall} {shlex.join(argv)} </dev/null >{d}/stdout 2>{d}/stderr
 rc=$?

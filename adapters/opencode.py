@@ -50,5 +50,17 @@ class OpenCodeAdapter:
                "OPENCODE_DISABLE_SHARE": "1"}
         argv = ["opencode", "run", "--format", "json", launch.problem_statement]
         run = run_inside(launch, argv, env, files)
-        return HarnessResult(classify_exit(run.exit_code, run.timed_out), run.exit_code, None,
+        return HarnessResult(classify_exit(run.exit_code, run.timed_out), run.exit_code, _last_step(run.stdout),
                              tail(run.stdout), tail(run.stderr), run.duration_s)
+
+
+def _last_step(stdout: str) -> str | None:
+    """The reason of its last finished step ("stop" after a final answer, "tool-calls", ...)."""
+    for line in reversed(stdout.strip().splitlines()):
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(event, dict) and event.get("type") == "step_finish":
+            return str((event.get("part") or {}).get("reason"))
+    return None

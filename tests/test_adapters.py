@@ -164,6 +164,9 @@ def test_gold_plan_scores_one_and_is_token_exact(stack, harness):
              and ("<tool_call>" in c.text or "<<<<<<< SEARCH" in c.text)]
     assert acted, "the harness never carried out a scripted action"
     assert res.reward.agent_diff and ".aider" not in res.reward.agent_diff
+    own_status = {"mini-swe-agent": "Submitted", "mini-swe-agent.toml": "Submitted", "codex": "turn.completed",
+                  "claude-code": "success", "opencode": "stop", "aider": None}
+    assert res.harness.harness_status == own_status[Path(harness).name]
     assert_token_exact(res.trajectory, calls)
 
 
