@@ -46,6 +46,7 @@ class SimEngine:
         self._wake = asyncio.Event()
         self.busy_s = 0.0
         self.slot_s = 0.0  # sum over steps of (occupied slots * step time)
+        self.steps = 0
         self._t0 = time.monotonic()
         self._loop: asyncio.Task | None = None
         self.paused = False
@@ -77,6 +78,7 @@ class SimEngine:
             await asyncio.sleep(self.step_s)
             dt = time.monotonic() - t
             self.busy_s += dt
+            self.steps += 1
             self.slot_s += dt * len(active) / self.slots
             v = self._version()
             for r in active:
@@ -89,7 +91,8 @@ class SimEngine:
     def utilization(self) -> dict[str, float]:
         """busy: fraction of time with any work; occupancy: mean fraction of slots filled."""
         wall = max(time.monotonic() - self._t0, 1e-9)
-        return {"busy": self.busy_s / wall, "occupancy": self.slot_s / wall}
+        return {"busy": self.busy_s / wall, "occupancy": self.slot_s / wall,
+                "step_s": self.busy_s / self.steps if self.steps else self.step_s}
 
 
 def sim_episode(engine: SimEngine, turns: int, tokens_per_turn: int, env_latency: Callable[[], float],
@@ -169,4 +172,5 @@ async def run_simulation(config, *, steps: int, slots: int, step_s: float, turns
     return {"trajectories": consumed, "wall_s": wall, "traj_per_s": consumed / wall, "steady_traj_per_s": steady,
             "max_lag": max_lag,
             "on_policy": on_policy, "busy": util["busy"], "occupancy": util["occupancy"],
+            "measured_step_s": util["step_s"],
             "stats": sched.stats.as_dict()}
