@@ -5,6 +5,10 @@ One call: render (recorder.plan) -> generate (generation.generate) -> cut at sto
 (recorder.commit) -> the dialect formats the reply. The record is written before the
 reply's last byte leaves, for streamed calls too. Calls of one session run one at a time
 (the session lock), so its segments grow in a well-defined order.
+
+A streamed call either relays the engine's token stream (`engine_stream`; text is held
+back from a possible tool-call or stop-string start) or, by default, generates in one
+engine request with keep-alive events meanwhile. Both record the same ids.
 """
 from __future__ import annotations
 
