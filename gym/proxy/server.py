@@ -52,7 +52,7 @@ class ProxyServer:
             os.chmod(cfg.uds_path, 0o666)  # harness users inside containers differ from ours
             socks.append(u)
         port = socks[0].getsockname()[1]
-        self.url = f"http://{cfg.host}:{port}"
+        self.url = f"http://[{cfg.host}]:{port}" if ":" in cfg.host else f"http://{cfg.host}:{port}"
         ucfg = uvicorn.Config(build_app(self.core, self.admin_token), log_level="warning", lifespan="on",
                               loop=_best("uvloop", "asyncio"), http=_best("httptools", "h11"),
                               timeout_keep_alive=75, backlog=4096)
