@@ -1,9 +1,9 @@
-"""A short episode with the real SmolLM2-135M policy on the local CPU engine: it will not solve
-the task; the run must end with a reason and leave a complete, valid, token-level record.
+"""A short episode per adapter with the real SmolLM2-135M policy on the local CPU engine: it will
+not solve the task; each run must end with a reason and leave a complete, valid, token-level
+record (closed with its termination, loss mask exactly on the sampled tokens).
 
-Only mini-swe-agent runs here: its prompt (~1.2k tokens) fits SmolLM2's 8k context with room
-to spare on a shared 2-core machine; the other harnesses' system prompts (7k-13k tokens)
-are exercised with the scripted policy in tests/test_adapters.py.
+Slow by nature: the harnesses' own system prompts are 1k-7k tokens, prefilled on CPU. The
+call budget is 1 and completions are capped at 16 tokens to keep each episode short.
 """
 from __future__ import annotations
 
@@ -14,15 +14,15 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from adapter_helpers import builtin_task  # noqa: E402
-from harnessrl.adapters.toolchain import installed_spec
+from harnessrl.adapters import get_adapter  # noqa: E402
+from harnessrl.adapters.toolchain import installed_spec  # noqa: E402
 
 pytestmark = [pytest.mark.docker, pytest.mark.harness, pytest.mark.model, pytest.mark.slow]
+CAP = 16
 
 
-@pytest.mark.timeout(900)
-def test_mini_swe_agent_with_smollm2_ends_with_reason_and_complete_record():
-    if installed_spec("venvs", "mini-swe-agent") is None:
-        pytest.skip("mini-swe-agent not installed: run scripts/install_harnesses.sh mini-swe-agent")
+@pytest.fixture(scope="module")
+def real_stack():
     try:
         from harnessrl.sandboxes.docker import DockerBackend
         from harnessrl.sandboxes.images import base_image_tag
@@ -35,29 +35,41 @@ def test_mini_swe_agent_with_smollm2_ends_with_reason_and_complete_record():
         resolve_model("smollm2-135m")
     except ModelNotPrepared as e:
         pytest.skip(str(e))
-    from harnessrl.adapters.mini_swe_agent import MiniSweAgentAdapter
-    from harnessrl.gym.episode import EpisodeConfig, ProxyHandle, run_episode
+    from harnessrl.gym.episode import ProxyHandle
     from harnessrl.gym.proxy.config import ProxyConfig
     from harnessrl.gym.proxy.server import ProxyServer
     from harnessrl.trainers.engine.config import EngineConfig
     from harnessrl.trainers.engine.runner import EngineServer
 
-    task = builtin_task()
     with EngineServer(EngineConfig(model="smollm2-135m", port=0)) as eng, \
-            ProxyServer(ProxyConfig(engine_url=eng.url, model="smollm2-135m", max_tokens_cap=24)) as proxy:
-        res = run_episode(task, MiniSweAgentAdapter(), lambda s, m: backend.create(s, mounts=m),
-                          ProxyHandle(proxy.url, proxy.admin_token, engine_url=eng.url), "policy",
-                          EpisodeConfig(max_calls=1, wall_time_s=600))
+            ProxyServer(ProxyConfig(engine_url=eng.url, model="smollm2-135m", max_tokens_cap=CAP)) as proxy:
+        yield ProxyHandle(proxy.url, proxy.admin_token, engine_url=eng.url), backend
     backend.reap(run_id=backend.run_id)
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("harness", ["mini-swe-agent", "codex", "claude-code", "opencode", "aider"])
+def test_real_policy_episode_ends_with_reason_and_complete_record(real_stack, harness):
+    from harnessrl.gym.episode import EpisodeConfig, run_episode
+
+    adapter = get_adapter(harness)
+    kind, spec = adapter.install.split(":", 1)
+    if installed_spec("npm" if kind == "npm" else "venvs", harness) != spec:
+        pytest.skip(f"{harness} not installed: run scripts/install_harnesses.sh {harness}")
+    handle, backend = real_stack
+    res = run_episode(builtin_task(), adapter, lambda s, m: backend.create(s, mounts=m), handle, "policy",
+                      EpisodeConfig(max_calls=1, wall_time_s=600))
     traj = res.trajectory
-    assert res.reason in ("submitted", "harness_exited", "call_limit", "harness_crashed"), res.error
-    assert traj.termination == res.reason and traj.status == res.status and res.status in ("ok", "truncated")
-    assert traj.reward in (0.0, 1.0)
-    assert len(traj.calls) == 1
-    call = traj.calls[0]
-    assert call.prompt_ids and 0 < len(call.completion_ids) <= 24
-    assert len(call.logprobs) == len(call.completion_ids) and all(lp <= 0 for lp in call.logprobs)
+    assert res.reason in ("submitted", "harness_exited", "call_limit", "harness_crashed", "timeout"), res.error
+    assert traj.termination == res.reason and traj.status == res.status
+    assert res.status in ("ok", "truncated") and traj.reward in (0.0, 1.0)
+    assert traj.calls, "the harness made no model call"
     traj.validate()
-    seg = traj.segments[0]
-    assert seg.token_ids == call.prompt_ids + call.completion_ids
-    assert sum(seg.loss_mask) == len(call.completion_ids)
+    for call in traj.calls:
+        assert call.prompt_ids and 0 < len(call.completion_ids) <= CAP
+        assert len(call.logprobs) == len(call.completion_ids) and all(lp <= 0 for lp in call.logprobs)
+    for i, seg in enumerate(traj.segments):
+        calls = [c for c in traj.calls if c.segment == i]
+        last = calls[-1]
+        assert seg.token_ids[:len(last.prompt_ids) + len(last.completion_ids)] == last.prompt_ids + last.completion_ids
+        assert [t for t, m in zip(seg.token_ids, seg.loss_mask) if m] == [t for c in calls for t in c.completion_ids]
