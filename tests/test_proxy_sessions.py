@@ -387,3 +387,20 @@ def test_buffered_streams_send_keepalives_that_sdks_skip(tok):
         an = anthropic.Anthropic(base_url=p.anthropic_base_url(sid), api_key=key, max_retries=0)
         with an.messages.stream(model="policy", max_tokens=50, messages=[{"role": "user", "content": "w"}]) as s:
             assert "".join(s.text_stream) == "slow but steady"
+
+
+def test_episode_call_and_token_budgets_are_enforced(env):
+    msgs = [{"role": "user", "content": "hi"}]
+    sid, key = env.proxy.open_session({"max_calls": 2})
+    assert _chat(env, sid, key, msgs).status_code == 200
+    assert _chat(env, sid, key, msgs).status_code == 200
+    r = _chat(env, sid, key, msgs)
+    assert r.status_code == 400 and "max_calls=2" in r.json()["error"]["message"]
+    assert len(env.proxy.trajectory(sid).calls) == 2  # the refused call generated nothing
+
+    sid, key = env.proxy.open_session({"max_tokens": 3})
+    assert _chat(env, sid, key, msgs, max_tokens=50).status_code == 200
+    calls = env.proxy.trajectory(sid).calls
+    assert len(calls) == 1 and len(calls[0].completion_ids) == 3  # capped at the episode's budget
+    r = _chat(env, sid, key, msgs)
+    assert r.status_code == 400 and "max_tokens=3" in r.json()["error"]["message"]

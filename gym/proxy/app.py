@@ -94,6 +94,7 @@ def build_app(core: ProxyCore, admin_token: str) -> Starlette:
                     raise ProxyError(400, "request body must be a JSON object")
                 req = dialect.parse(body)
                 core.check_model(req)
+                core.check_budget(s)
                 await core.admit()
             except ProxyError as e:
                 core.counters["errors_4xx" if e.status < 500 else "errors_5xx"] += 1

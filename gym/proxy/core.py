@@ -82,7 +82,8 @@ class ProxyCore:
         self.engine: EngineClient | None = None  # made on the serving loop (httpx binds to it)
         self.gate: PauseGate | None = None
         self.counters = {"calls": 0, "prompt_tokens": 0, "completion_tokens": 0, "errors_4xx": 0, "errors_5xx": 0,
-                         "interruptions": 0, "segments_split": 0, "tool_call_flags": 0, "rejected_paused": 0}
+                         "interruptions": 0, "segments_split": 0, "tool_call_flags": 0, "rejected_paused": 0,
+                         "rejected_budget": 0}
 
     async def start(self) -> None:
         self.engine = make_engine_client(self.config.engine_url)
@@ -129,6 +130,19 @@ class ProxyCore:
             raise ProxyError(404, f"model {req.model!r} is not served here; available: {', '.join(served)}",
                              kind="not_found_error", param="model")
 
+    def check_budget(self, s: Session) -> None:
+        """The episode's call and completion-token budgets (`max_calls` / `max_tokens` in the
+        session's meta, set by the episode runner), enforced before any generation."""
+        max_calls, max_tokens = s.meta.get("max_calls"), s.meta.get("max_tokens")
+        if isinstance(max_calls, int) and s.n_calls >= max_calls:
+            self.counters["rejected_budget"] += 1
+            raise ProxyError(400, f"this episode's call budget is spent ({s.n_calls} of max_calls={max_calls})",
+                             param="max_calls")
+        if isinstance(max_tokens, int) and s.completion_tokens >= max_tokens:
+            self.counters["rejected_budget"] += 1
+            raise ProxyError(400, f"this episode's token budget is spent ({s.completion_tokens} of "
+                             f"max_tokens={max_tokens} completion tokens)", param="max_tokens")
+
     async def admit(self) -> None:
         """Wait out a pause, or refuse with a retryable 429 when it lasts too long."""
         if not await self.gate.wait(self.config.pause_wait_s):
@@ -164,6 +178,9 @@ class ProxyCore:
             if req.tools and req.tool_choice != "none":
                 markers.append(self.renderer.tool_format.start_marker)
             params, maxi = self._params(req), self.config.max_interruptions
+            budget = s.meta.get("max_tokens")
+            if isinstance(budget, int):  # never sample past the episode's token budget
+                params["max_new_tokens"] = max(1, min(params["max_new_tokens"], budget - s.completion_tokens))
             if stream_writer is not None:
                 yield stream_writer.start()
             if stream_writer is not None and self.config.engine_stream:
@@ -200,6 +217,7 @@ class ProxyCore:
             self.counters["calls"] += 1
             self.counters["prompt_tokens"] += len(pl.prompt_ids)
             self.counters["completion_tokens"] += len(gen.ids)
+            s.completion_tokens += len(gen.ids)
             self.counters["interruptions"] += gen.interruptions
             commit(s, pl, req, reply, gen.ids, gen.finish_reason, self.config.max_branches)
             if stream_writer is not None:

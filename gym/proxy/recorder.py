@@ -53,6 +53,7 @@ class Session:
     branches: list[Branch] = field(default_factory=list)
     n_segments: int = 0
     n_calls: int = 0
+    completion_tokens: int = 0
     last_response_at: float | None = None
     lock: asyncio.Lock | None = None
 
