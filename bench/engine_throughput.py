@@ -10,7 +10,7 @@ sides, greedy), measured one after the other in this run:
 Prints a table of tokens/s and the ratio to the baseline, then ONE JSON line with the
 figures and `target_met` (ratio at 16 concurrent >= 4).
 
-    .venv/bin/python bench/engine_throughput.py [--model smollm2-135m] [--max-new-tokens 64]
+    .venv/bin/python bench/engine_throughput.py [--model smollm2-135m] [--max-new-tokens 64] [--threads 1]
 """
 from __future__ import annotations
 
@@ -51,10 +51,13 @@ def hf_sequential(model_name: str, ps: list[list[int]], new_tokens: int, threads
         out = model.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
                              do_sample=False, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
                              pad_token_id=2)
-        return out.shape[1] - len(p)
+        if out.shape[1] - len(p) != new_tokens:
+            raise SystemExit(f"HF generate returned {out.shape[1] - len(p)} tokens, asked for {new_tokens}")
+        return new_tokens
 
     with torch.no_grad():
-        run(ps[0][:8])  # warm-up
+        model.generate(torch.tensor([ps[0][:8]]), attention_mask=torch.ones(1, 8, dtype=torch.long),
+                       max_new_tokens=4, pad_token_id=2)  # warm-up
         start = time.perf_counter()
         tokens = sum(run(p) for p in ps)
         return tokens / (time.perf_counter() - start)
@@ -87,16 +90,20 @@ async def engine_tps(url: str, ps: list[list[int]], new_tokens: int, concurrency
                 "input_ids": p, "sampling_params": {"max_new_tokens": new_tokens, "temperature": 0,
                                                     "ignore_eos": True}})
             r.raise_for_status()
-            return r.json()["meta_info"]["completion_tokens"]
+            got = r.json()["meta_info"]["completion_tokens"]
+            if got != new_tokens:
+                raise SystemExit(f"engine returned {got} tokens, asked for {new_tokens}: {r.json()['meta_info']}")
+            return got
 
-        await one(ps[0][:8])  # warm-up
+        await client.post("/generate", json={"input_ids": ps[0][:8], "sampling_params": {"max_new_tokens": 4}})
         queue = list(ps)
         done = 0
 
         async def worker():
             nonlocal done
             while queue:
-                done += await one(queue.pop())
+                tokens = await one(queue.pop())  # not `done += await ...`: that reads done before awaiting
+                done += tokens
 
         start = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
@@ -109,8 +116,9 @@ def main() -> int:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--requests", type=int, default=16, help="prompts per measurement")
     ap.add_argument("--concurrency", default="1,4,16")
-    ap.add_argument("--threads", type=int, default=None,
-                    help="torch threads on both sides (default: torch's default, all cores)")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads on each side (default 1: on a shared machine, OpenMP with more "
+                         "threads than free cores collapses and swamps the comparison; 0 = torch's default)")
     args = ap.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
 
@@ -127,7 +135,10 @@ def main() -> int:
             print(f"engine, {c} concurrent: {engine[c]:.1f} tokens/s", file=sys.stderr, flush=True)
     finally:
         proc.terminate()
-        proc.wait(timeout=30)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
     ratios = {c: engine[c] / base for c in levels}
     print(f"model {args.model}, {args.requests} prompts x {args.max_new_tokens} new tokens, "

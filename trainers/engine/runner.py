@@ -67,6 +67,7 @@ def build_state(config: EngineConfig):
         max_prefill_per_step=config.max_prefill_per_step,
         max_context=max_context,
         random_seed=config.random_seed,
+        num_threads=config.num_threads,
     )
     sched.start()
     return EngineState(config=config, scheduler=sched, tokenizer=tokenizer, model_path=str(path),
@@ -102,7 +103,8 @@ class EngineServer:
             raise
         self.port = sock.getsockname()[1]
         app = build_app(self.state)
-        self._server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+        self._server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off",
+                                                timeout_graceful_shutdown=5))
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]},
                                         name="harnessrl-engine-http", daemon=True)
         self._thread.start()
@@ -143,6 +145,7 @@ def serve(model: str, host: str = "127.0.0.1", port: int = 30000, **config) -> N
     print(f"harnessrl engine: {state.model_path} on http://{cfg.host}:{bound} "
           f"(weight_version {cfg.weight_version})", flush=True)
     try:
-        uvicorn.Server(uvicorn.Config(build_app(state), log_level="warning", lifespan="off")).run(sockets=[sock])
+        uvicorn.Server(uvicorn.Config(build_app(state), log_level="warning", lifespan="off",
+                                      timeout_graceful_shutdown=5)).run(sockets=[sock])
     finally:
         state.scheduler.stop()

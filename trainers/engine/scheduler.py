@@ -74,11 +74,13 @@ class Scheduler:
     """Owns `model`; thread-safe `submit`, `abort`, `call`."""
 
     def __init__(self, model, tokenizer, eos_ids: set[int], *, weight_version: str, max_running: int,
-                 max_prefill_per_step: int, max_context: int, random_seed: int = 0):
+                 max_prefill_per_step: int, max_context: int, random_seed: int = 0,
+                 num_threads: int | None = None):
         self.model, self.tokenizer, self.eos_ids = model, tokenizer, eos_ids
         self.weight_version = weight_version
         self.max_running, self.max_prefill = max_running, max_prefill_per_step
         self.max_context = max_context
+        self.num_threads = num_threads
         self.default_gen = torch.Generator().manual_seed(random_seed)
         self.paused: str | None = None  # None or the pause mode
         self.steps = 0
@@ -157,7 +159,10 @@ class Scheduler:
                     or (self.paused is None and (self._waiting or self._running)))
 
     def _loop(self) -> None:
-        torch.set_grad_enabled(False)
+        torch.set_grad_enabled(False)  # grad mode is per thread
+        if self.num_threads:
+            # OpenMP's thread count is per calling thread: set it on the thread that runs the model
+            torch.set_num_threads(self.num_threads)
         while True:
             with self._cond:
                 while not (self._stop or self._has_work()):
