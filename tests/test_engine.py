@@ -427,3 +427,24 @@ def test_smollm2_greedy_stops_at_eos_like_hf_and_batches_exactly():
     assert all(r.finish_reason == "stop" for r in short)
     # ignore_eos generates through the eos token
     assert _ids(ignore)[: len(refs[1])] == refs[1] and len(_ids(ignore)) == len(refs[1]) + 3
+
+
+def test_a_client_that_goes_away_frees_its_batch_slot(engine, http, tok):
+    prompt = _prompts(tok, 1)[0]
+
+    async def go():
+        async with httpx.AsyncClient(base_url=engine.url, timeout=60) as raw, EngineClient(engine.url) as c:
+            body = {"input_ids": prompt, "stream": True,
+                    "sampling_params": {"max_new_tokens": 5000, "temperature": 0, "ignore_eos": True}}
+            async with raw.stream("POST", "/generate", json=body) as r:
+                async for line in r.aiter_lines():
+                    if line.startswith("data:"):
+                        break  # one chunk, then hang up
+            await _until(lambda: _idle(c), "the abandoned stream to be aborted")
+
+    asyncio.run(go())
+
+
+async def _idle(client: EngineClient) -> bool:
+    info = await client.model_info()
+    return info["running"] == 0 and info["waiting"] == 0
