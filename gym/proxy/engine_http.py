@@ -26,6 +26,10 @@ except ImportError:  # pragma: no cover
     orjson = None
 
 
+class _NoResponse(ConnectionError):
+    """The connection failed before any byte of the response arrived."""
+
+
 class _Conn:
     __slots__ = ("reader", "writer")
 
@@ -125,11 +129,16 @@ class KeepAliveTransport(httpx.AsyncBaseTransport):
         conn = pool.pop() if pool else await self._open(key)
         try:
             return await self._exchange(key, conn, head + body)
-        except (ConnectionError, asyncio.IncompleteReadError, httpx.RemoteProtocolError) as e:
+        except _NoResponse as e:
             conn.close()
             if not reused:
                 raise httpx.ConnectError(f"engine connection failed: {e}") from e
-            return await self._exchange(key, await self._open(key), head + body)  # a stale idle connection
+            # A stale idle connection the server had closed: it answered nothing, so the request
+            # was not run and resending cannot generate twice.
+            return await self._exchange(key, await self._open(key), head + body)
+        except (ConnectionError, asyncio.IncompleteReadError, httpx.RemoteProtocolError) as e:
+            conn.close()  # the engine may have run the request: never resend it
+            raise httpx.ReadError(f"engine connection broke mid-response: {e}") from e
 
     async def _open(self, key) -> _Conn:
         try:
@@ -139,10 +148,13 @@ class KeepAliveTransport(httpx.AsyncBaseTransport):
         return _Conn(r, w)
 
     async def _exchange(self, key, conn: _Conn, data: bytes) -> httpx.Response:
-        conn.writer.write(data)
-        status_line = await conn.reader.readline()
+        try:
+            conn.writer.write(data)
+            status_line = await conn.reader.readline()
+        except (ConnectionError, asyncio.IncompleteReadError) as e:
+            raise _NoResponse(str(e)) from e
         if not status_line:
-            raise httpx.RemoteProtocolError("server closed the connection without a response")
+            raise _NoResponse("server closed the connection without a response")
         parts = status_line.split(None, 2)
         status = int(parts[1])
         headers, length, chunked, keep = [], None, False, True
