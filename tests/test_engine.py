@@ -448,3 +448,24 @@ def test_a_client_that_goes_away_frees_its_batch_slot(engine, http, tok):
 async def _idle(client: EngineClient) -> bool:
     info = await client.model_info()
     return info["running"] == 0 and info["waiting"] == 0
+
+
+def test_an_engine_failure_is_a_500_and_the_engine_goes_on(engine, http, tok, hf, tmp_path):
+    """Real failure: NaN weights make sampling raise inside the engine (multinomial on NaN)."""
+    prompt = _prompts(tok, 1)[0]
+    broken = _load("tiny-llama")
+    with torch.no_grad():
+        broken.model.norm.weight.fill_(float("nan"))
+    broken.save_pretrained(tmp_path / "nan")
+    r = http.post("/update_weights_from_disk", json={"model_path": str(tmp_path / "nan"), "weight_version": "nan"})
+    assert r.status_code == 200, r.text
+    try:
+        r = http.post("/generate", json={"input_ids": prompt, "sampling_params": {"max_new_tokens": 4}})
+        assert r.status_code == 500 and "engine error" in r.json()["error"]["message"], r.text
+    finally:
+        r = http.post("/update_weights_from_disk",
+                      json={"model_path": str(resolve_model("tiny-llama")), "weight_version": "restored"})
+        assert r.status_code == 200, r.text
+    body = _gen(http, prompt, max_new_tokens=6, temperature=0)
+    assert body["output_ids"] == _greedy(hf, prompt, 6) and body["meta_info"]["weight_version"] == "restored"
+    assert http.get("/health").status_code == 200

@@ -236,7 +236,14 @@ class Scheduler:
                     return
                 r = self._waiting.popleft()
             admitted += 1
-            self._prefill(r)
+            try:
+                self._prefill(r)
+            except Exception as e:  # this request alone fails (e.g. out of memory); the batch goes on
+                log.error("prefill of %s failed: %s", r.rid, traceback.format_exc())
+                if r in self._running:
+                    self._running.remove(r)
+                self._finish(r, {"type": "abort", "message": f"engine error: {type(e).__name__}: {e}",
+                                 "status_code": 500})
 
     def _prefill(self, r: Req) -> None:
         resumed = bool(r.output_ids)  # retracted: recompute KV of prompt + output so far

@@ -46,6 +46,10 @@ class EngineState:
     update_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
+class _EngineFailure(RuntimeError):
+    """The engine failed a request (not an abort someone asked for)."""
+
+
 def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": {"message": message}}, status_code=status)
 
@@ -167,6 +171,8 @@ def build_app(state: EngineState) -> FastAPI:
                 except asyncio.TimeoutError:
                     if await request.is_disconnected():  # nobody will read it: free the batch slot
                         sched.abort(req.rid)
+            if (acc.finish or {}).get("status_code") == 500:  # an engine failure, not a requested abort
+                raise _EngineFailure(acc.finish.get("message", "engine error"))
             return acc.render()
         finally:
             state.in_flight.discard(req.rid)
@@ -204,6 +210,8 @@ def build_app(state: EngineState) -> FastAPI:
             return await asyncio.gather(*(_run_to_end(b, request) for b in bodies))
         except BadRequest as e:
             return _error(400, str(e))
+        except _EngineFailure as e:  # as SGLang: a non-streamed request that failed is a 500
+            return _error(500, str(e))
 
     @app.post("/abort_request")
     async def abort_request(request: Request):
