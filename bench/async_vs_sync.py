@@ -53,7 +53,7 @@ def main() -> int:
     ap.add_argument("--etas", default="0,1,2,4")
     ap.add_argument("--measured", type=Path, default=Path(__file__).with_name("data") / "builtin_env_latency.json")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--policy", default="wait", choices=["wait", "requeue", "downweight"],
+    ap.add_argument("--policy", default="wait", choices=["wait", "requeue", "downweight", "mask"],
                     help="what to do with data that would exceed η")
     args = ap.parse_args()
 
@@ -95,9 +95,12 @@ def main() -> int:
             base = rows[etas[0]]["steady_traj_per_s"]
             ratio = out["steady_traj_per_s"] / base
             out["ratio_vs_sync"] = ratio
+            st = out["stats"]
+            out["masked_token_frac"] = st["masked_tokens"] / max(1, st["masked_tokens"] + st["trained_tokens"])
+            masked = f", {out['masked_token_frac']:.1%} of sampled tokens masked" if st["masked_tokens"] else ""
             print(f"{eta:>3} {out['traj_per_s']:>8.2f} {out['steady_traj_per_s']:>7.2f} {ratio:>6.2f}x {out['occupancy']:>9.2f} {bound:>6.2f} "
                   f"{out['occupancy']/bound:>9.2f} {out['max_lag']:>7}   (staleness bound η={eta}, "
-                  f"hist {dict(sorted(out['stats']['staleness_hist'].items()))})")
+                  f"hist {dict(sorted(out['stats']['staleness_hist'].items()))}{masked})")
         results[name] = {str(e): {k: v for k, v in r.items() if k != "stats"} | {
             "staleness_hist": r["stats"]["staleness_hist"]} for e, r in rows.items()}
 

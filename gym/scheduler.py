@@ -16,7 +16,10 @@ Three mechanisms keep η:
 - At consumption: under `wait` the trainer at version V first waits for every in-flight
   group that started at a version <= V - η and takes it into this batch (after the update it
   would be too stale); under `requeue` a too-stale group is dropped and its task rerun;
-  under `downweight` it is kept, its weight multiplied by `downweight_factor ** excess`.
+  under `downweight` it is kept, its weight multiplied by `downweight_factor ** excess`;
+  under `mask` it is kept and only its tokens sampled by versions older than V - η are
+  masked out of the loss (their version and logprob cleared), so no trainer ever waits and
+  every trained token is within η; the masked-token count is reported.
 
 η = 0 with `wait` is the synchronous baseline: one version per step, the trainer waits for
 every episode of the step. The counts of each policy's interventions are in `stats`.
@@ -46,9 +49,10 @@ class SchedulerConfig(BaseModel, extra="forbid", use_attribute_docstrings=True):
     """Groups the trainer consumes per step (at least; `wait` may add stale-prone ones)."""
     staleness: int = Field(1, ge=0)
     """η: the most policy versions a trained token may lag. 0 = synchronous."""
-    over_staleness: Literal["wait", "requeue", "downweight"] = "wait"
+    over_staleness: Literal["wait", "requeue", "downweight", "mask"] = "wait"
     """What to do with data that would exceed η: make the trainer wait for it, abort and
-    rerun it, or keep it with a lower weight (the only policy that lets η be exceeded)."""
+    rerun it, keep it with a lower weight (the only policy that lets η be exceeded), or keep
+    it with its too-old tokens masked out of the loss."""
     downweight_factor: float = Field(0.5, gt=0, le=1)
     """Weight multiplier per version of excess staleness, for `downweight`."""
     episode_timeout_s: float = Field(1800.0, gt=0)
@@ -106,6 +110,9 @@ class SchedulerStats:
     requeued_group: int = 0
     dropped: int = 0
     downweighted: int = 0
+    masked_tokens: int = 0
+    """Sampled tokens masked out of the loss for exceeding η (`mask` policy)."""
+    trained_tokens: int = 0
     waited_groups: int = 0
     wait_s: float = 0.0
     staleness_hist: dict[int, int] = field(default_factory=dict)
@@ -276,6 +283,7 @@ class RolloutScheduler:
             for i in sorted(g.trajectories):
                 traj = g.trajectories[i]
                 for v in token_versions(traj):
+                    self.stats.trained_tokens += 1
                     lag = V - v
                     self.stats.staleness_hist[lag] = self.stats.staleness_hist.get(lag, 0) + 1
                 traj.metadata["group_id"] = g.group_id
@@ -288,6 +296,14 @@ class RolloutScheduler:
         c = self.config
         excess = V - self._group_min_version(group) - c.staleness
         if excess <= 0:
+            return True
+        if c.over_staleness == "mask":
+            for t in group.trajectories.values():
+                for seg in t.segments:
+                    for i, (m, v) in enumerate(zip(seg.loss_mask, seg.versions)):
+                        if m and v < V - c.staleness:
+                            seg.loss_mask[i], seg.versions[i], seg.logprobs[i] = 0, -1, 0.0
+                            self.stats.masked_tokens += 1
             return True
         if c.over_staleness == "downweight":
             self.stats.downweighted += 1

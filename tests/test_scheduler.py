@@ -20,7 +20,7 @@ def _sim(config: SchedulerConfig, seed: int, cv: float = 1.0, steps: int = 4, tr
 
 
 @settings(max_examples=12, deadline=None)
-@given(eta=st.integers(0, 3), policy=st.sampled_from(["wait", "requeue"]), seed=st.integers(0, 10_000),
+@given(eta=st.integers(0, 3), policy=st.sampled_from(["wait", "requeue", "mask"]), seed=st.integers(0, 10_000),
        cv=st.sampled_from([0.5, 1.0, 2.0]), pool=st.integers(2, 16))
 def test_staleness_bound_is_never_exceeded(eta: int, policy: str, seed: int, cv: float, pool: int) -> None:
     cfg = SchedulerConfig(env_pool_size=pool, group_size=2, groups_per_step=2, staleness=eta, over_staleness=policy)
@@ -142,3 +142,35 @@ def test_config_rejects_bad_fields() -> None:
     with pytest.raises(ValueError, match="pool"):
         SchedulerConfig(pool=3)
     assert StaleEpisode.__doc__
+
+
+def test_mask_policy_masks_only_the_too_old_tokens() -> None:
+    async def main():
+        gate = asyncio.Event()
+
+        async def episode(slot):  # group 0: one token at v0, then (after the env waits) one at v2
+            first = slot.version
+            if slot.group_id == 0:
+                await gate.wait()
+            seg = Segment([5, 6, 7, 8], [0, 1, 0, 1], [0.0, -0.1, 0.0, -0.2], [-1, first, -1, slot.version])
+            return Trajectory(session_id=f"{slot.group_id}", segments=[seg], reward=1.0, status="ok", task_id="t")
+
+        cfg = SchedulerConfig(env_pool_size=4, group_size=1, groups_per_step=1, staleness=1, over_staleness="mask")
+        s = RolloutScheduler(cfg, episode, itertools.cycle(["a"]))
+        await s.start()
+        await s.next_batch()  # group 1
+        await s.advance_version()
+        await s.next_batch()  # group 2 (group 0 is still waiting on its env)
+        await s.advance_version()
+        gate.set()
+        out = []
+        while not any(t.session_id == "0" for t in out):
+            out += await s.next_batch()
+        await s.close()
+        return next(t for t in out if t.session_id == "0"), s.stats.as_dict()
+
+    traj, stats = asyncio.run(main())
+    seg = traj.segments[0]
+    # consumed at v2 with η = 1: the v0 token is masked (version and logprob cleared), the v2 one kept
+    assert seg.loss_mask == [0, 0, 0, 1] and seg.versions == [-1, -1, -1, 2] and seg.logprobs[1] == 0.0
+    assert stats["masked_tokens"] == 1
