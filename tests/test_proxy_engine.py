@@ -143,7 +143,7 @@ def test_weight_update_mid_generation_resumes_with_two_versions(tok, stream):
         sid, key = proxy.open_session({})
         out = {}
         body = {"model": "policy", "messages": [{"role": "user", "content": "Tell a long story."}],
-                "max_tokens": 120, "temperature": 0, "stream": stream}
+                "max_tokens": 1500, "temperature": 0, "stream": stream}
         th = threading.Thread(target=lambda: out.update(
             r=post(proxy.openai_base_url(sid) + "/chat/completions", key, body)))
         th.start()
