@@ -3,6 +3,7 @@ scripted responder, and small HTTP helpers. Real HTTP, real tokenizer; no mocks.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import threading
 from collections import deque
@@ -136,3 +137,17 @@ def fixture_requests(name: str) -> list[dict]:
 
     path = Path(__file__).parent / "fixtures" / "harness-requests" / name  # copied from shared/fixtures
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@contextlib.contextmanager
+def dialect_env(tok, engine_stream: bool):
+    """A stand-in engine and a proxy serving it: the dialect tests' environment. Streamed
+    calls either buffer one engine request or relay the engine's token stream."""
+    from types import SimpleNamespace
+
+    from harnessrl.gym.proxy import ProxyConfig, ProxyServer
+
+    eng, script = standin(tok)
+    cfg = ProxyConfig(engine_url="", served_models=["policy", "probe-model"], engine_stream=engine_stream)
+    with ServedApp(eng.app()) as e, ProxyServer(cfg.model_copy(update={"engine_url": e.url}), tokenizer=tok) as p:
+        yield SimpleNamespace(eng=eng, script=script, proxy=p)

@@ -6,16 +6,14 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import openai
 import pytest
 
 from harnessrl.gym.models import load_tokenizer
-from harnessrl.gym.proxy import ProxyConfig, ProxyServer
 
 sys.path.insert(0, str(Path(__file__).parent))  # --import-mode=importlib: helpers sit beside us
-from proxy_helpers import ServedApp, check_exact, fill_placeholders, fixture_requests, post, sse_events, standin
+from proxy_helpers import check_exact, dialect_env, fill_placeholders, fixture_requests, post, sse_events
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -33,11 +31,8 @@ def tok():
 
 @pytest.fixture(scope="module", params=[False, True], ids=["buffered-stream", "engine-stream"])
 def env(tok, request):
-    """Streamed calls either buffer one engine request or relay the engine's token stream."""
-    eng, script = standin(tok)
-    cfg = ProxyConfig(engine_url="", served_models=["policy", "probe-model"], engine_stream=request.param)
-    with ServedApp(eng.app()) as e, ProxyServer(cfg.model_copy(update={"engine_url": e.url}), tokenizer=tok) as p:
-        yield SimpleNamespace(eng=eng, script=script, proxy=p)
+    with dialect_env(tok, engine_stream=request.param) as e:
+        yield e
 
 
 def _session(env):
