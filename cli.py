@@ -110,6 +110,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
         cfg = cfg.model_copy(update={"steps": args.steps})
     if args.out is not None:
         cfg = cfg.model_copy(update={"out_dir": args.out})
+    if args.resume is not None:
+        cfg = cfg.model_copy(update={"resume_from": args.resume})
     history = asyncio.run(train(cfg))
     print(f"done: {len(history)} steps; metrics in {cfg.out_dir}/metrics.jsonl, plots in {cfg.out_dir}/plots.png")
     return 0
@@ -152,6 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=None, help="override the config's steps")
     p.add_argument("--out", default=None, help="override the config's out_dir")
     p.add_argument("--print-config", action="store_true", help="print the default config, every field documented")
+    p.add_argument("--resume", default=None, metavar="CHECKPOINT",
+                   help="go on from a checkpoint folder of an earlier run (e.g. runs/train/checkpoints/last)")
     for name, (_, about) in PASSTHROUGH.items():
         sub.add_parser(name, help=about, add_help=False)
     return parser

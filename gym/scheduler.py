@@ -136,6 +136,7 @@ class RolloutScheduler:
         self._episode_fn = episode_fn
         self._tasks = iter(tasks)  # pass itertools.cycle(...) for an endless run
         self.version = 0
+        self._base_version = 0
         self.stats = SchedulerStats()
         self._groups: dict[int, _Group] = {}
         self._ready: deque[_Group] = deque()
@@ -151,6 +152,7 @@ class RolloutScheduler:
 
     # -- lifecycle ---------------------------------------------------------------------
     async def start(self) -> None:
+        self._base_version = self.version
         self._runner = asyncio.create_task(self._launch_loop())
 
     async def close(self) -> None:
@@ -169,7 +171,8 @@ class RolloutScheduler:
     # -- admission and launching -------------------------------------------------------
     def _admissible(self) -> bool:
         c = self.config
-        return self._groups_started < (self.version + c.staleness + 1) * c.groups_per_step
+        steps = self.version - self._base_version  # versions published since start (a resumed run starts late)
+        return self._groups_started < (steps + c.staleness + 1) * c.groups_per_step
 
     async def _launch_loop(self) -> None:
         while True:

@@ -88,6 +88,19 @@ def test_train_one_step_with_the_tiny_model(tmp_path: Path) -> None:
     assert (tmp_path / "checkpoints" / "last").is_dir()
     assert (tmp_path / "rollouts" / "trajectories.db").exists()
 
+    # Resume: the next run starts from that checkpoint's step, version and weights.
+    resumed = asyncio.run(train(cfg.model_copy(update={
+        "out_dir": str(tmp_path / "resumed"), "resume_from": str(tmp_path / "checkpoints" / "last")})))
+    r = resumed[0]
+    assert r["step"] == m["step"] + 1 and r["version"] == m["version"] + 1
+    assert r["staleness_max"] == 0  # sampled by the restored version, trained at it
+    db = tmp_path / "resumed" / "rollouts" / "trajectories.db"
+    from harnessrl.gym.proxy import Store
+
+    store = Store(str(db))
+    versions = {v for sid in store.session_ids() for c in store.trajectory(sid).calls for v in c.versions}
+    assert versions == {m["version"]}  # the engine served the restored policy from its first call
+
 
 def test_generator_utilization_is_the_union_of_generation_spans() -> None:
     from harnessrl.gym.rollout import generator_utilization

@@ -174,3 +174,27 @@ def test_mask_policy_masks_only_the_too_old_tokens() -> None:
     # consumed at v2 with η = 1: the v0 token is masked (version and logprob cleared), the v2 one kept
     assert seg.loss_mask == [0, 0, 0, 1] and seg.versions == [-1, -1, -1, 2] and seg.logprobs[1] == 0.0
     assert stats["masked_tokens"] == 1
+
+
+def test_a_run_resumed_at_a_later_version_keeps_the_bound() -> None:
+    cfg = SchedulerConfig(env_pool_size=8, group_size=2, groups_per_step=2, staleness=1)
+
+    async def main():
+        async def episode(slot):
+            await asyncio.sleep(0.01)
+            seg = Segment([5, 6], [0, 1], [0.0, -0.1], [-1, slot.version])
+            return Trajectory(session_id=f"{slot.group_id}-{slot.index}", segments=[seg], reward=1.0, status="ok",
+                              task_id=slot.task_id)
+
+        s = RolloutScheduler(cfg, episode, itertools.cycle(["a", "b", "c"]))
+        await s.advance_version(7)  # resumed from a checkpoint at version 7
+        await s.start()
+        await asyncio.sleep(0.2)
+        started_before_any_step = s.stats.started
+        batch = await s.next_batch()
+        await s.close()
+        return started_before_any_step, batch
+
+    started, batch = asyncio.run(main())
+    assert started == (1 + 1) * 2 * 2  # (η + 1) steps of groups, not (7 + η + 1)
+    assert {v for t in batch for v in t.segments[0].versions if v >= 0} == {7}

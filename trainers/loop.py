@@ -57,6 +57,10 @@ class TrainConfig(BaseModel):
     """Env pool size, GRPO group size G, groups per step, staleness η and its policy."""
     trainer: TorchTrainerConfig = Field(default_factory=lambda: TorchTrainerConfig(lr=1e-6, micro_batch_tokens=4096))
     """The built-in torch trainer (its `model` is overridden by `model`)."""
+    resume_from: str | None = None
+    """A checkpoint folder of an earlier run (e.g. runs/train/checkpoints/last): the trainer's
+    weights, optimizer, step and RNG are restored and pushed to the engine before any rollout,
+    so the run goes on at that checkpoint's policy version. `steps` more steps are taken."""
     checkpoint_every: int = Field(0, ge=0)
     """Save a resumable checkpoint every N steps (0: only at the end)."""
     tensorboard: bool = True
@@ -136,6 +140,9 @@ async def train(cfg: TrainConfig) -> list[dict[str, Any]]:
     client = EngineClient(engine_url)
     trainer = TorchTrainer(cfg.trainer.model_copy(update={"model": cfg.model}))
     sync = DiskWeightSync(client, out / "weights")
+    if cfg.resume_from is not None:
+        trainer.load_checkpoint(cfg.resume_from)
+        await sync.push(trainer)  # the engine samples with the restored policy from the first call
     writer = _tb_writer(out) if cfg.tensorboard else None
     history: list[dict[str, Any]] = []
     rollout_cfg = cfg.rollout.model_copy(update={"model": cfg.model})
@@ -144,6 +151,7 @@ async def train(cfg: TrainConfig) -> list[dict[str, Any]]:
         with Rollout(rollout_cfg, engine_url, out / "rollouts") as ro:
             tasks = itertools.cycle(sorted(ro.tasks))
             sched = RolloutScheduler(cfg.scheduler, ro.episode, tasks)
+            await sched.advance_version(trainer.version)  # 0, or the resumed checkpoint's version
             await sched.start()
             bar = tqdm(total=cfg.steps, unit="step", disable=not cfg.progress, dynamic_ncols=True)
             try:
