@@ -33,11 +33,6 @@ from harnessrl.gym.scheduler import SchedulerConfig
 from harnessrl.gym.sim import empirical, lognormal, run_simulation
 
 
-def percentile(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))]
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--slots", type=int, default=16)

@@ -106,11 +106,6 @@ def load_config(path: str | Path | None) -> TrainConfig:
 
 
 # -- the loop ---------------------------------------------------------------------------------
-def _env_p95(batch) -> float | None:
-    xs = sorted(c.env_s for t in batch for c in t.calls if c.env_s is not None)
-    return round(xs[min(len(xs) - 1, int(0.95 * len(xs)))], 3) if xs else None
-
-
 def _line(m: dict[str, Any]) -> str:
     def f(v, spec=".3f"):
         return "-" if v is None else format(v, spec)
@@ -160,10 +155,11 @@ async def train(cfg: TrainConfig) -> list[dict[str, Any]]:
                     metrics = await asyncio.to_thread(trainer.step, batch)
                     if metrics.updated:  # no trainable token (all masked or zero advantage): same weights
                         await sched.advance_version(await sync.push(trainer))
+                    batch_report = report(batch)
                     m = metrics.to_dict() | {
-                        "env_latency_p95_s": _env_p95(batch), "sync_s": round(sync.last_sync_s, 3),
+                        "env_latency_p95_s": batch_report["env_latency_s"]["p95"], "sync_s": round(sync.last_sync_s, 3),
                         "wall_s": time.monotonic() - t_start, "scheduler": sched.stats.as_dict(),
-                        "batch_report": report(batch)}
+                        "batch_report": batch_report}
                     history.append(m)
                     _record(out, m, writer)
                     bar.write(_line(m))
@@ -236,7 +232,7 @@ def documented_config(cfg: BaseModel | None = None) -> str:
 
 def _toml_value(v: Any) -> str:
     if v is None:
-        return '"__none__"'
+        raise ValueError("TOML has no null: leave the field out instead")
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, (int, float)):
