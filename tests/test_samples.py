@@ -167,3 +167,32 @@ def test_config_rejects_unknown_and_bad_fields():
         SampleConfig(truncated="maybe")
     with pytest.raises(ValueError, match="normalise_std"):
         SampleConfig(normalise_std=True)
+
+
+def test_staleness_weight_scales_the_advantage_and_only_the_policy_gradient():
+    import torch
+
+    from harnessrl.trainers.losses import decoupled_ppo_loss, ppo_clip_loss
+
+    stale = traj("a1", "A", 1.0)
+    stale.metadata["weight"] = 0.25  # the scheduler's downweight: 0.5 ** 2 versions over η
+    out = build_samples([stale, traj("a2", "A", 0.0)], SampleConfig(normalize_std=False))
+    # the baseline uses the unweighted rewards (mean .5); only a1's advantage is scaled
+    assert out.advantages == {"a1": 0.5 * 0.25, "a2": -0.5}
+    assert [s.advantage for s in by_session(out)["a1"]] == [0.125]
+    # positive homogeneity: scaling the advantage scales the per-token loss exactly
+    g = torch.Generator().manual_seed(0)
+    logp, prox, behav = (-torch.rand(2, 6, generator=g) for _ in range(3))
+    adv = torch.tensor([[1.0] * 6, [-2.0] * 6])
+    for c in (0.25, 0.5):
+        assert torch.allclose(ppo_clip_loss(logp, behav, c * adv).per_token, c * ppo_clip_loss(logp, behav, adv).per_token)
+        assert torch.allclose(decoupled_ppo_loss(logp, prox, behav, c * adv, behav_cap=5.0).per_token,
+                              c * decoupled_ppo_loss(logp, prox, behav, adv, behav_cap=5.0).per_token)
+
+
+@pytest.mark.parametrize("w", [0.0, 1.5, float("nan"), "half", True])
+def test_bad_staleness_weight_is_named(w):
+    bad = traj("a1")
+    bad.metadata["weight"] = w
+    with pytest.raises(RecordError, match=r"trajectory 'a1' field 'metadata.weight'"):
+        build_samples([bad], SampleConfig())

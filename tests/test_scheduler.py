@@ -74,8 +74,16 @@ def test_downweight_keeps_and_marks_stale_groups() -> None:
 
     trajs, stats = asyncio.run(main())
     stale = next(t for t in trajs if t.session_id.startswith("0-"))
-    assert stale.metadata["weight"] < 1.0
+    lag = stale.metadata["consumed_at_version"] - 0  # sampled at v0, η is now 0
+    assert lag >= 2 and stale.metadata["weight"] == 0.5 ** lag
     assert stats["downweighted"] >= 1
+    # the trainer reads it: the stale rollout's advantage is scaled by its weight
+    from harnessrl.trainers.samples import SampleConfig, build_samples
+    stale.reward, stale.task_id = 1.0, "x"
+    fresh = Trajectory(session_id="fresh", segments=[Segment([5, 6], [0, 1], [0.0, -0.1], [-1, 0])], reward=0.0,
+                       status="ok", task_id="x")
+    assert build_samples([stale, fresh], SampleConfig(normalize_std=False)).advantages == {
+        stale.session_id: 0.5 * 0.5 ** lag, "fresh": -0.5}
 
 
 def test_requeue_reruns_a_stale_episode_at_the_turn_check() -> None:

@@ -13,6 +13,11 @@ Contract:
   exactly what it would unsplit, its loss is the mean over all its sampled tokens) or
   equally ("equal"). The loss's "sequence" normalization uses these weights; its "token"
   normalization counts every sampled token once, where splitting cannot matter either.
+- A trajectory's `metadata["weight"]` (the scheduler's `downweight` policy: a staleness
+  weight in (0, 1]) multiplies its advantage. Both policy losses are positively homogeneous
+  in the advantage (min(u·cA, clip(u)·cA) = c·min(u·A, clip(u)·A) for c > 0), so this scales
+  exactly that trajectory's policy-gradient term and leaves the others' untouched; the KL
+  term is not scaled. Its group baseline still uses its unweighted reward.
 - Infra failures (status "infra_error", or no reward) are masked: no samples and no part
   in any baseline, never scored as 0. Truncated episodes follow `SampleConfig.truncated`.
 """
@@ -144,6 +149,13 @@ def validate_trajectory(traj: Trajectory, *, current_version: int | None = None,
                 raise RecordError(sid, f"[{i}] = {lp!r} on a sampled token; needs a finite logprob <= 0", s, "logprobs")
 
 
+def _staleness_weight(traj: Trajectory) -> float:
+    w = traj.metadata.get("weight", 1.0)
+    if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) or not 0 < w <= 1:
+        raise RecordError(traj.session_id, f"{w!r} is not a staleness weight in (0, 1]", field="metadata.weight")
+    return float(w)
+
+
 def _segment_weights(counts: list[int], mode: str) -> list[float]:
     live = [c for c in counts if c > 0]
     if mode == "tokens":
@@ -219,7 +231,7 @@ def build_samples(
         if sum(counts) == 0:
             continue  # a rollout with no sampled token still counted in its group's baseline
         weights = _segment_weights(counts, config.segment_weighting)
-        adv = advantages[traj.session_id]
+        adv = advantages[traj.session_id] * _staleness_weight(traj)
         result.advantages[traj.session_id] = adv
         result.trajectories += 1
         for s, (seg, w) in enumerate(zip(traj.segments, weights)):
