@@ -3,11 +3,13 @@
 Contract: `run_episode` always returns an `EpisodeResult` whose trajectory is closed and
 stored with a reward, a status and a termination reason, one of
 submitted | harness_exited | call_limit | timeout | harness_crashed | sandbox_died |
-engine_error | infra. The harness only ever gets plain data (session URL, key, model, the
+engine_error | infra | stale. The harness only ever gets plain data (session URL, key, model, the
 problem statement, its sandbox); hidden tests are applied by `gym.rewards.score` after it
 has exited. An ending caused by the infrastructure (sandbox died, engine unreachable,
 harness not installed, reward run failed) is `infra_error` with reward None: masked from
-training, never taught as a 0. A timeout or call limit is `truncated`, not `ok`.
+training, never taught as a 0. So is `stale`: the proxy aborted the session because its
+data exceeded the scheduler's staleness bound (`staleness_limit` in `session_meta`); it is
+not scored, and the scheduler reruns the task. A timeout or call limit is `truncated`, not `ok`.
 
 Endings travel as a small exception family (`EpisodeEnded` and its subclasses), so an
 adapter or any code under it can end an episode with a reason by raising one.
@@ -75,8 +77,12 @@ class InfraFailed(EpisodeEnded):
     reason, status = "infra", "infra_error"
 
 
+class Stale(EpisodeEnded):
+    reason, status = "stale", "infra_error"
+
+
 ENDINGS: dict[str, type[EpisodeEnded]] = {c.reason: c for c in (
-    Submitted, HarnessExited, HarnessCrashed, CallLimit, Timeout, SandboxGone, EngineFailed, InfraFailed)}
+    Submitted, HarnessExited, HarnessCrashed, CallLimit, Timeout, SandboxGone, EngineFailed, InfraFailed, Stale)}
 
 
 # -- plain data in and out ------------------------------------------------------------------
@@ -232,14 +238,17 @@ def _play(run: _Run, task: Task, adapter: HarnessAdapter, make_sandbox: SandboxF
 
 
 def run_episode(task: Task, adapter: HarnessAdapter, make_sandbox: SandboxFactory, proxy: ProxyHandle,
-                model: str, config: EpisodeConfig | None = None, toolchain: Path | None = None) -> EpisodeResult:
+                model: str, config: EpisodeConfig | None = None, toolchain: Path | None = None,
+                session_meta: dict[str, Any] | None = None) -> EpisodeResult:
+    """Run one episode to its end; `session_meta` is merged into the proxy session's meta
+    (e.g. `staleness_limit` and `start_version` from the scheduler)."""
     cfg = config or EpisodeConfig()
     scratch = Path(tempfile.mkdtemp(prefix="harnessrl-ep-", dir=cfg.scratch_root))
     admin = ProxyAdmin(proxy)
     run = _Run()
     reward: RewardResult | None = None
     try:
-        sid, key = admin.open({"task_id": task.instance_id, "harness": adapter.name,
+        sid, key = admin.open({**(session_meta or {}), "task_id": task.instance_id, "harness": adapter.name,
                                "harness_version": adapter.version, "max_calls": cfg.max_calls,
                                "max_tokens": cfg.max_tokens})
         try:
@@ -249,6 +258,8 @@ def run_episode(task: Task, adapter: HarnessAdapter, make_sandbox: SandboxFactor
             ending = end
         except Exception as e:  # the relay or socket dir could not be set up
             ending = InfraFailed(f"{type(e).__name__}: {e}")
+        if _marked_stale(admin, sid):  # the proxy aborted it: whatever the harness did after
+            ending = Stale("the proxy aborted the session: its data exceeded the staleness bound")
         status, reason = ending.status, ending.reason
         error = str(ending) if status == "infra_error" else ""
         if status != "infra_error" and run.sandbox is not None:
@@ -283,3 +294,10 @@ def _calls_so_far(admin: ProxyAdmin, sid: str) -> int:
         return len(admin.trajectory(sid).calls)
     except RuntimeError:
         return 0
+
+
+def _marked_stale(admin: ProxyAdmin, sid: str) -> bool:
+    try:
+        return admin.trajectory(sid).termination == "stale"
+    except RuntimeError:
+        return False

@@ -108,10 +108,10 @@ class Rollout:
     def _make_sandbox(self, spec, mounts):
         return self.backend.create(spec, mounts)
 
-    def run_one(self, task_id: str) -> Trajectory:
+    def run_one(self, task_id: str, session_meta: dict[str, Any] | None = None) -> Trajectory:
         """One episode, blocking; the trajectory is appended to trajectories.jsonl."""
         result = run_episode(self.tasks[task_id], self.adapter, self._make_sandbox, self.handle,
-                             self.cfg.served_model_name, self.cfg.episode)
+                             self.cfg.served_model_name, self.cfg.episode, session_meta=session_meta)
         self.results.append(result)
         traj = result.trajectory
         assert self._file is not None
@@ -119,10 +119,25 @@ class Rollout:
         self._file.flush()
         return traj
 
+    def set_policy_version(self, version: int) -> None:
+        """Tell the proxy the trainer's current version (its per-turn staleness check uses it)."""
+        self.proxy.core.set_policy_version(version)
+
     async def episode(self, slot: Any) -> Trajectory:
-        """An episode function for `RolloutScheduler` (the slot names the task)."""
-        traj = await asyncio.to_thread(self.run_one, slot.task_id)
-        traj.metadata["start_version"] = getattr(slot, "start_version", 0)
+        """An episode function for `RolloutScheduler` (the slot names the task). Under the
+        `requeue` policy the proxy runs the per-turn staleness check; an episode it aborted
+        raises `StaleEpisode`, so the scheduler reruns the task."""
+        from harnessrl.gym.scheduler import StaleEpisode
+
+        start = getattr(slot, "start_version", 0)
+        meta: dict[str, Any] = {"start_version": start}
+        limit = getattr(slot, "staleness_limit", None)
+        if limit is not None:
+            meta["staleness_limit"] = limit
+        traj = await asyncio.to_thread(self.run_one, slot.task_id, meta)
+        traj.metadata["start_version"] = start
+        if traj.termination == "stale":
+            raise StaleEpisode(f"the proxy aborted session {traj.session_id}: its data exceeded η={limit}")
         return traj
 
 

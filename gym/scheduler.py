@@ -12,7 +12,8 @@ Three mechanisms keep η:
   ahead than the trainer can consume in time.
 - A per-turn check: an episode calls `slot.before_turn()` before each model call; under the
   `requeue` policy an episode whose oldest token would already be too stale is aborted
-  (`StaleEpisode`) and its task rerun.
+  (`StaleEpisode`) and its task rerun. Harness episodes make their calls through the proxy,
+  so the proxy runs the same check per call (`slot.staleness_limit`, see `gym.rollout`).
 - At consumption: under `wait` the trainer at version V first waits for every in-flight
   group that started at a version <= V - η and takes it into this batch (after the update it
   would be too stale); under `requeue` a too-stale group is dropped and its task rerun;
@@ -79,6 +80,14 @@ class EpisodeSlot:
     @property
     def version(self) -> int:
         return self._sched.version
+
+    @property
+    def staleness_limit(self) -> int | None:
+        """η when the per-turn check may abort this episode (`requeue`), else None. An episode
+        whose turns happen elsewhere (a harness behind the proxy) hands it to the proxy as the
+        session's `staleness_limit`; the proxy then refuses the turn that would exceed it."""
+        c = self._sched.config
+        return c.staleness if c.over_staleness == "requeue" else None
 
     async def before_turn(self) -> int:
         """Call before each model call; returns the current version, or raises StaleEpisode."""

@@ -404,3 +404,38 @@ def test_episode_call_and_token_budgets_are_enforced(env):
     assert len(calls) == 1 and len(calls[0].completion_ids) == 3  # capped at the episode's budget
     r = _chat(env, sid, key, msgs)
     assert r.status_code == 400 and "max_tokens=3" in r.json()["error"]["message"]
+
+
+def test_per_turn_staleness_check_aborts_a_too_stale_session(env):
+    """The scheduler's per-turn η check for harness episodes: a session opened with
+    `staleness_limit` is refused (403, not retried by SDKs) once the trainer's version is more
+    than η ahead of its oldest sampled token; the session is recorded stale and stays refused."""
+    msgs = [{"role": "user", "content": "hi"}]
+    admin = httpx.Client(base_url=env.proxy.url, headers={"Authorization": f"Bearer {env.proxy.admin_token}"})
+    assert admin.post("/admin/policy_version", json={"version": "x"}).status_code == 400
+    assert admin.post("/admin/policy_version", json={"version": 3}).json() == {"policy_version": 3}
+    env.eng.weight_version = "3"
+    try:
+        sid, key = env.proxy.open_session({"staleness_limit": 1})
+        plain, pkey = env.proxy.open_session({})  # no limit: never refused
+        assert _chat(env, sid, key, msgs).status_code == 200  # tokens at v3
+        assert _chat(env, plain, pkey, msgs).status_code == 200
+        env.eng.weight_version = "4"
+        assert admin.post("/admin/policy_version", json={"version": 4}).status_code == 200
+        assert _chat(env, sid, key, msgs).status_code == 200  # 4 - 3 <= 1: still trainable
+        assert admin.post("/admin/policy_version", json={"version": 5}).status_code == 200
+        before = env.proxy.core.counters["aborted_stale"]
+        r = _chat(env, sid, key, msgs)  # 5 - 3 > 1: this turn's data could not be trained on
+        assert r.status_code == 403
+        err = r.json()["error"]
+        assert err["param"] == "staleness_limit" and "policy version 3" in err["message"] and "now at 5" in err["message"]
+        assert _chat(env, sid, key, msgs).status_code == 403  # stays refused
+        assert env.proxy.core.counters["aborted_stale"] == before + 1
+        t = env.proxy.trajectory(sid)
+        assert (t.status, t.termination, t.reward, len(t.calls)) == ("infra_error", "stale", None, 2)
+        assert [c.versions for c in t.calls] == [[3] * len(t.calls[0].versions), [4] * len(t.calls[1].versions)]
+        assert _chat(env, plain, pkey, msgs).status_code == 200
+    finally:
+        env.eng.weight_version = "0"
+        env.proxy.core.policy_version = None
+        admin.close()

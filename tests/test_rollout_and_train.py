@@ -113,3 +113,68 @@ def test_generator_utilization_is_the_union_of_generation_spans() -> None:
     t = Trajectory("s", [], calls=[call(2, 2), call(3, 2), call(8, 2)])
     assert generator_utilization([t]) == 5 / 8
     assert generator_utilization([Trajectory("e", [])]) is None
+
+
+@pytest.mark.docker
+@pytest.mark.harness
+@pytest.mark.timeout(600)
+def test_requeue_per_turn_check_aborts_a_real_harness_episode_and_reruns_it(tmp_path: Path) -> None:
+    """Under `requeue`, the proxy runs the scheduler's per-turn η check for a real harness:
+    when the trainer moves 2 versions past an episode's first tokens (η = 1), its next model
+    call is refused, the episode ends `stale` (masked, not scored), and the task reruns."""
+    _need_stack()
+    from harnessrl.gym.models import load_tokenizer
+    from harnessrl.gym.rollout import Rollout
+    from harnessrl.gym.scheduler import RolloutScheduler, SchedulerConfig
+    from harnessrl.gym.scripted import ScriptedEngine, ServedApp
+    from harnessrl.gym.task_loaders import load_suite
+
+    task = next(t for t in load_suite("builtin") if t.instance_id == TASK)
+    assert len(task.gold_plan) >= 1  # so the gold episode makes a second call
+
+    class Trainer:  # publishes v2 right after the first call of the run is answered
+        hook = None
+
+    class Engine(ScriptedEngine):
+        def _body(self, input_ids, ids, finish, rid):
+            body = super()._body(input_ids, ids, finish, rid)
+            if finish is not None and Trainer.hook is not None:
+                hook, Trainer.hook = Trainer.hook, None
+                hook()
+            return body
+
+    engine = Engine(load_tokenizer("tiny-llama"), weight_version="0")
+    engine.set_tasks([task], gold=True)
+    cfg = RolloutConfig(harness="mini-swe-agent", tasks=[TASK], model="tiny-llama", sandbox="docker",
+                        episode=EpisodeConfig(max_calls=8, wall_time_s=240))
+
+    async def main():
+        with ServedApp(engine.app()) as served, Rollout(cfg, served.url, tmp_path) as ro:
+            sched = RolloutScheduler(SchedulerConfig(env_pool_size=1, group_size=1, groups_per_step=1, staleness=1,
+                                                     over_staleness="requeue"), ro.episode, iter([TASK]))
+            loop = asyncio.get_running_loop()
+
+            def publish_v2() -> None:
+                engine.weight_version = "2"
+                asyncio.run_coroutine_threadsafe(sched.advance_version(2), loop).result(10)
+                ro.set_policy_version(2)
+
+            Trainer.hook = publish_v2
+            ro.set_policy_version(0)
+            await sched.start()
+            try:
+                batch = await sched.next_batch()
+            finally:
+                await sched.close()
+            return batch, sched.stats, [json.loads(x) for x in (tmp_path / "trajectories.jsonl").read_text().splitlines()]
+
+    batch, stats, lines = asyncio.run(main())
+    assert stats.requeued_turn == 1 and stats.dropped == 0
+    stale, rerun = lines
+    assert (stale["status"], stale["termination"], stale["reward"]) == ("infra_error", "stale", None)
+    assert len(stale["calls"]) == 1 and set(stale["calls"][0]["versions"]) == {0}
+    assert stale["metadata"]["timings"]["harness_s"] < 120  # the refused harness stopped, no wall-time wait
+    assert (rerun["status"], rerun["termination"], rerun["reward"]) == ("ok", "submitted", 1.0)
+    assert [t.session_id for t in batch] == [rerun["session_id"]]
+    assert batch[0].metadata["start_version"] == 2
+    assert {v for c in batch[0].calls for v in c.versions} == {2}

@@ -147,6 +147,7 @@ async def train(cfg: TrainConfig) -> list[dict[str, Any]]:
             tasks = itertools.cycle(sorted(ro.tasks))
             sched = RolloutScheduler(cfg.scheduler, ro.episode, tasks)
             await sched.advance_version(trainer.version)  # 0, or the resumed checkpoint's version
+            ro.set_policy_version(sched.version)  # the proxy's per-turn staleness check (requeue)
             await sched.start()
             bar = tqdm(total=cfg.steps, unit="step", disable=not cfg.progress, dynamic_ncols=True)
             try:
@@ -155,6 +156,7 @@ async def train(cfg: TrainConfig) -> list[dict[str, Any]]:
                     metrics = await asyncio.to_thread(trainer.step, batch)
                     if metrics.updated:  # no trainable token (all masked or zero advantage): same weights
                         await sched.advance_version(await sync.push(trainer))
+                        ro.set_policy_version(sched.version)
                     batch_report = report(batch)
                     m = metrics.to_dict() | {
                         "env_latency_p95_s": batch_report["env_latency_s"]["p95"], "sync_s": round(sync.last_sync_s, 3),

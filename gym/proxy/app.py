@@ -4,7 +4,9 @@ Session routes live under `/s/{session}`: OpenAI clients use `/s/{session}/v1` a
 URL, Anthropic clients `/s/{session}`. A session's secret key comes as
 `Authorization: Bearer` or `x-api-key`; wrong key -> 401, unknown or closed session -> 404.
 The admin API (`/admin/...`) answers loopback TCP clients only, with its own bearer token.
-Every refusal is a 4xx in the dialect's own error shape, and leaves the session usable.
+Every refusal is a 4xx in the dialect's own error shape, and leaves the session usable,
+except the staleness abort (403, `ProxyCore.check_staleness`), which ends the session.
+`POST /admin/policy_version {"version": V}` tells the proxy the trainer's current version.
 """
 from __future__ import annotations
 
@@ -95,7 +97,9 @@ def build_app(core: ProxyCore, admin_token: str) -> Starlette:
                 req = dialect.parse(body)
                 core.check_model(req)
                 core.check_budget(s)
+                core.check_staleness(s)
                 await core.admit()
+                core.check_staleness(s)  # a weight update may have landed while it waited
             except ProxyError as e:
                 core.counters["errors_4xx" if e.status < 500 else "errors_5xx"] += 1
                 return _error(dialect, e)
@@ -204,6 +208,10 @@ def build_app(core: ProxyCore, admin_token: str) -> Starlette:
         core.gate.resume()
         return {"paused": False}
 
+    async def a_version(request, body):
+        core.set_policy_version(body.get("version"))
+        return {"policy_version": core.policy_version}
+
     async def a_stats(request, body):
         return core.stats()
 
@@ -223,6 +231,7 @@ def build_app(core: ProxyCore, admin_token: str) -> Starlette:
         Route("/admin/pause", admin(a_pause), methods=["POST"]),
         Route("/admin/resume", admin(a_resume), methods=["POST"]),
         Route("/admin/stats", admin(a_stats), methods=["GET"]),
+        Route("/admin/policy_version", admin(a_version), methods=["POST"]),
     ]
     @contextlib.asynccontextmanager
     async def lifespan(app):

@@ -81,7 +81,9 @@ class ProxyCore:
         self.versions = VersionMap()
         self.engine: EngineClient | None = None  # made on the serving loop (httpx binds to it)
         self.gate: PauseGate | None = None
-        self.counters = {"calls": 0, "prompt_tokens": 0, "completion_tokens": 0, "errors_4xx": 0, "errors_5xx": 0,
+        self.policy_version: int | None = None
+        """The trainer's current policy version, as the scheduler last announced it."""
+        self.counters = {"aborted_stale": 0, "calls": 0, "prompt_tokens": 0, "completion_tokens": 0, "errors_4xx": 0, "errors_5xx": 0,
                          "interruptions": 0, "segments_split": 0, "tool_call_flags": 0, "rejected_paused": 0,
                          "rejected_budget": 0}
 
@@ -142,6 +144,27 @@ class ProxyCore:
             self.counters["rejected_budget"] += 1
             raise ProxyError(400, f"this episode's token budget is spent ({s.completion_tokens} of "
                              f"max_tokens={max_tokens} completion tokens)", param="max_tokens")
+
+    def set_policy_version(self, version: int) -> None:
+        if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+            raise ValueError(f"version: {version!r} is not a policy version (an int >= 0)")
+        self.policy_version = version
+
+    def check_staleness(self, s: Session) -> None:
+        """The scheduler's per-turn η check, at the turn boundary: a session opened with
+        `staleness_limit` η in its meta is aborted once the policy is more than η versions
+        ahead of its oldest sampled token (that data could no longer be trained on). The
+        refusal is a 403, which harness SDKs do not retry; the session is recorded
+        `infra_error` / `stale`, so the episode is masked and the scheduler reruns its task."""
+        if s.aborted is None:
+            eta, v = s.meta.get("staleness_limit"), self.policy_version
+            if not isinstance(eta, int) or v is None or s.oldest_version is None or v - s.oldest_version <= eta:
+                return
+            s.aborted = (f"this episode is stale: its oldest token is from policy version {s.oldest_version}, "
+                         f"the policy is now at {v}, the staleness limit is {eta}; the episode is aborted and rerun")
+            self.counters["aborted_stale"] += 1
+            self.store.set_reward(s.id, None, "infra_error", "stale")
+        raise ProxyError(403, s.aborted, kind="permission_error", param="staleness_limit")
 
     async def admit(self) -> None:
         """Wait out a pause, or refuse with a retryable 429 when it lasts too long."""
@@ -209,11 +232,14 @@ class ProxyCore:
             if pl.split_reason is not None:
                 flags["split_reason"] = pl.split_reason
                 self.counters["segments_split"] += 1
+            versions = [self.versions(v) for v in gen.versions]
             self.store.add_call(
                 call_id=cid, session_id=s.id, idx=s.n_calls, dialect=req.dialect, segment=pl.segment,
                 split_reason=pl.split_reason, prefix_len=pl.prefix_len, new_prompt=pl.prompt_ids[pl.prefix_len:],
-                completion=gen.ids, logprobs=gen.logprobs, versions=[self.versions(v) for v in gen.versions],
+                completion=gen.ids, logprobs=gen.logprobs, versions=versions,
                 finish_reason=gen.finish_reason, queue_s=queue_s, gen_s=gen.gen_s, env_s=env_s, flags=flags)
+            if versions:
+                s.oldest_version = min(versions + ([s.oldest_version] if s.oldest_version is not None else []))
             self.counters["calls"] += 1
             self.counters["prompt_tokens"] += len(pl.prompt_ids)
             self.counters["completion_tokens"] += len(gen.ids)

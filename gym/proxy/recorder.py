@@ -56,6 +56,10 @@ class Session:
     completion_tokens: int = 0
     last_response_at: float | None = None
     lock: asyncio.Lock | None = None
+    oldest_version: int | None = None
+    """The oldest policy version among the tokens sampled so far (None before any)."""
+    aborted: str | None = None
+    """Why the proxy stopped serving this session (every later call is refused with it)."""
 
     @classmethod
     def new(cls, meta: dict[str, Any]) -> "Session":
