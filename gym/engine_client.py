@@ -116,7 +116,8 @@ class EngineClient:
         return body if isinstance(body, dict) else {"result": body}
 
     @staticmethod
-    def _payload(input_ids, max_new_tokens, temperature, top_p, top_k, stop_token_ids, rid, seed, stream) -> dict:
+    def _payload(input_ids, max_new_tokens, temperature, top_p, top_k, stop_token_ids, rid, seed, stream,
+                 priority=None) -> dict:
         params: dict[str, Any] = {
             "max_new_tokens": max_new_tokens,
             "temperature": temperature,
@@ -136,6 +137,8 @@ class EngineClient:
         }
         if rid is not None:
             payload["rid"] = rid
+        if priority is not None:  # SGLang honours it with --enable-priority-scheduling (higher first)
+            payload["priority"] = int(priority)
         return payload
 
     def _result(self, body: dict, url: str) -> GenerateResult:
@@ -165,9 +168,11 @@ class EngineClient:
         stop_token_ids: list[int] | None = None,
         rid: str | None = None,
         seed: int | None = None,
+        priority: int | None = None,
     ) -> GenerateResult:
         """One non-streamed /generate call."""
-        payload = self._payload(input_ids, max_new_tokens, temperature, top_p, top_k, stop_token_ids, rid, seed, False)
+        payload = self._payload(input_ids, max_new_tokens, temperature, top_p, top_k, stop_token_ids, rid, seed, False,
+                                priority)
         url = self.base_url + "/generate"
         try:
             resp = await self._http.post("/generate", json=payload)
@@ -199,9 +204,11 @@ class EngineClient:
         stop_token_ids: list[int] | None = None,
         rid: str | None = None,
         seed: int | None = None,
+        priority: int | None = None,
     ) -> AsyncIterator[GenerateResult]:
         """Streamed /generate: each item holds only the new ids/logprobs; the last one is finished."""
-        payload = self._payload(input_ids, max_new_tokens, temperature, top_p, top_k, stop_token_ids, rid, seed, True)
+        payload = self._payload(input_ids, max_new_tokens, temperature, top_p, top_k, stop_token_ids, rid, seed, True,
+                                priority)
         url = self.base_url + "/generate"
         seen = 0  # output tokens already yielded
         text_seen = ""

@@ -33,6 +33,7 @@ def empirical(samples: list[float], rng: random.Random) -> Callable[[], float]:
 @dataclass
 class _Req:
     remaining: int
+    priority: tuple = ()
     versions: list[int] = field(default_factory=list)
     done: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -50,6 +51,7 @@ class SimEngine:
         self._t0 = time.monotonic()
         self._loop: asyncio.Task | None = None
         self.paused = False
+        self.priority = False
 
     def start(self) -> None:
         self._t0 = time.monotonic()
@@ -60,8 +62,8 @@ class SimEngine:
             self._loop.cancel()
             await asyncio.gather(self._loop, return_exceptions=True)
 
-    async def generate(self, n_tokens: int) -> list[int]:
-        req = _Req(n_tokens)
+    async def generate(self, n_tokens: int, priority: tuple = ()) -> list[int]:
+        req = _Req(n_tokens, priority)
         self._queue.append(req)
         self._wake.set()
         await req.done.wait()
@@ -73,7 +75,7 @@ class SimEngine:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            active = self._queue[: self.slots]
+            active = sorted(self._queue, key=lambda r: r.priority)[: self.slots] if self.priority else self._queue[: self.slots]
             t = time.monotonic()
             await asyncio.sleep(self.step_s)
             dt = time.monotonic() - t
@@ -106,7 +108,7 @@ def sim_episode(engine: SimEngine, turns: int, tokens_per_turn: int, env_latency
         waits = []
         for _ in range(turns):
             await slot.before_turn()
-            got = await engine.generate(tokens_per_turn)
+            got = await engine.generate(tokens_per_turn, (slot.start_version, slot.group_id))
             ids += [7] * len(got)
             mask += [1] * len(got)
             versions += got

@@ -469,3 +469,40 @@ def test_an_engine_failure_is_a_500_and_the_engine_goes_on(engine, http, tok, hf
     body = _gen(http, prompt, max_new_tokens=6, temperature=0)
     assert body["output_ids"] == _greedy(hf, prompt, 6) and body["meta_info"]["weight_version"] == "restored"
     assert http.get("/health").status_code == 200
+
+
+def test_waiting_requests_are_admitted_by_priority(tok):
+    """SGLang's priority scheduling direction: with one batch slot, the waiting request with
+    the higher `priority` is admitted first, FIFO among equals (the proxy sends minus the
+    episode's oldest version, so the stalest episode generates first)."""
+    prompt = _prompts(tok, 1)[0]
+
+    async def go():
+        with EngineServer(model="tiny-llama", max_running_requests=1) as server:
+            async with httpx.AsyncClient(base_url=server.url, timeout=120) as http:
+                await http.post("/pause_generation", json={"mode": "in_place"})
+                order: list[str] = []
+
+                async def one(name, priority):
+                    body = {"input_ids": prompt, "sampling_params": {"max_new_tokens": 3, "temperature": 0},
+                            "rid": name, **({} if priority is None else {"priority": priority})}
+                    r = await http.post("/generate", json=body)
+                    assert r.status_code == 200, r.text
+                    order.append(name)
+
+                tasks = []
+                for name, prio in (("old-none", None), ("v3", -3), ("v1", -1), ("v1-later", -1), ("v0", 0)):
+                    tasks.append(asyncio.create_task(one(name, prio)))
+                    await _until(lambda n=len(tasks): _waiting(http, n), f"{name} queued")
+                await http.post("/continue_generation", json={})
+                await asyncio.gather(*tasks)
+                bad = await http.post("/generate", json={"input_ids": prompt, "priority": "high"})
+                return order, bad.status_code, bad.text
+
+    order, status, text = asyncio.run(go())
+    assert order == ["old-none", "v0", "v1", "v1-later", "v3"]
+    assert status == 400 and "priority" in text
+
+
+async def _waiting(http, n: int) -> bool:
+    return (await http.get("/get_model_info")).json()["waiting"] == n

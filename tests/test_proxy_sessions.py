@@ -439,3 +439,21 @@ def test_per_turn_staleness_check_aborts_a_too_stale_session(env):
         env.eng.weight_version = "0"
         env.proxy.core.policy_version = None
         admin.close()
+
+
+def test_generations_carry_an_earliest_deadline_priority(env):
+    """The engine `priority` is minus the episode's oldest policy version: its start version
+    until it has sampled, then its oldest sampled token's; a session without either sends none."""
+    msgs = [{"role": "user", "content": "hi"}]
+    env.eng.weight_version = "4"
+    try:
+        sid, key = env.proxy.open_session({"start_version": 2})
+        plain, pkey = env.proxy.open_session({})
+        n0 = len(env.eng.calls)
+        assert _chat(env, sid, key, msgs).status_code == 200
+        assert _chat(env, sid, key, msgs).status_code == 200
+        assert _chat(env, plain, pkey, msgs).status_code == 200
+        sent = [c.get("priority", "absent") for c in env.eng.calls[n0:]]
+        assert sent == [-2, -4, "absent"]
+    finally:
+        env.eng.weight_version = "0"

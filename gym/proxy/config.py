@@ -55,6 +55,13 @@ class ProxyConfig(BaseModel):
     retry_after_s: int = Field(5, ge=1)
     """Retry-After seconds sent with that 429."""
 
+    staleness_priority: bool = True
+    """Send each generation an engine `priority` of minus its episode's oldest policy version
+    (the `start_version` in the session's meta until it has sampled): when requests wait for
+    a batch slot, the episodes closest to their staleness bound generate first (earliest
+    deadline first). SGLang honours it under `--enable-priority-scheduling`; the local
+    engine always does; sessions without a start version send none."""
+
     max_interruptions: int = Field(100, ge=0)
     """Aborted engine generations resumed per call before the call fails with a 503."""
 

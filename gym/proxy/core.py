@@ -173,6 +173,12 @@ class ProxyCore:
             raise ProxyError(429, "generation is paused for a weight update; retry shortly",
                              kind="rate_limit_error", headers={"Retry-After": str(self.config.retry_after_s)})
 
+    def _priority(self, s: Session) -> int | None:
+        if not self.config.staleness_priority:
+            return None
+        oldest = s.oldest_version if s.oldest_version is not None else s.meta.get("start_version")
+        return -oldest if isinstance(oldest, int) and not isinstance(oldest, bool) else None
+
     def _params(self, req: ChatRequest) -> dict[str, Any]:
         c = self.config
         mt = req.max_tokens if isinstance(req.max_tokens, int) and req.max_tokens > 0 else c.default_max_tokens
@@ -201,6 +207,7 @@ class ProxyCore:
             if req.tools and req.tool_choice != "none":
                 markers.append(self.renderer.tool_format.start_marker)
             params, maxi = self._params(req), self.config.max_interruptions
+            params["priority"] = self._priority(s)
             budget = s.meta.get("max_tokens")
             if isinstance(budget, int):  # never sample past the episode's token budget
                 params["max_new_tokens"] = max(1, min(params["max_new_tokens"], budget - s.completion_tokens))

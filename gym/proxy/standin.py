@@ -99,7 +99,8 @@ class StandinEngine:
                     out += new
                     finish = fin or finish
                 if self.log_calls:
-                    self.calls.append({"input_ids": list(req["input_ids"]), "output_ids": out, "finish": finish})
+                    self.calls.append({"input_ids": list(req["input_ids"]), "output_ids": out, "finish": finish,
+                                       **({"priority": req["priority"]} if "priority" in req else {})})
                 return Response(json.dumps(self._body(req, out, 0, finish, len(out))), media_type="application/json")
 
             async def events():
@@ -113,7 +114,8 @@ class StandinEngine:
                         self._body(req, list(out), 0, fin, len(out))
                     yield b"data: " + json.dumps(body).encode() + b"\n\n"
                 if self.log_calls:
-                    self.calls.append({"input_ids": list(req["input_ids"]), "output_ids": out, "finish": finish})
+                    self.calls.append({"input_ids": list(req["input_ids"]), "output_ids": out, "finish": finish,
+                                       **({"priority": req["priority"]} if "priority" in req else {})})
                 yield b"data: [DONE]\n\n"
             return StreamingResponse(events(), media_type="text/event-stream")
 

@@ -83,6 +83,9 @@ class GenerateRequest(BaseModel):
     logprob_start_len: StrictInt = -1
     top_logprobs_num: StrictInt = Field(0, ge=0, le=50)
     return_text_in_logprobs: StrictBool = False
+    priority: StrictInt | None = None
+    """Admission order when requests wait for a batch slot: higher first (SGLang's
+    `--enable-priority-scheduling` default direction); None counts as 0."""
     text: Any = None
 
     @model_validator(mode="after")

@@ -64,6 +64,8 @@ class Req:
     finish: dict | None = None
     emitted: int = 0
     generator: torch.Generator | None = None
+    priority: int = 0
+    """SGLang's priority scheduling: a waiting request with a higher value is admitted first."""
 
     def row(self) -> RowParams:
         p = self.params
@@ -234,7 +236,8 @@ class Scheduler:
             with self._cond:
                 if not self._waiting:
                     return
-                r = self._waiting.popleft()
+                r = max(self._waiting, key=lambda w: w.priority)  # the first of the most urgent: FIFO among equals
+                self._waiting.remove(r)
             admitted += 1
             try:
                 self._prefill(r)

@@ -157,7 +157,8 @@ def build_app(state: EngineState) -> FastAPI:
         req = Req(rid=rid, input_ids=list(body.input_ids), params=p,
                   sink=lambda d: loop.call_soon_threadsafe(queue.put_nowait, d),
                   stream=body.stream, top_logprobs_num=body.top_logprobs_num if body.return_logprob else 0,
-                  logprob_start_len=body.logprob_start_len if body.return_logprob else -1, generator=gen)
+                  logprob_start_len=body.logprob_start_len if body.return_logprob else -1, generator=gen,
+                  priority=body.priority or 0)
         state.in_flight.add(rid)
         sched.submit(req)
         return req, queue, _Accumulator(state, body, rid)
