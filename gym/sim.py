@@ -3,7 +3,9 @@
 `SimEngine` models a batching engine: `slots` sequences decode together, one token each per
 `step_s`, whatever the batch size (the GPU regime). An episode alternates a generation of
 `tokens_per_turn` tokens with an environment wait drawn from a latency distribution. Each
-sampled token carries the policy version current when it was decoded.
+sampled token carries the policy version current when it was decoded. With `priority` on,
+waiting requests take free slots in priority order (the proxy's earliest-deadline priority:
+the oldest episode first), else first come, first served.
 """
 from __future__ import annotations
 
@@ -41,8 +43,8 @@ class _Req:
 class SimEngine:
     """Batches concurrent requests: up to `slots` decode one token per `step_s` together."""
 
-    def __init__(self, slots: int, step_s: float, version: Callable[[], int]):
-        self.slots, self.step_s, self._version = slots, step_s, version
+    def __init__(self, slots: int, step_s: float, version: Callable[[], int], priority: bool = True):
+        self.slots, self.step_s, self._version, self.priority = slots, step_s, version, priority
         self._queue: list[_Req] = []
         self._wake = asyncio.Event()
         self.busy_s = 0.0
@@ -51,7 +53,6 @@ class SimEngine:
         self._t0 = time.monotonic()
         self._loop: asyncio.Task | None = None
         self.paused = False
-        self.priority = False
 
     def start(self) -> None:
         self._t0 = time.monotonic()
@@ -75,6 +76,7 @@ class SimEngine:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
+            # sorted() is stable: first come, first served among equal priorities
             active = sorted(self._queue, key=lambda r: r.priority)[: self.slots] if self.priority else self._queue[: self.slots]
             t = time.monotonic()
             await asyncio.sleep(self.step_s)
@@ -108,7 +110,7 @@ def sim_episode(engine: SimEngine, turns: int, tokens_per_turn: int, env_latency
         waits = []
         for _ in range(turns):
             await slot.before_turn()
-            got = await engine.generate(tokens_per_turn, (slot.start_version, slot.group_id))
+            got = await engine.generate(tokens_per_turn, (slot.start_version, slot.group_id))  # oldest first
             ids += [7] * len(got)
             mask += [1] * len(got)
             versions += got
@@ -127,7 +129,8 @@ def sim_episode(engine: SimEngine, turns: int, tokens_per_turn: int, env_latency
 
 
 async def run_simulation(config, *, steps: int, slots: int, step_s: float, turns: int, tokens_per_turn: int,
-                         env_latency: Callable[[], float], train_s: float, n_tasks: int = 16) -> dict:
+                         env_latency: Callable[[], float], train_s: float, n_tasks: int = 16,
+                         priority: bool = True) -> dict:
     """Drive a scheduler + simulated engine + simulated trainer for `steps` steps.
 
     The trainer takes `train_s` per step, then publishes a new version; the engine keeps
@@ -139,13 +142,21 @@ async def run_simulation(config, *, steps: int, slots: int, step_s: float, turns
     from harnessrl.gym.scheduler import RolloutScheduler, token_versions
 
     holder: dict = {}
-    engine = SimEngine(slots, step_s, lambda: holder["s"].version)
+    engine = SimEngine(slots, step_s, lambda: holder["s"].version, priority)
     tasks = itertools.cycle([f"task{i}" for i in range(n_tasks)])
     sched = RolloutScheduler(config, sim_episode(engine, turns, tokens_per_turn, env_latency), tasks)
     holder["s"] = sched
     engine.start()
     await sched.start()
     t0 = time.monotonic()
+    in_flight: list[int] = []  # episodes running (sandbox + harness busy), sampled every 10 ms
+
+    async def probe() -> None:
+        while True:
+            await asyncio.sleep(0.01)
+            in_flight.append(sched.stats.started - sched.stats.completed - sched.stats.requeued_turn)
+
+    prober = asyncio.create_task(probe())
     consumed = 0
     marks: list[tuple[float, int]] = []  # (time, trajectories consumed so far) after each batch
     max_lag = 0
@@ -165,6 +176,7 @@ async def run_simulation(config, *, steps: int, slots: int, step_s: float, turns
             await sched.advance_version()
         wall = time.monotonic() - t0
     finally:
+        prober.cancel()
         await sched.close()
         await engine.stop()
     util = engine.utilization()
@@ -174,5 +186,5 @@ async def run_simulation(config, *, steps: int, slots: int, step_s: float, turns
     return {"trajectories": consumed, "wall_s": wall, "traj_per_s": consumed / wall, "steady_traj_per_s": steady,
             "max_lag": max_lag,
             "on_policy": on_policy, "busy": util["busy"], "occupancy": util["occupancy"],
-            "measured_step_s": util["step_s"],
+            "measured_step_s": util["step_s"], "mean_in_flight": sum(in_flight) / max(1, len(in_flight)),
             "stats": sched.stats.as_dict()}

@@ -206,3 +206,28 @@ def test_a_run_resumed_at_a_later_version_keeps_the_bound() -> None:
     started, batch = asyncio.run(main())
     assert started == (1 + 1) * 2 * 2  # (η + 1) steps of groups, not (7 + η + 1)
     assert {v for t in batch for v in t.segments[0].versions if v >= 0} == {7}
+
+
+@pytest.mark.parametrize("priority, expected", [(True, ["v0", "v1", "v2", "v2-later"]),
+                                                (False, ["v2", "v0", "v2-later", "v1"])])
+def test_sim_engine_gives_free_slots_to_the_oldest_episode_first(priority: bool, expected: list[str]) -> None:
+    """The simulated engine admits like the proxy's earliest-deadline priority makes a real
+    engine admit: the oldest episode first, FIFO among equals (or plain FIFO when off)."""
+    from harnessrl.gym.sim import SimEngine
+
+    async def main() -> list[str]:
+        engine = SimEngine(slots=1, step_s=0.001, version=lambda: 0, priority=priority)
+        done: list[str] = []
+
+        async def one(name: str, start_version: int) -> None:
+            await engine.generate(3, (start_version,))
+            done.append(name)
+
+        tasks = [asyncio.create_task(one(n, v)) for n, v in (("v2", 2), ("v0", 0), ("v2-later", 2), ("v1", 1))]
+        await asyncio.sleep(0)  # all four are queued before the engine takes a step
+        engine.start()
+        await asyncio.gather(*tasks)
+        await engine.stop()
+        return done
+
+    assert asyncio.run(main()) == expected
