@@ -137,6 +137,7 @@ def test_weight_update_mid_generation_resumes_with_two_versions(tok, stream):
     from harnessrl.gym.engine_client import EngineClient
     from harnessrl.gym.models import resolve_model
     from harnessrl.trainers.engine import EngineServer
+    from harnessrl.trainers.weight_sync import DiskWeightSync
 
     with EngineServer(model="tiny-llama") as engine, \
             ProxyServer(ProxyConfig(engine_url=engine.url), tokenizer=tok) as proxy:
@@ -155,14 +156,24 @@ def test_weight_update_mid_generation_resumes_with_two_versions(tok, stream):
                         break
                     await asyncio.sleep(0.05)
                 await asyncio.sleep(0.1)
+                # the trainer's sequence: proxy paused, engine paused + reloaded + continued, proxy resumed
+                await DiskWeightSync(c, "unused", gate=Gate()).load(resolve_model("tiny-llama"), 1)
+
+        class Gate:  # the proxy, logging what it was asked
+            calls: list[str] = []
+
+            def pause(self):
+                self.calls.append("pause")
                 proxy.pause()
-                await c.pause("abort")
-                await c.update_weights_from_disk(str(resolve_model("tiny-llama")), "1")
-                await c.resume()
+
+            def resume(self):
+                assert proxy.stats()["paused"]
+                self.calls.append("resume")
                 proxy.resume()
 
         asyncio.run(update())
         th.join(240)
+        assert Gate.calls == ["pause", "resume"] and not proxy.stats()["paused"]
         assert out["r"].status_code == 200
         c = proxy.trajectory(sid).calls[0]
         assert c.flags["interruptions"] == 1

@@ -144,6 +144,7 @@ async def train(cfg: TrainConfig) -> list[dict[str, Any]]:
     t_start = time.monotonic()
     try:
         with Rollout(rollout_cfg, engine_url, out / "rollouts") as ro:
+            sync.gate = ro.proxy  # weight updates pause proxy admission too
             tasks = itertools.cycle(sorted(ro.tasks))
             sched = RolloutScheduler(cfg.scheduler, ro.episode, tasks)
             await sched.advance_version(trainer.version)  # 0, or the resumed checkpoint's version

@@ -2,9 +2,12 @@
 
 Contract: `DiskWeightSync.push(trainer)` saves the trainer's weights (safetensors +
 tokenizer) into `root/v{version}`, then pause -> `/update_weights_from_disk` with
-`weight_version` -> continue on the engine, the order SGLang documents. Requests running
-at the pause come back `abort` with their partial output; the proxy resumes them on the
-new weights, so every token keeps the version that sampled it. The same calls work
+`weight_version` -> continue on the engine, the order SGLang documents. Given the proxy as
+`gate` (anything with `pause()` / `resume()`, e.g. `ProxyServer`), proxy admission is paused
+around that sequence: new model calls wait at the proxy instead of queueing at a paused
+engine, and the requests running at the engine's pause come back `abort` with their partial
+output and wait there too, then resume on the new weights, so every token keeps the
+version that sampled it. Harnesses see a slower reply, never an error. The same calls work
 unchanged against a real SGLang server (the folder must be readable by it). Old version
 folders beyond `keep` are deleted.
 """
@@ -13,15 +16,18 @@ from __future__ import annotations
 import shutil
 import time
 from pathlib import Path
+from typing import Any
 
 from harnessrl.gym.engine_client import EngineClient
 
 
 class DiskWeightSync:
-    def __init__(self, client: EngineClient, root: str | Path, keep: int = 2):
+    def __init__(self, client: EngineClient, root: str | Path, keep: int = 2, gate: Any = None):
         self.client = client
         self.root = Path(root)
         self.keep = keep
+        self.gate = gate
+        """The proxy (sync `pause()` / `resume()`), paused around each update; None: engine only."""
         self.last_sync_s = 0.0
 
     async def push(self, trainer) -> int:
@@ -31,14 +37,27 @@ class DiskWeightSync:
         t0 = time.monotonic()
         target = self.root / f"v{trainer.version}"
         version = await asyncio.to_thread(trainer.publish, target)
-        await self.client.pause(mode="abort")
-        try:
-            await self.client.update_weights_from_disk(str(target), weight_version=str(version))
-        finally:
-            await self.client.resume()
+        await self.load(target, version)
         self._prune()
         self.last_sync_s = time.monotonic() - t0
         return version
+
+    async def load(self, folder: str | Path, version: int) -> None:
+        """Proxy admission paused -> engine paused (abort) -> weights loaded as `version` ->
+        engine continued -> proxy admission resumed (each undone even if a step fails)."""
+        import asyncio
+
+        if self.gate is not None:
+            await asyncio.to_thread(self.gate.pause)
+        try:
+            await self.client.pause(mode="abort")
+            try:
+                await self.client.update_weights_from_disk(str(folder), weight_version=str(version))
+            finally:
+                await self.client.resume()
+        finally:
+            if self.gate is not None:
+                await asyncio.to_thread(self.gate.resume)
 
     def _prune(self) -> None:
         versions = sorted((p for p in self.root.glob("v*") if p.name[1:].isdigit()), key=lambda p: int(p.name[1:]))
