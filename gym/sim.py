@@ -4,8 +4,10 @@
 `step_s`, whatever the batch size (the GPU regime). An episode alternates a generation of
 `tokens_per_turn` tokens with an environment wait drawn from a latency distribution. Each
 sampled token carries the policy version current when it was decoded. With `priority` on,
-waiting requests take free slots in priority order (the proxy's earliest-deadline priority:
-the oldest episode first), else first come, first served.
+a free slot goes to the waiting request with the best priority (the proxy's
+earliest-deadline priority: the oldest episode first), else to the first come. A running
+request keeps its slot until it finishes, as in the local engine, and in SGLang, whose
+priority preemption needs a gap (default 10) far wider than our version priorities.
 """
 from __future__ import annotations
 
@@ -45,7 +47,8 @@ class SimEngine:
 
     def __init__(self, slots: int, step_s: float, version: Callable[[], int], priority: bool = True):
         self.slots, self.step_s, self._version, self.priority = slots, step_s, version, priority
-        self._queue: list[_Req] = []
+        self._queue: list[_Req] = []  # waiting for a slot
+        self._running: list[_Req] = []
         self._wake = asyncio.Event()
         self.busy_s = 0.0
         self.slot_s = 0.0  # sum over steps of (occupied slots * step time)
@@ -72,12 +75,18 @@ class SimEngine:
 
     async def _run(self) -> None:
         while True:
-            if not self._queue or self.paused:
+            if not (self._queue or self._running) or self.paused:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            # sorted() is stable: first come, first served among equal priorities
-            active = sorted(self._queue, key=lambda r: r.priority)[: self.slots] if self.priority else self._queue[: self.slots]
+            free = self.slots - len(self._running)
+            if free > 0 and self._queue:
+                # sorted() is stable: first come, first served among equal priorities
+                admit = (sorted(self._queue, key=lambda r: r.priority) if self.priority else self._queue)[:free]
+                for r in admit:
+                    self._queue.remove(r)
+                self._running += admit
+            active = list(self._running)
             t = time.monotonic()
             await asyncio.sleep(self.step_s)
             dt = time.monotonic() - t
@@ -89,7 +98,7 @@ class SimEngine:
                 r.versions.append(v)
                 r.remaining -= 1
                 if r.remaining <= 0:
-                    self._queue.remove(r)
+                    self._running.remove(r)
                     r.done.set()
 
     def utilization(self) -> dict[str, float]:
