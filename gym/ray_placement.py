@@ -14,7 +14,9 @@ Contract:
   the scheduler's per-turn η check; tokens a worker stamps carry a version >= start_version.
 - Driver-side watchdog: every `poll_s` the driver also runs the slot's own `before_turn()`
   for each remote episode, so under `requeue` a too-stale episode is cancelled even when its
-  turns happen in the proxy (harness episodes), not in worker code.
+  turns happen in the proxy (harness episodes), not in worker code. `RolloutWorker` also
+  hands the proxy the session's `staleness_limit`, so the proxy refuses the stale turn
+  itself (once the driver has told it the version: `POST /admin/policy_version`).
 - A cancelled episode (scheduler timeout, staleness, close) kills its actor and starts a
   fresh one when actors run one episode each (a blocked harness thread cannot be interrupted
   otherwise); with `episodes_per_worker > 1` only the task is cancelled. The sandbox of a
@@ -256,10 +258,18 @@ class RolloutWorker:
         self.backend = make_backend(config.sandbox)
 
     def run(self, slot: Any) -> Trajectory:
+        """One episode; its proxy session carries `start_version` (the engine priority) and,
+        under `requeue`, `staleness_limit`: a session the proxy aborts as stale raises
+        `StaleEpisode`, so the driver reruns the task, as for local episodes."""
         from harnessrl.gym.episode import run_episode
 
+        meta: dict[str, Any] = {"start_version": slot.start_version}
+        if slot.over_staleness == "requeue":
+            meta["staleness_limit"] = slot.staleness
         res = run_episode(self.tasks[slot.task_id], self.adapter, lambda spec, mounts: self.backend.create(spec, mounts),
-                          self.proxy, self.config.served_model_name, self.config.episode)
+                          self.proxy, self.config.served_model_name, self.config.episode, session_meta=meta)
+        if res.trajectory.termination == "stale":
+            raise StaleEpisode(f"the proxy aborted session {res.trajectory.session_id}: its data exceeded η={slot.staleness}")
         return res.trajectory
 
 

@@ -164,9 +164,12 @@ def test_real_harness_episodes_run_on_ray_workers(cluster):
             sched = RolloutScheduler(SchedulerConfig(env_pool_size=2, group_size=2, groups_per_step=1, staleness=0,
                                                      episode_timeout_s=300), episodes, iter([task_id]))
             [(V, batch)] = asyncio.run(_train(sched, steps=1))
+            metas = [proxy.trajectory(t.session_id).metadata for t in batch]
         finally:
             episodes.shutdown()
     assert len(batch) == 2
+    # the session carries its start version (the engine priority); no staleness_limit under `wait`
+    assert all(m["start_version"] == 0 and "staleness_limit" not in m for m in metas)
     pids = {t.metadata["placement"]["pid"] for t in batch}
     assert os.getpid() not in pids and len(pids) == 2  # one episode on each worker
     for t in batch:
@@ -175,3 +178,59 @@ def test_real_harness_episodes_run_on_ray_workers(cluster):
     # Token-exact: what the scripted engine returned is what came back through Ray.
     sent = sorted(tuple(c.output_ids) for c in engine.calls)
     assert sorted(tuple(c.completion_ids) for t in batch for c in t.calls) == sent
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(300)
+def test_ray_rollout_worker_turns_a_proxy_stale_abort_into_a_requeue():
+    """The Ray env worker hands the proxy `staleness_limit` under `requeue`; when the policy
+    moves past it mid-episode the proxy refuses the next turn and the worker raises
+    StaleEpisode (the driver then reruns the task). Run in-process: the worker is plain code."""
+    try:
+        from harnessrl.sandboxes.docker import DockerBackend
+        from harnessrl.sandboxes.images import base_image_tag
+        DockerBackend().client.images.get(base_image_tag())
+    except Exception as e:  # noqa: BLE001
+        pytest.skip(f"docker sandboxes unavailable: {e}")
+    from pathlib import Path
+
+    from harnessrl.gym.episode import ProxyHandle
+    from harnessrl.gym.models import load_tokenizer
+    from harnessrl.gym.proxy.config import ProxyConfig
+    from harnessrl.gym.proxy.server import ProxyServer
+    from harnessrl.gym.ray_placement import RemoteSlot, RolloutWorker
+    from harnessrl.gym.rollout import RolloutConfig, load_suite_tasks
+    from harnessrl.gym.scheduler import StaleEpisode
+    from harnessrl.gym.scripted import ScriptedEngine, ServedApp
+
+    task_id = "harnessrl-builtin__calc-1"
+    cfg = RolloutConfig(harness=str(Path(__file__).resolve().parents[1] / "examples/harnesses/tiny-agent.toml"),
+                        suite="builtin", tasks=[task_id], model="tiny-llama", sandbox="docker")
+    proxies = []
+
+    class Engine(ScriptedEngine):  # the trainer publishes v1 as the first call is answered
+        def _body(self, input_ids, ids, finish, rid):
+            body = super()._body(input_ids, ids, finish, rid)
+            if finish is not None and self.weight_version == "0":
+                self.weight_version = "1"
+                proxies[0].core.set_policy_version(1)
+            return body
+
+    engine = Engine(load_tokenizer("tiny-llama"), weight_version="0")
+    engine.set_tasks(load_suite_tasks(cfg))
+    with ServedApp(engine.app()) as served, \
+            ProxyServer(ProxyConfig(engine_url=served.url, model="tiny-llama")) as proxy:
+        proxies.append(proxy)
+        proxy.core.set_policy_version(0)
+        worker = RolloutWorker(cfg, ProxyHandle(proxy.url, proxy.admin_token, engine_url=served.url))
+        slot = RemoteSlot(task_id, 0, 0, start_version=0, attempt=0, staleness=0, over_staleness="requeue")
+        with pytest.raises(StaleEpisode, match="η=0"):
+            worker.run(slot)
+        [sid] = [s for s in proxy.core.sessions]
+        t = proxy.trajectory(sid)
+        assert (t.status, t.termination, t.reward, len(t.calls)) == ("infra_error", "stale", None, 1)
+        assert t.metadata["staleness_limit"] == 0 and t.metadata["start_version"] == 0
+        # the rerun at the new version is not refused
+        fresh = worker.run(RemoteSlot(task_id, 0, 0, start_version=1, attempt=1, staleness=0, over_staleness="requeue"))
+        assert (fresh.status, fresh.termination, fresh.reward) == ("ok", "submitted", 1.0)
+        assert {v for c in fresh.calls for v in c.versions} == {1}
