@@ -25,8 +25,10 @@ Contract:
   model="tiny-llama", port=0)`, passed in by the composition root so that gym imports no
   trainer) and exposes its URL; a server bound to 0.0.0.0 is reported at the node's IP.
 - `RolloutWorker` is the real env worker: sandbox backend + adapter + tasks of a
-  `RolloutConfig`, reaching the proxy by URL (`ProxyHandle`). Known limit: the proxy's admin
-  API answers loopback clients only, so a worker on another node needs that opened first.
+  `RolloutConfig`, reaching the proxy by URL (`ProxyHandle`). For workers on other nodes the
+  proxy binds an address they reach and sets `ProxyConfig.admin_clients = "any"` (the admin
+  token still guards it); their handle has that URL and no `uds_path`. Only single-node
+  clusters are tested here.
 """
 from __future__ import annotations
 

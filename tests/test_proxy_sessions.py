@@ -364,8 +364,27 @@ def test_unix_socket_serves_harnesses_but_not_admin(tok, tmp_path):
                        json={"model": "policy", "messages": [{"role": "user", "content": "x"}]})
             assert r.json()["choices"][0]["message"]["content"] == "via socket"
             r = c.get("/admin/stats", headers={"Authorization": f"Bearer {p.admin_token}"})
-            assert r.status_code == 403
+            assert r.status_code == 403 and "admin_clients" in r.json()["error"]["message"]
     assert not os.path.exists(uds)
+
+
+def test_admin_clients_any_opens_the_admin_api_to_non_loopback_clients_with_the_token(tok, tmp_path):
+    """For env workers on other nodes. Tested through the unix socket, a client that is not
+    loopback TCP (this machine sends no traffic to its other addresses); the token still rules."""
+    eng, _ = standin(tok)
+    uds = str(tmp_path / "proxy.sock")
+    cfg = ProxyConfig(engine_url="", uds_path=uds, admin_clients="any")
+    with ServedApp(eng.app()) as e, ProxyServer(cfg.model_copy(update={"engine_url": e.url}), tokenizer=tok) as p:
+        with httpx.Client(transport=httpx.HTTPTransport(uds=uds), base_url="http://proxy") as c:
+            assert c.get("/admin/stats").status_code == 401
+            assert c.get("/admin/stats", headers={"Authorization": "Bearer wrong"}).status_code == 401
+            r = c.post("/admin/sessions", headers={"Authorization": f"Bearer {p.admin_token}"},
+                       json={"meta": {"task_id": "t"}})
+            assert r.status_code == 200
+            sid = r.json()["session_id"]
+            assert p.trajectory(sid).task_id == "t"
+    with pytest.raises(ValueError, match="admin_clients"):
+        ProxyConfig(engine_url="x", admin_clients="lan")
 
 
 def test_buffered_streams_send_keepalives_that_sdks_skip(tok):

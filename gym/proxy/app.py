@@ -3,7 +3,8 @@
 Session routes live under `/s/{session}`: OpenAI clients use `/s/{session}/v1` as base
 URL, Anthropic clients `/s/{session}`. A session's secret key comes as
 `Authorization: Bearer` or `x-api-key`; wrong key -> 401, unknown or closed session -> 404.
-The admin API (`/admin/...`) answers loopback TCP clients only, with its own bearer token.
+The admin API (`/admin/...`) answers loopback TCP clients only (or any client, with
+`admin_clients = "any"`), always with its own bearer token.
 Every refusal is a 4xx in the dialect's own error shape, and leaves the session usable,
 except the staleness abort (403, `ProxyCore.check_staleness`), which ends the session.
 `POST /admin/policy_version {"version": V}` tells the proxy the trainer's current version.
@@ -166,8 +167,10 @@ def build_app(core: ProxyCore, admin_token: str) -> Starlette:
     def admin(fn):
         async def handler(request: Request) -> Response:
             client = request.client
-            if client is None or client.host not in ("127.0.0.1", "::1", "localhost"):
-                return _json({"error": {"message": "the admin API answers loopback clients only"}}, 403)
+            loopback = client is not None and client.host in ("127.0.0.1", "::1", "localhost")
+            if cfg.admin_clients == "loopback" and not loopback:
+                return _json({"error": {"message": "the admin API answers loopback clients only "
+                                                   "(ProxyConfig.admin_clients)"}}, 403)
             auth = request.headers.get("authorization", "")
             if not secrets.compare_digest(auth.encode(), f"Bearer {admin_token}".encode()):
                 return _json({"error": {"message": "invalid admin token"}}, 401)

@@ -1,6 +1,8 @@
 """The one config of the proxy (validation only, no side effects)."""
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, Field
 
 
@@ -17,7 +19,12 @@ class ProxyConfig(BaseModel):
     """Model names harnesses may ask for; any other name gets a 404. Empty list: accept any name."""
 
     host: str = "127.0.0.1"
-    """Interface for the harness-facing API (the admin API answers loopback clients only)."""
+    """Interface for the harness-facing API (and the admin API, see `admin_clients`)."""
+
+    admin_clients: Literal["loopback", "any"] = "loopback"
+    """Who may use the admin API (always with the admin token): loopback TCP clients only, or
+    any client, for env workers on other nodes (e.g. Ray `RolloutWorker`s; bind `host` to an
+    address they reach and hand them a `ProxyHandle` with that URL and no `uds_path`)."""
 
     port: int = Field(0, ge=0, le=65535)
     """TCP port; 0 picks a free one (see `ProxyServer.url`)."""
