@@ -113,7 +113,35 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if args.resume is not None:
         cfg = cfg.model_copy(update={"resume_from": args.resume})
     history = asyncio.run(train(cfg))
-    print(f"done: {len(history)} steps; metrics in {cfg.out_dir}/metrics.jsonl, plots in {cfg.out_dir}/plots.png")
+    print(f"done: {len(history)} steps; metrics in {cfg.out_dir}/metrics.jsonl, run report in "
+          f"{cfg.out_dir}/report.json, plots in {cfg.out_dir}/plots.png")
+    return 0
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    import json
+
+    from harnessrl.trainers.run_report import compare
+
+    try:
+        out = compare(args.runs)
+    except FileNotFoundError as e:
+        print(f"harnessrl compare: {e}", file=sys.stderr)
+        return 2
+
+    def f(v, spec=".3f"):
+        return "-" if v is None else format(v, spec)
+
+    print(f"{'run':<40} {'η':>3} {'policy':<10} {'traj/s':>8} {'x sync':>7} {'gen util':>8} {'env p95':>8} {'max lag':>7}")
+    for r in out["rows"]:
+        print(f"{r['run'][-40:]:<40} {r['staleness_bound']:>3} {r['over_staleness']:<10} {f(r['trajectories_per_s']):>8} "
+              f"{f(r['ratio_vs_sync'], '.2f'):>7} {f(r['generator_utilization'], '.2f'):>8} {f(r['env_latency_p95_s']):>8} "
+              f"{'-' if r['max_lag'] is None else r['max_lag']:>7}")
+    if out["sync_run"] is None:
+        print("(no η = 0 run among these: no ratio against the synchronous baseline)")
+    if out["config_differs_in"]:
+        print(f"note: the runs also differ in {', '.join(out['config_differs_in'])}")
+    print(json.dumps(out))
     return 0
 
 
@@ -156,6 +184,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--print-config", action="store_true", help="print the default config, every field documented")
     p.add_argument("--resume", default=None, metavar="CHECKPOINT",
                    help="go on from a checkpoint folder of an earlier run (e.g. runs/train/checkpoints/last)")
+    p = sub.add_parser("compare", help="training runs side by side: traj/s and the ratio against the η = 0 run")
+    p.add_argument("runs", nargs="+", help="run folders (each with the report.json a finished train run writes)")
     for name, (_, about) in PASSTHROUGH.items():
         sub.add_parser(name, help=about, add_help=False)
     return parser
@@ -184,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
         print(__version__)
         return 0
     handlers = {"doctor": _cmd_doctor, "model": _cmd_model, "engine": _cmd_engine, "chat": _cmd_chat,
-                "rollout": _cmd_rollout, "train": _cmd_train}
+                "rollout": _cmd_rollout, "train": _cmd_train, "compare": _cmd_compare}
     try:
         return handlers[args.cmd](args)
     except (FileNotFoundError, KeyError) as e:  # missing model / unknown name: one clear line

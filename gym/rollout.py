@@ -142,7 +142,7 @@ class Rollout:
 
 
 # -- the report -------------------------------------------------------------------------------
-def _pct(xs: list[float], q: float) -> float | None:
+def percentile(xs: list[float], q: float) -> float | None:
     if not xs:
         return None
     xs = sorted(xs)
@@ -161,8 +161,8 @@ def report(trajectories: list[Trajectory], wall_s: float | None = None) -> dict[
         "scored": len(scored),
         "success_rate": (sum(t.reward >= 1.0 for t in scored) / len(scored)) if scored else None,
         "reward_distribution": dict(sorted(Counter(str(t.reward) for t in trajectories).items())),
-        "env_latency_s": {"p50": _pct(env, .5), "p95": _pct(env, .95), "p99": _pct(env, .99), "n": len(env)},
-        "model_call_latency_s": {"p50": _pct(call, .5), "p95": _pct(call, .95), "n": len(call)},
+        "env_latency_s": {"p50": percentile(env, .5), "p95": percentile(env, .95), "p99": percentile(env, .99), "n": len(env)},
+        "model_call_latency_s": {"p50": percentile(call, .5), "p95": percentile(call, .95), "n": len(call)},
         "calls_per_episode": _mean([len(t.calls) for t in trajectories]),
         "segments_per_episode": _mean([len(t.segments) for t in trajectories]),
         "split_reasons": dict(Counter(s.split_reason for t in trajectories for s in t.segments if s.split_reason)),
@@ -181,7 +181,16 @@ def report(trajectories: list[Trajectory], wall_s: float | None = None) -> dict[
 def generator_utilization(trajectories: list[Trajectory]) -> float | None:
     """Fraction of the run's window (first generation start to last end) in which at least one
     generation was running: the union of every call's [finished_at - gen_s, finished_at]."""
-    spans = sorted((c.finished_at - c.gen_s, c.finished_at) for t in trajectories for c in t.calls if c.finished_at)
+    return busy_fraction(generation_spans(trajectories))
+
+
+def generation_spans(trajectories: list[Trajectory]) -> list[tuple[float, float]]:
+    return [(c.finished_at - c.gen_s, c.finished_at) for t in trajectories for c in t.calls if c.finished_at]
+
+
+def busy_fraction(spans: list[tuple[float, float]]) -> float | None:
+    """The union of the spans over the window from the first start to the last end."""
+    spans = sorted(spans)
     if not spans:
         return None
     busy, (cur_lo, cur_hi) = 0.0, spans[0]

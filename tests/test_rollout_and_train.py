@@ -87,6 +87,10 @@ def test_train_one_step_with_the_tiny_model(tmp_path: Path) -> None:
     assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
     assert (tmp_path / "checkpoints" / "last").is_dir()
     assert (tmp_path / "rollouts" / "trajectories.db").exists()
+    run = json.loads((tmp_path / "report.json").read_text())  # the run report, staleness beside throughput
+    assert run["trajectories"] == 2 and run["staleness_bound"] == 1 and run["over_staleness"] == "wait"
+    assert run["staleness_hist"] == {"0": m["tokens"]} and run["trajectories_per_s"] > 0
+    assert 0 < run["generator_utilization"] <= 1 and run["env_latency_s"]["n"] == m["batch_report"]["env_latency_s"]["n"]
 
     # Resume: the next run starts from that checkpoint's step, version and weights.
     resumed = asyncio.run(train(cfg.model_copy(update={

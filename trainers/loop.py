@@ -9,8 +9,10 @@
 
 One config file (TOML or YAML), every field documented; a bad field is named in the error.
 Each step prints one line (reward mean, success rate, loss, grad norm, KL, logprob mismatch,
-staleness, env latency p95) and appends it to metrics.jsonl and TensorBoard; at the end a
-PNG with reward and latency plots is written to the run folder.
+staleness, env latency p95) and appends it to metrics.jsonl and TensorBoard; at the end the
+run's report (trajectories/s beside the staleness bound, staleness histogram, per-turn env
+latency, generator utilization: `trainers.run_report`) goes to report.json and one printed
+line, and a PNG with reward and latency plots is written to the run folder.
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from harnessrl.gym.episode import EpisodeConfig
 from harnessrl.gym.rollout import Rollout, RolloutConfig, report
 from harnessrl.gym.scheduler import RolloutScheduler, SchedulerConfig
+from harnessrl.trainers.run_report import RunFigures, summary_line
 from harnessrl.trainers.torch_trainer import TorchTrainerConfig
 
 
@@ -151,9 +154,11 @@ async def train(cfg: TrainConfig) -> list[dict[str, Any]]:
             ro.set_policy_version(sched.version)  # the proxy's per-turn staleness check (requeue)
             await sched.start()
             bar = tqdm(total=cfg.steps, unit="step", disable=not cfg.progress, dynamic_ncols=True)
+            figures = RunFigures()
             try:
                 for _ in range(cfg.steps):
                     batch = await sched.next_batch()
+                    figures.add(batch)
                     metrics = await asyncio.to_thread(trainer.step, batch)
                     if metrics.updated:  # no trainable token (all masked or zero advantage): same weights
                         await sched.advance_version(await sync.push(trainer))
@@ -169,6 +174,11 @@ async def train(cfg: TrainConfig) -> list[dict[str, Any]]:
                     bar.update(1)
                     if cfg.checkpoint_every and m["step"] % cfg.checkpoint_every == 0:
                         trainer.save_checkpoint(out / "checkpoints" / f"step{m['step']}")
+                run = figures.report(wall_s=time.monotonic() - t_start, steps=len(history),
+                                     staleness=cfg.scheduler.staleness, over_staleness=cfg.scheduler.over_staleness,
+                                     scheduler=sched.stats.as_dict())
+                (out / "report.json").write_text(json.dumps(run, indent=2))
+                bar.write(summary_line(run))
             finally:
                 bar.close()
                 await sched.close()
