@@ -129,29 +129,40 @@ def test_engine_actor_serves_generate_to_a_client(cluster):
     assert "tiny" in str(info.get("model_path", "")) or info.get("model_path")
 
 
-@pytest.mark.docker
-@pytest.mark.timeout(600)
-def test_real_harness_episodes_run_on_ray_workers(cluster):
-    """Sandbox + harness on Ray workers (RolloutWorker), proxy and engine reached by URL."""
+def _need_docker() -> None:
     try:
         from harnessrl.sandboxes.docker import DockerBackend
         from harnessrl.sandboxes.images import base_image_tag
         DockerBackend().client.images.get(base_image_tag())
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:  # noqa: BLE001 - any failure means docker sandboxes cannot run here
         pytest.skip(f"docker sandboxes unavailable: {e}")
+
+
+def _tiny_agent(task_id: str):
+    """A rollout config: the stdlib tiny-agent harness on one built-in task, in Docker."""
     from pathlib import Path
 
+    from harnessrl.gym.rollout import RolloutConfig
+
+    return RolloutConfig(harness=str(Path(__file__).resolve().parents[1] / "examples/harnesses/tiny-agent.toml"),
+                         suite="builtin", tasks=[task_id], model="tiny-llama", sandbox="docker")
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(600)
+def test_real_harness_episodes_run_on_ray_workers(cluster):
+    """Sandbox + harness on Ray workers (RolloutWorker), proxy and engine reached by URL."""
+    _need_docker()
     from harnessrl.gym.episode import ProxyHandle
     from harnessrl.gym.models import load_tokenizer
     from harnessrl.gym.proxy.config import ProxyConfig
     from harnessrl.gym.proxy.server import ProxyServer
     from harnessrl.gym.ray_placement import RolloutWorker
-    from harnessrl.gym.rollout import RolloutConfig, load_suite_tasks
+    from harnessrl.gym.rollout import load_suite_tasks
     from harnessrl.gym.scripted import ScriptedEngine, ServedApp
 
     task_id = "harnessrl-builtin__calc-1"
-    cfg = RolloutConfig(harness=str(Path(__file__).resolve().parents[1] / "examples/harnesses/tiny-agent.toml"),
-                        suite="builtin", tasks=[task_id], model="tiny-llama", sandbox="docker")
+    cfg = _tiny_agent(task_id)
     engine = ScriptedEngine(load_tokenizer("tiny-llama"))
     engine.set_tasks(load_suite_tasks(cfg))
     with ServedApp(engine.app()) as served, \
@@ -186,26 +197,18 @@ def test_ray_rollout_worker_turns_a_proxy_stale_abort_into_a_requeue():
     """The Ray env worker hands the proxy `staleness_limit` under `requeue`; when the policy
     moves past it mid-episode the proxy refuses the next turn and the worker raises
     StaleEpisode (the driver then reruns the task). Run in-process: the worker is plain code."""
-    try:
-        from harnessrl.sandboxes.docker import DockerBackend
-        from harnessrl.sandboxes.images import base_image_tag
-        DockerBackend().client.images.get(base_image_tag())
-    except Exception as e:  # noqa: BLE001
-        pytest.skip(f"docker sandboxes unavailable: {e}")
-    from pathlib import Path
-
+    _need_docker()
     from harnessrl.gym.episode import ProxyHandle
     from harnessrl.gym.models import load_tokenizer
     from harnessrl.gym.proxy.config import ProxyConfig
     from harnessrl.gym.proxy.server import ProxyServer
     from harnessrl.gym.ray_placement import RemoteSlot, RolloutWorker
-    from harnessrl.gym.rollout import RolloutConfig, load_suite_tasks
+    from harnessrl.gym.rollout import load_suite_tasks
     from harnessrl.gym.scheduler import StaleEpisode
     from harnessrl.gym.scripted import ScriptedEngine, ServedApp
 
     task_id = "harnessrl-builtin__calc-1"
-    cfg = RolloutConfig(harness=str(Path(__file__).resolve().parents[1] / "examples/harnesses/tiny-agent.toml"),
-                        suite="builtin", tasks=[task_id], model="tiny-llama", sandbox="docker")
+    cfg = _tiny_agent(task_id)
     proxies = []
 
     class Engine(ScriptedEngine):  # the trainer publishes v1 as the first call is answered
