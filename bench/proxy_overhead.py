@@ -138,18 +138,20 @@ MSGS = [{"role": "system", "content": SYSTEM},
         {"role": "user", "content": "The test suite fails on test_parse; find the bug and fix it."}]
 
 
-async def run_load(port: int, path: str, n: int, conc: int, body: bytes, headers: list[str]) -> dict:
-    """n requests over `conc` connections; per-request latency in ms."""
+async def run_load(port: int, targets: list[tuple[str, str]], n: int, conc: int, body: bytes) -> dict:
+    """n requests over `conc` connections, connection i to targets[i % len] (path, header
+    lines); per-request latency in ms."""
     lat: list[float] = []
     left = [n]
 
     async def worker(i: int) -> None:
+        path, header = targets[i % len(targets)]
         c = Conn(port)
         try:
             while left[0] > 0:
                 left[0] -= 1
                 t0 = time.perf_counter()
-                status, data = await c.request(path, body, headers[i % len(headers)])
+                status, data = await c.request(path, body, header)
                 lat.append((time.perf_counter() - t0) * 1e3)
                 if status != 200:
                     raise RuntimeError(f"{path}: HTTP {status}: {data[:300]!r}")
@@ -164,17 +166,18 @@ async def run_load(port: int, path: str, n: int, conc: int, body: bytes, headers
             "calls_per_s": round(n / wall, 1), "n": n}
 
 
-def measure(port: int, path: str, n: int, conc: int, body: dict, headers: list[str], pid: int | None) -> dict:
+def measure(port: int, targets: list[tuple[str, str]], n: int, conc: int, body: dict, pid: int | None,
+            warmup_conc: int = 8) -> dict:
     raw = json.dumps(body).encode()
-    asyncio.run(run_load(port, path, min(n, 50), min(conc, 8), raw, headers))  # warm-up
+    asyncio.run(run_load(port, targets, min(n, 50), min(conc, warmup_conc), raw))  # warm-up
     c0 = cpu_s(pid) if pid else 0.0
-    res = asyncio.run(run_load(port, path, n, conc, raw, headers))
+    res = asyncio.run(run_load(port, targets, n, conc, raw))
     if pid:
         res["server_cpu_ms_per_call"] = round((cpu_s(pid) - c0) * 1e3 / n, 3)
     return res
 
 
-def sessions(port: int, token: str, k: int) -> list[str]:
+def sessions(port: int, token: str, k: int) -> list[tuple[str, str]]:
     out = []
     for _ in range(k):
         s = admin(port, token, "/admin/sessions", {"meta": {"harness": "bench"}})
@@ -291,15 +294,14 @@ def main() -> int:
         results: dict = {"proxy": {}, "direct": {}, "litellm": {}}
         for conc, n in n_at.items():
             ss = sessions(pport, token, conc)
-            paths = [f"/s/{sid}/v1/chat/completions" for sid, _ in ss]
             # every worker in its own session: route by worker (one path per connection)
             results["proxy"][conc] = measure_sessions(pport, ss, n, conc, body, pp.pid)
-            results["direct"][conc] = measure(eport, "/v1/chat/completions", n, conc, body, [""], None)
+            results["direct"][conc] = measure(eport, [("/v1/chat/completions", "")], n, conc, body, None)
             if lport:
                 ln = max(50, n // 5)
-                results["litellm"][conc] = measure(lport, "/v1/chat/completions", ln, conc, body,
-                                                   [f"Authorization: Bearer {LITELLM_KEY}\r\n"], lproc.pid)
-            del paths
+                results["litellm"][conc] = measure(
+                    lport, [("/v1/chat/completions", f"Authorization: Bearer {LITELLM_KEY}\r\n")], ln, conc, body,
+                    lproc.pid)
             print(f"concurrency {conc}: proxy {results['proxy'][conc]} | direct {results['direct'][conc]}"
                   + (f" | litellm {results['litellm'][conc]}" if lport else ""), file=sys.stderr)
         ss = sessions(pport, token, 1)
@@ -347,40 +349,10 @@ def main() -> int:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def measure_sessions(port: int, ss: list, n: int, conc: int, body: dict, pid: int) -> dict:
-    """Like `measure`, but worker i talks to its own session (path and key)."""
-    raw = json.dumps(body).encode()
-
-    async def go(total: int) -> dict:
-        lat: list[float] = []
-        left = [total]
-
-        async def worker(i: int) -> None:
-            sid, hdr = ss[i]
-            c = Conn(port)
-            try:
-                while left[0] > 0:
-                    left[0] -= 1
-                    t0 = time.perf_counter()
-                    status, data = await c.request(f"/s/{sid}/v1/chat/completions", raw, hdr)
-                    lat.append((time.perf_counter() - t0) * 1e3)
-                    if status != 200:
-                        raise RuntimeError(f"HTTP {status}: {data[:300]!r}")
-            finally:
-                c.close()
-
-        t0 = time.perf_counter()
-        await asyncio.gather(*(worker(i) for i in range(conc)))
-        wall = time.perf_counter() - t0
-        lat.sort()
-        return {"p50_ms": round(statistics.median(lat), 3), "p99_ms": round(lat[int(0.99 * (len(lat) - 1))], 3),
-                "calls_per_s": round(total / wall, 1), "n": total}
-
-    asyncio.run(go(min(n, 50)))  # warm-up
-    c0 = cpu_s(pid)
-    res = asyncio.run(go(n))
-    res["server_cpu_ms_per_call"] = round((cpu_s(pid) - c0) * 1e3 / n, 3)
-    return res
+def measure_sessions(port: int, ss: list[tuple[str, str]], n: int, conc: int, body: dict, pid: int) -> dict:
+    """`measure` with worker i in its own session (path and key); the warm-up uses every worker."""
+    return measure(port, [(f"/s/{sid}/v1/chat/completions", hdr) for sid, hdr in ss], n, conc, body, pid,
+                   warmup_conc=conc)
 
 
 if __name__ == "__main__":
