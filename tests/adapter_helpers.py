@@ -1,7 +1,22 @@
-"""Shared by the adapter / episode tests: a built-in task that has a gold plan."""
+"""Shared by the adapter / episode / rollout tests: a Docker backend with the base image
+(or a skip), and a built-in task that has a gold plan."""
 from __future__ import annotations
 
 import json
+
+import pytest
+
+
+def docker_backend():
+    """A DockerBackend whose base image is built; skips the test where either is missing."""
+    try:
+        from harnessrl.sandboxes.docker import DockerBackend
+        from harnessrl.sandboxes.images import base_image_tag
+        backend = DockerBackend()
+        backend.client.images.get(base_image_tag())
+    except Exception as e:  # noqa: BLE001 - any failure means docker sandboxes cannot run here
+        pytest.skip(f"docker sandboxes unavailable: {e}")
+    return backend
 
 
 def builtin_task():

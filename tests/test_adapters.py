@@ -17,7 +17,7 @@ from harnessrl.adapters.base import REASONS, Endpoint, HarnessAdapter, HarnessRe
 from harnessrl.adapters.toolchain import installed_spec, toolchain_root
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from adapter_helpers import builtin_task  # noqa: E402
+from adapter_helpers import builtin_task, docker_backend  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples" / "harnesses"
@@ -75,13 +75,7 @@ def test_exit_classification_and_result_validation():
 @pytest.fixture(scope="module")
 def stack():
     """Scripted engine + proxy + docker backend, shared by the module's episodes."""
-    try:
-        from harnessrl.sandboxes.docker import DockerBackend
-        from harnessrl.sandboxes.images import base_image_tag
-        backend = DockerBackend()
-        backend.client.images.get(base_image_tag())
-    except Exception as e:  # noqa: BLE001 - any failure means docker sandboxes cannot run here
-        pytest.skip(f"docker sandboxes unavailable: {e}")
+    backend = docker_backend()
     from harnessrl.gym.models import load_tokenizer
     from harnessrl.gym.proxy.config import ProxyConfig
     from harnessrl.gym.proxy.server import ProxyServer

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from adapter_helpers import builtin_task  # noqa: E402
+from adapter_helpers import builtin_task, docker_backend  # noqa: E402
 from harnessrl.adapters import get_adapter  # noqa: E402
 from harnessrl.adapters.toolchain import installed_spec  # noqa: E402
 
@@ -23,13 +23,7 @@ CAP = 16
 
 @pytest.fixture(scope="module")
 def real_stack():
-    try:
-        from harnessrl.sandboxes.docker import DockerBackend
-        from harnessrl.sandboxes.images import base_image_tag
-        backend = DockerBackend()
-        backend.client.images.get(base_image_tag())
-    except Exception as e:  # noqa: BLE001
-        pytest.skip(f"docker sandboxes unavailable: {e}")
+    backend = docker_backend()
     from harnessrl.gym.models import ModelNotPrepared, resolve_model
     try:
         resolve_model("smollm2-135m")

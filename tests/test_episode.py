@@ -16,7 +16,7 @@ from harnessrl.gym.episode import ENDINGS, EpisodeConfig, ProxyHandle, ending_fo
 from harnessrl.adapters.base import HarnessResult
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from adapter_helpers import builtin_task  # noqa: E402
+from adapter_helpers import builtin_task, docker_backend  # noqa: E402
 
 pytestmark = [pytest.mark.docker]
 
@@ -33,13 +33,7 @@ def test_ending_for_maps_harness_reasons_and_spent_budget():
 
 @pytest.fixture(scope="module")
 def stack():
-    try:
-        from harnessrl.sandboxes.docker import DockerBackend
-        from harnessrl.sandboxes.images import base_image_tag
-        backend = DockerBackend()
-        backend.client.images.get(base_image_tag())
-    except Exception as e:  # noqa: BLE001
-        pytest.skip(f"docker sandboxes unavailable: {e}")
+    backend = docker_backend()
     from harnessrl.gym.models import load_tokenizer
     from harnessrl.gym.proxy.config import ProxyConfig
     from harnessrl.gym.proxy.server import ProxyServer

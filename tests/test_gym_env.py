@@ -11,6 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # helpers sit beside us
+from adapter_helpers import docker_backend  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "examples" / "harnesses" / "tiny-agent.toml")
 TASK = "harnessrl-builtin__calc-1"
@@ -18,19 +21,11 @@ TASK = "harnessrl-builtin__calc-1"
 pytestmark = [pytest.mark.docker]
 
 
-def _docker_or_skip():
-    try:
-        from harnessrl.sandboxes.docker import DockerBackend
-        from harnessrl.sandboxes.images import base_image_tag
-        DockerBackend().client.images.get(base_image_tag())
-    except Exception as e:  # noqa: BLE001
-        pytest.skip(f"docker sandboxes unavailable: {e}")
-
 
 def _make(**kw):
     import harnessrl.gym
 
-    _docker_or_skip()
+    docker_backend()
     args = dict(harness=TINY, suite="builtin", model="tiny-llama", sandbox="docker",
                 tasks=[TASK, "harnessrl-builtin__calc-2"])
     return harnessrl.gym.make("harnessrl/swe", **{**args, **kw})

@@ -7,6 +7,8 @@ import asyncio
 import functools
 import itertools
 import os
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +16,9 @@ ray = pytest.importorskip("ray", reason="ray is not installed (pip install ray)"
 
 from harnessrl.gym.ray_placement import RayEpisodes, RayPlacementConfig, SimWorker, engine_actor  # noqa: E402
 from harnessrl.gym.scheduler import RolloutScheduler, SchedulerConfig, token_versions  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # helpers sit beside us
+from adapter_helpers import docker_backend  # noqa: E402
 
 pytestmark = [pytest.mark.ray]
 
@@ -129,19 +134,8 @@ def test_engine_actor_serves_generate_to_a_client(cluster):
     assert "tiny" in str(info.get("model_path", "")) or info.get("model_path")
 
 
-def _need_docker() -> None:
-    try:
-        from harnessrl.sandboxes.docker import DockerBackend
-        from harnessrl.sandboxes.images import base_image_tag
-        DockerBackend().client.images.get(base_image_tag())
-    except Exception as e:  # noqa: BLE001 - any failure means docker sandboxes cannot run here
-        pytest.skip(f"docker sandboxes unavailable: {e}")
-
-
 def _tiny_agent(task_id: str):
     """A rollout config: the stdlib tiny-agent harness on one built-in task, in Docker."""
-    from pathlib import Path
-
     from harnessrl.gym.rollout import RolloutConfig
 
     return RolloutConfig(harness=str(Path(__file__).resolve().parents[1] / "examples/harnesses/tiny-agent.toml"),
@@ -152,7 +146,7 @@ def _tiny_agent(task_id: str):
 @pytest.mark.timeout(600)
 def test_real_harness_episodes_run_on_ray_workers(cluster):
     """Sandbox + harness on Ray workers (RolloutWorker), proxy and engine reached by URL."""
-    _need_docker()
+    docker_backend()
     from harnessrl.gym.episode import ProxyHandle
     from harnessrl.gym.models import load_tokenizer
     from harnessrl.gym.proxy.config import ProxyConfig
@@ -197,7 +191,7 @@ def test_ray_rollout_worker_turns_a_proxy_stale_abort_into_a_requeue():
     """The Ray env worker hands the proxy `staleness_limit` under `requeue`; when the policy
     moves past it mid-episode the proxy refuses the next turn and the worker raises
     StaleEpisode (the driver then reruns the task). Run in-process: the worker is plain code."""
-    _need_docker()
+    docker_backend()
     from harnessrl.gym.episode import ProxyHandle
     from harnessrl.gym.models import load_tokenizer
     from harnessrl.gym.proxy.config import ProxyConfig

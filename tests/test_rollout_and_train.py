@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,17 +16,14 @@ from harnessrl.adapters.toolchain import installed_spec
 from harnessrl.gym.episode import EpisodeConfig
 from harnessrl.gym.rollout import RolloutConfig, run_rollout
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # helpers sit beside us
+from adapter_helpers import docker_backend  # noqa: E402
+
 TASK = "harnessrl-builtin__cachekit-2"
 
 
 def _need_stack() -> None:
-    try:
-        from harnessrl.sandboxes.docker import DockerBackend
-        from harnessrl.sandboxes.images import base_image_tag
-
-        DockerBackend().client.images.get(base_image_tag())
-    except Exception as e:  # noqa: BLE001 - any failure means docker sandboxes cannot run here
-        pytest.skip(f"docker sandboxes unavailable: {e}")
+    docker_backend()
     if installed_spec("venvs", "mini-swe-agent") is None:
         pytest.skip("mini-swe-agent not installed: run scripts/install_harnesses.sh mini-swe-agent")
 
