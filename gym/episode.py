@@ -258,7 +258,8 @@ def run_episode(task: Task, adapter: HarnessAdapter, make_sandbox: SandboxFactor
             ending = end
         except Exception as e:  # the relay or socket dir could not be set up
             ending = InfraFailed(f"{type(e).__name__}: {e}")
-        if _marked_stale(admin, sid):  # the proxy aborted it: whatever the harness did after
+        played = admin.trajectory(sid)  # the harness is gone: its record no longer changes
+        if played.termination == "stale":  # the proxy aborted it: whatever the harness did after
             ending = Stale("the proxy aborted the session: its data exceeded the staleness bound")
         status, reason = ending.status, ending.reason
         error = str(ending) if status == "infra_error" else ""
@@ -268,7 +269,7 @@ def run_episode(task: Task, adapter: HarnessAdapter, make_sandbox: SandboxFactor
             run.timings["reward_s"] = time.monotonic() - t0
             if reward.status == "infra_error":
                 status, error = "infra_error", f"reward: {reward.reason}"
-        if status != "infra_error" and _engine_failed(admin.trajectory(sid)):
+        if status != "infra_error" and _engine_failed(played):
             status, reason, error = "infra_error", "engine_error", "an engine call failed"
         final = reward.reward if (reward is not None and status != "infra_error") else None
         traj = admin.finish(sid, final, status, reason)
@@ -294,10 +295,3 @@ def _calls_so_far(admin: ProxyAdmin, sid: str) -> int:
         return len(admin.trajectory(sid).calls)
     except RuntimeError:
         return 0
-
-
-def _marked_stale(admin: ProxyAdmin, sid: str) -> bool:
-    try:
-        return admin.trajectory(sid).termination == "stale"
-    except RuntimeError:
-        return False
