@@ -40,7 +40,7 @@ from typing import Any, Callable
 
 from pydantic import BaseModel, Field
 
-from harnessrl.gym.scheduler import EpisodeSlot, StaleEpisode
+from harnessrl.gym.scheduler import EpisodeSlot, StaleEpisode, raise_if_aborted_stale, session_meta
 from harnessrl.gym.trajectory import Trajectory
 
 
@@ -265,14 +265,11 @@ class RolloutWorker:
         `StaleEpisode`, so the driver reruns the task, as for local episodes."""
         from harnessrl.gym.episode import run_episode
 
-        meta: dict[str, Any] = {"start_version": slot.start_version}
-        if slot.over_staleness == "requeue":
-            meta["staleness_limit"] = slot.staleness
+        limit = slot.staleness if slot.over_staleness == "requeue" else None
         res = run_episode(self.tasks[slot.task_id], self.adapter, lambda spec, mounts: self.backend.create(spec, mounts),
-                          self.proxy, self.config.served_model_name, self.config.episode, session_meta=meta)
-        if res.trajectory.termination == "stale":
-            raise StaleEpisode(f"the proxy aborted session {res.trajectory.session_id}: its data exceeded η={slot.staleness}")
-        return res.trajectory
+                          self.proxy, self.config.served_model_name, self.config.episode,
+                          session_meta=session_meta(slot.start_version, limit))
+        return raise_if_aborted_stale(res.trajectory, limit)
 
 
 # -- engines as actors -----------------------------------------------------------------------

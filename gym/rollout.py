@@ -127,18 +127,12 @@ class Rollout:
         """An episode function for `RolloutScheduler` (the slot names the task). Under the
         `requeue` policy the proxy runs the per-turn staleness check; an episode it aborted
         raises `StaleEpisode`, so the scheduler reruns the task."""
-        from harnessrl.gym.scheduler import StaleEpisode
+        from harnessrl.gym.scheduler import raise_if_aborted_stale, session_meta
 
-        start = getattr(slot, "start_version", 0)
-        meta: dict[str, Any] = {"start_version": start}
-        limit = getattr(slot, "staleness_limit", None)
-        if limit is not None:
-            meta["staleness_limit"] = limit
-        traj = await asyncio.to_thread(self.run_one, slot.task_id, meta)
+        start, limit = getattr(slot, "start_version", 0), getattr(slot, "staleness_limit", None)
+        traj = await asyncio.to_thread(self.run_one, slot.task_id, session_meta(start, limit))
         traj.metadata["start_version"] = start
-        if traj.termination == "stale":
-            raise StaleEpisode(f"the proxy aborted session {traj.session_id}: its data exceeded η={limit}")
-        return traj
+        return raise_if_aborted_stale(traj, limit)
 
 
 # -- the report -------------------------------------------------------------------------------

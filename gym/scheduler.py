@@ -100,6 +100,22 @@ class EpisodeSlot:
 EpisodeFn = Callable[[EpisodeSlot], Awaitable[Trajectory]]
 
 
+def session_meta(start_version: int, staleness_limit: int | None) -> dict:
+    """What a harness episode's proxy session carries for the scheduler: its start version
+    (the engine priority) and, under `requeue`, the η the proxy's per-turn check enforces."""
+    meta: dict = {"start_version": start_version}
+    if staleness_limit is not None:
+        meta["staleness_limit"] = staleness_limit
+    return meta
+
+
+def raise_if_aborted_stale(traj: Trajectory, staleness_limit: int | None) -> Trajectory:
+    """The proxy's per-turn check ended this episode `stale`: raise StaleEpisode (rerun it)."""
+    if traj.termination == "stale":
+        raise StaleEpisode(f"the proxy aborted session {traj.session_id}: its data exceeded η={staleness_limit}")
+    return traj
+
+
 @dataclass(eq=False)
 class _Group:
     group_id: int
