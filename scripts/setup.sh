@@ -29,7 +29,9 @@ SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 
 # 1. system packages -----------------------------------------------------------------
 need=()
-command -v docker >/dev/null 2>&1 || need+=(docker.io)
+# The engine binary, not the CLI: this image ships a `docker` CLI without `dockerd`.
+# `scripts/need_docker_engine.sh` is the one detection rule (tested in test_setup.py).
+bash "$ROOT/scripts/need_docker_engine.sh" && need+=(docker.io)
 command -v debootstrap >/dev/null 2>&1 || [ -x /usr/sbin/debootstrap ] || need+=(debootstrap)
 command -v bwrap >/dev/null 2>&1 || need+=(bubblewrap)
 command -v node >/dev/null 2>&1 || need+=(nodejs)
