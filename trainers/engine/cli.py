@@ -15,6 +15,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         help="stream only new tokens per chunk (SGLang's flag of the same name)")
     parser.add_argument("--num-threads", type=int, default=None, help="torch threads (default: all cores)")
     parser.add_argument("--api-key", default=None, help="require Authorization: Bearer KEY")
+    parser.add_argument("--logprob-space", choices=["sampled", "tempered"], default="sampled",
+                        help="report logprobs of the filtered distribution sampled from (default) or, "
+                             "as SGLang does, at the temperature before top-p/top-k")
     return parser
 
 
@@ -27,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         serve(args.model, host=args.host, port=args.port, max_running_requests=args.max_running_requests,
               weight_version=args.weight_version, incremental_streaming_output=args.incremental_streaming_output,
-              num_threads=args.num_threads, api_key=args.api_key)
+              num_threads=args.num_threads, api_key=args.api_key, logprob_space=args.logprob_space)
     except EngineStartupError as e:
         print(f"harnessrl engine: {e}", file=sys.stderr)
         return 2

@@ -1,6 +1,8 @@
 """The one config of the local CPU engine (validation only, no side effects)."""
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, Field
 
 
@@ -30,6 +32,12 @@ class EngineConfig(BaseModel):
 
     incremental_streaming_output: bool = False
     """Stream only the new tokens per chunk; default False sends cumulative output, as SGLang does."""
+
+    logprob_space: Literal["sampled", "tempered"] = "sampled"
+    """Which distribution reported logprobs belong to (`engine.sampling` module doc): "sampled",
+    the top-p/top-k filtered, renormalized distribution at the request's temperature that the
+    token was drawn from; or "tempered", SGLang's default (temperature applied, filters not).
+    `/get_model_info` reports it, so the proxy records it with every call."""
 
     num_threads: int | None = Field(None, ge=1)
     """torch intra-op threads; None keeps torch's default (all cores)."""

@@ -68,6 +68,7 @@ def build_state(config: EngineConfig):
         max_context=max_context,
         random_seed=config.random_seed,
         num_threads=config.num_threads,
+        logprob_space=config.logprob_space,
     )
     sched.start()
     return EngineState(config=config, scheduler=sched, tokenizer=tokenizer, model_path=str(path),

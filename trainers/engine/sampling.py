@@ -1,18 +1,36 @@
 """Next-token choice and its logprob, for a batch of rows with per-row parameters.
 
-The logprob reported for a sampled token is `log_softmax(logits / temperature)[token]`
-(with raw logits when temperature == 0, which means greedy argmax). It is taken *before*
-top-p / top-k filtering, i.e. without renormalizing over the kept tokens: this is the
-policy's own distribution at that temperature, which is what an RL importance ratio
-against a trainer's forward pass needs. SGLang's sampler reports the same by default
-(temperature applied, top-p/top-k not; `SGLANG_RETURN_ORIGINAL_LOGPROB` changes that there). Top-k keeps the k highest logits; top-p keeps the smallest set of tokens
-whose probability sums to at least p (the top token is always kept).
+The contract: which distribution a reported logprob belongs to (`LOGPROB_SPACES`).
+
+- "sampled" (the local engine's default): the distribution the token was actually drawn
+  from. Logits are divided by the temperature; top-k keeps every token whose scaled logit
+  is >= the k-th largest; top-p then keeps every token whose probability (after top-k,
+  renormalized) is >= that of the last token of the smallest descending-probability prefix
+  whose mass reaches p (the top token is always kept); the logprob is the scaled logit
+  minus the log-sum-exp over the kept tokens (`processed_logprobs`). Both filters compare
+  values, so tied tokens are kept or dropped together and the kept set does not depend on
+  a sort order: a trainer recomputing with the same function and the same parameters gets
+  the same distribution. Greedy (temperature 0) is a point mass on the argmax: logprob 0,
+  a degenerate distribution that has no importance ratio (trainers refuse it).
+- "tempered": `log_softmax(logits / temperature)` before top-p/top-k, over the whole
+  vocabulary (raw logits when greedy). This is what SGLang reports by default; with top-p
+  or top-k on it is not the sampling distribution, and a trainer can only recompute that
+  same quantity. `EngineConfig.logprob_space = "tempered"` makes the local engine report it.
+
+Without top-p/top-k the two spaces are the same numbers. The proxy records the space with
+every call (`flags["sampling"]["logprobs"]`), the trainer recomputes in it
+(`harnessrl.trainers.samples`), and `processed_logprobs` is the one implementation of the
+"sampled" distribution both sides use.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
+
+LogprobSpace = Literal["sampled", "tempered"]
+LOGPROB_SPACES: tuple[str, ...] = ("sampled", "tempered")
 
 
 @dataclass
@@ -25,42 +43,65 @@ class RowParams:
     generator: torch.Generator | None = None
 
 
-def _filtered_probs(scaled: torch.Tensor, top_p: float, top_k: int) -> torch.Tensor:
-    """Probabilities over the vocabulary after top-k and top-p filtering (renormalized)."""
-    logits = scaled
-    if 0 < top_k < logits.shape[-1]:
-        kth = torch.topk(logits, top_k).values[-1]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    probs = torch.softmax(logits, dim=-1)
-    if top_p < 1.0:
-        sorted_probs, order = torch.sort(probs, descending=True)
-        cumulative = torch.cumsum(sorted_probs, dim=-1)
-        # drop a token when the mass before it already reaches top_p
-        drop_sorted = (cumulative - sorted_probs) >= top_p
-        drop_sorted[0] = False
-        drop = torch.zeros_like(drop_sorted).scatter(0, order, drop_sorted)
-        probs = probs.masked_fill(drop, 0.0)
-        probs = probs / probs.sum()
-    return probs
+def processed_logprobs(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor,
+                       top_k: torch.Tensor, always_keep: torch.Tensor | None = None) -> torch.Tensor:
+    """[N, V] log-probabilities of the "sampled" distribution of each row (see module doc).
+
+    `logits` [N, V] float; `temperature` [N] (0 = greedy), `top_p` [N] in (0, 1],
+    `top_k` [N] long (-1 or >= V: off). Tokens outside the kept set get -inf. Rows without
+    any filter are exactly `log_softmax(logits / temperature)`. `always_keep` [N] (token
+    ids) forces one token per row into the kept set: a trainer scoring a token the engine
+    did sample, whose own logits put it a float rounding outside the boundary, gets a finite
+    logprob instead of -inf. Differentiable in `logits`; the kept set itself is not.
+    """
+    n, v = logits.shape
+    greedy = temperature <= 0
+    temps = torch.where(greedy, torch.ones_like(temperature), temperature).to(logits.dtype)
+    scaled = logits / temps[:, None]
+    k_on = (top_k > 0) & (top_k < v)
+    p_on = top_p < 1.0
+    if not bool((greedy | k_on | p_on).any()):
+        return torch.log_softmax(scaled, dim=-1)
+    with torch.no_grad():
+        s = scaled.detach()
+        desc = torch.sort(s, dim=-1, descending=True).values
+        idx = (top_k.clamp(min=1, max=v) - 1).to(torch.long)
+        kth = torch.where(k_on, desc.gather(1, idx[:, None])[:, 0], torch.full_like(desc[:, 0], -torch.inf))
+        kth = torch.where(greedy, desc[:, 0], kth)  # greedy: only the maximum survives
+        desc = desc.masked_fill(desc < kth[:, None], -torch.inf)
+        probs = torch.softmax(desc, dim=-1)
+        before = torch.cumsum(probs, dim=-1) - probs  # mass of the tokens ranked above
+        n_keep = ((before < top_p.to(probs.dtype)[:, None]) | (torch.arange(v) == 0)).sum(-1)
+        pth = desc.gather(1, (n_keep - 1)[:, None])[:, 0]
+        threshold = torch.where(p_on & ~greedy, torch.maximum(pth, kth), kth)
+        keep = s >= threshold[:, None]
+        if always_keep is not None:
+            keep[torch.arange(n), always_keep] = True
+    return torch.log_softmax(scaled.masked_fill(~keep, -torch.inf), dim=-1)
 
 
 def sample(logits: torch.Tensor, rows: list[RowParams], default_gen: torch.Generator,
-           top_logprobs_num: int = 0) -> tuple[list[int], list[float], list[list[tuple[float, int]]]]:
-    """Pick one token per row of `logits` [B, V]; return ids, their logprobs, and top-n lists."""
+           top_logprobs_num: int = 0, space: LogprobSpace = "sampled",
+           ) -> tuple[list[int], list[float], list[list[tuple[float, int]]]]:
+    """Pick one token per row of `logits` [B, V]; return ids, their logprobs in `space`, and
+    top-n lists in the same space (tokens outside the kept set are left out of those)."""
     logits = logits.float()
-    temps = torch.tensor([r.temperature if r.temperature > 0 else 1.0 for r in rows], dtype=logits.dtype)
-    logprobs = torch.log_softmax(logits / temps[:, None], dim=-1)
+    temperature = torch.tensor([r.temperature for r in rows], dtype=logits.dtype)
+    table = processed_logprobs(logits, temperature, torch.tensor([r.top_p for r in rows], dtype=logits.dtype),
+                               torch.tensor([r.top_k for r in rows], dtype=torch.long))
     greedy = logits.argmax(dim=-1)
     ids: list[int] = []
     for i, r in enumerate(rows):
-        if r.temperature <= 0 or r.top_k == 1:
+        if r.temperature <= 0:
             ids.append(int(greedy[i]))
-            continue
-        probs = _filtered_probs(logits[i] / r.temperature, r.top_p, r.top_k)
-        ids.append(int(torch.multinomial(probs, 1, generator=r.generator or default_gen)))
-    chosen = logprobs[torch.arange(len(rows)), torch.tensor(ids)].tolist()
+        else:
+            ids.append(int(torch.multinomial(table[i].exp(), 1, generator=r.generator or default_gen)))
+    if space == "tempered":  # SGLang's default: temperature applied, top-p/top-k not; greedy at 1
+        table = torch.log_softmax(logits / torch.where(temperature > 0, temperature, 1.0)[:, None], dim=-1)
+    chosen = table[torch.arange(len(rows)), torch.tensor(ids)].tolist()
     tops: list[list[tuple[float, int]]] = []
     if top_logprobs_num > 0:
-        values, indices = torch.topk(logprobs, top_logprobs_num, dim=-1)
-        tops = [list(zip(v.tolist(), ix.tolist())) for v, ix in zip(values, indices)]
+        values, indices = torch.topk(table, top_logprobs_num, dim=-1)
+        tops = [[(lv, ix) for lv, ix in zip(v.tolist(), x.tolist()) if lv > -float("inf")]
+                for v, x in zip(values, indices)]
     return ids, chosen, tops

@@ -29,7 +29,7 @@ from transformers import DynamicCache
 
 from harnessrl.trainers.engine.kv import BatchKV
 from harnessrl.trainers.engine.protocol import SamplingParams
-from harnessrl.trainers.engine.sampling import RowParams, sample
+from harnessrl.trainers.engine.sampling import LogprobSpace, RowParams, sample
 
 log = logging.getLogger("harnessrl.engine")
 
@@ -77,12 +77,13 @@ class Scheduler:
 
     def __init__(self, model, tokenizer, eos_ids: set[int], *, weight_version: str, max_running: int,
                  max_prefill_per_step: int, max_context: int, random_seed: int = 0,
-                 num_threads: int | None = None):
+                 num_threads: int | None = None, logprob_space: LogprobSpace = "sampled"):
         self.model, self.tokenizer, self.eos_ids = model, tokenizer, eos_ids
         self.weight_version = weight_version
         self.max_running, self.max_prefill = max_running, max_prefill_per_step
         self.max_context = max_context
         self.num_threads = num_threads
+        self.logprob_space: LogprobSpace = logprob_space
         self.default_gen = torch.Generator().manual_seed(random_seed)
         self.paused: str | None = None  # None or the pause mode
         self.steps = 0
@@ -264,7 +265,8 @@ class Scheduler:
             self._finish(r, {"type": "length", "length": 0})
             return
         if not resumed:
-            ids, lps, tops = sample(out.logits[:, -1, :], [r.row()], self.default_gen, r.top_logprobs_num)
+            ids, lps, tops = sample(out.logits[:, -1, :], [r.row()], self.default_gen, r.top_logprobs_num,
+                                    self.logprob_space)
             self._append(r, ids[0], lps[0], tops[0] if tops else None)
             if r.finish is not None:
                 return
@@ -286,7 +288,8 @@ class Scheduler:
         out = self.model(input_ids=input_ids, **self._kv.step_inputs())
         self._kv.cache = out.past_key_values
         top_n = max(r.top_logprobs_num for r in self._running)
-        ids, lps, tops = sample(out.logits[:, -1, :], [r.row() for r in self._running], self.default_gen, top_n)
+        ids, lps, tops = sample(out.logits[:, -1, :], [r.row() for r in self._running], self.default_gen, top_n,
+                                self.logprob_space)
         self.steps += 1
         for i, r in enumerate(self._running):
             self._append(r, ids[i], lps[i], tops[i][: r.top_logprobs_num] if tops else None)

@@ -287,6 +287,7 @@ def build_app(state: EngineState) -> FastAPI:
             "max_context_length": state.max_context,
             "eos_token_ids": sorted(sched.eos_ids),
             "max_running_requests": cfg.max_running_requests,
+            "logprob_space": sched.logprob_space,
             **sched.load(),
         }
 

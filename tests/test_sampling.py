@@ -1,0 +1,114 @@
+"""The "sampled" distribution (`trainers.engine.sampling`) on hand-computed numbers.
+
+Logits are logs of small integers, so every probability below is a fraction derived in the
+comments: softmax(log w) = w / sum(w).
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from harnessrl.trainers.engine.sampling import RowParams, processed_logprobs, sample
+
+L = math.log
+NEG = -math.inf
+
+
+def lp(weights, temperature=1.0, top_p=1.0, top_k=-1, always_keep=None):
+    logits = torch.tensor([[L(w) for w in weights]], dtype=torch.float64)
+    keep = None if always_keep is None else torch.tensor([always_keep])
+    return processed_logprobs(logits, torch.tensor([temperature], dtype=torch.float64),
+                              torch.tensor([top_p], dtype=torch.float64), torch.tensor([top_k]), keep)[0].tolist()
+
+
+def test_no_filter_is_tempered_log_softmax():
+    # w = 4, 2, 1, 1 -> p = 1/2, 1/4, 1/8, 1/8
+    assert lp([4, 2, 1, 1]) == pytest.approx([L(1 / 2), L(1 / 4), L(1 / 8), L(1 / 8)], abs=1e-12)
+    # T = 0.5 squares the weights: 16, 4, 1, 1 -> /22
+    assert lp([4, 2, 1, 1], temperature=0.5) == pytest.approx([L(16 / 22), L(4 / 22), L(1 / 22), L(1 / 22)], abs=1e-12)
+
+
+def test_top_k_renormalizes_over_the_kept_tokens():
+    # k = 2 keeps weights 4, 2 -> 2/3, 1/3
+    assert lp([4, 2, 1, 1], top_k=2) == pytest.approx([L(2 / 3), L(1 / 3), NEG, NEG])
+    # k = 3: the 3rd largest logit is log 1, shared by tokens 2 and 3 -> both kept, nothing dropped
+    assert lp([4, 2, 1, 1], top_k=3) == pytest.approx([L(1 / 2), L(1 / 4), L(1 / 8), L(1 / 8)])
+    # k = 1 is a point mass on the top token
+    assert lp([4, 2, 1, 1], top_k=1) == pytest.approx([0.0, NEG, NEG, NEG])
+
+
+def test_top_p_keeps_the_smallest_prefix_reaching_p():
+    # p = 1/2, 1/4, 1/8, 1/8; mass ranked above each token: 0, 1/2, 3/4, 7/8
+    # top_p 0.6: kept while that mass < 0.6 -> tokens 0, 1 -> 2/3, 1/3
+    assert lp([4, 2, 1, 1], top_p=0.6) == pytest.approx([L(2 / 3), L(1 / 3), NEG, NEG])
+    # top_p 0.5: token 1 has 1/2 above it, not < 0.5 -> only token 0
+    assert lp([4, 2, 1, 1], top_p=0.5) == pytest.approx([0.0, NEG, NEG, NEG])
+    # top_p 0.8: tokens 0, 1, 2 by rank (3/4 < 0.8); token 3 ties token 2's probability and
+    # is kept with it (the filter compares values, not sort positions) -> the full distribution
+    assert lp([4, 2, 1, 1], top_p=0.8) == pytest.approx([L(1 / 2), L(1 / 4), L(1 / 8), L(1 / 8)])
+
+
+def test_temperature_then_top_p():
+    # T = 0.5: 16/22, 4/22, 1/22, 1/22; mass above: 0, 16/22 = .727, 20/22 = .909, ...
+    # top_p 0.9 keeps tokens 0, 1 -> 16/20, 4/20
+    assert lp([4, 2, 1, 1], temperature=0.5, top_p=0.9) == pytest.approx([L(0.8), L(0.2), NEG, NEG])
+
+
+def test_top_k_then_top_p_on_the_renormalized_rest():
+    # w = 5, 3, 1, 1; k = 2 -> 5/8, 3/8. top_p 0.6: 5/8 above token 1 -> only token 0.
+    assert lp([5, 3, 1, 1], top_k=2, top_p=0.6) == pytest.approx([0.0, NEG, NEG, NEG])
+    # top_p 0.7: 5/8 = .625 < .7 -> both stay, 5/8 and 3/8 (top-p of the *renormalized* top-k)
+    assert lp([5, 3, 1, 1], top_k=2, top_p=0.7) == pytest.approx([L(5 / 8), L(3 / 8), NEG, NEG])
+
+
+def test_greedy_is_a_point_mass():
+    assert lp([4, 2, 1, 1], temperature=0.0) == pytest.approx([0.0, NEG, NEG, NEG])
+
+
+def test_always_keep_adds_the_scored_token_to_the_kept_set():
+    # top_p 0.5 keeps token 0 alone; forcing token 2 in: weights 4, 1 -> 4/5, 1/5
+    assert lp([4, 2, 1, 1], top_p=0.5, always_keep=2) == pytest.approx([L(0.8), NEG, L(0.2), NEG])
+
+
+def test_gradient_flows_through_the_kept_normalizer_only():
+    # top_k 2 over 4, 2, 1, 1: log p0 = z0 - log(e^z0 + e^z1), so d/dz = (1 - 2/3, -1/3, 0, 0)
+    z = torch.tensor([[L(4), L(2), L(1), L(1)]], dtype=torch.float64, requires_grad=True)
+    out = processed_logprobs(z, torch.tensor([1.0], dtype=torch.float64), torch.tensor([1.0], dtype=torch.float64),
+                             torch.tensor([2]))
+    out[0, 0].backward()
+    assert z.grad[0].tolist() == pytest.approx([1 / 3, -1 / 3, 0.0, 0.0], abs=1e-12)
+    # at temperature T the derivative is divided by T: T = 0.5 keeps weights 16, 4 -> 4/5, 1/5
+    z.grad = None
+    out = processed_logprobs(z, torch.tensor([0.5], dtype=torch.float64), torch.tensor([1.0], dtype=torch.float64),
+                             torch.tensor([2]))
+    out[0, 0].backward()
+    assert z.grad[0].tolist() == pytest.approx([(1 - 0.8) / 0.5, -0.2 / 0.5, 0.0, 0.0], abs=1e-12)
+
+
+def test_rows_keep_their_own_parameters():
+    logits = torch.tensor([[L(4), L(2), L(1), L(1)]] * 3, dtype=torch.float64)
+    out = processed_logprobs(logits, torch.tensor([1.0, 0.5, 1.0], dtype=torch.float64),
+                             torch.tensor([1.0, 1.0, 0.6], dtype=torch.float64), torch.tensor([2, -1, -1]))
+    assert out[0].tolist() == pytest.approx([L(2 / 3), L(1 / 3), NEG, NEG])
+    assert out[1].tolist() == pytest.approx([L(16 / 22), L(4 / 22), L(1 / 22), L(1 / 22)])
+    assert out[2].tolist() == pytest.approx([L(2 / 3), L(1 / 3), NEG, NEG])
+
+
+def test_sample_reports_the_space_it_is_asked_for():
+    logits = torch.tensor([[L(4), L(2), L(1), L(1)]] * 64)
+    gen = torch.Generator().manual_seed(0)
+    rows = [RowParams(1.0, top_k=2) for _ in range(64)]
+    ids, lps, tops = sample(logits, rows, gen, top_logprobs_num=3)
+    assert set(ids) == {0, 1}  # 64 draws from 2/3, 1/3: both appear, nothing outside the top 2
+    assert lps == pytest.approx([L(2 / 3) if i == 0 else L(1 / 3) for i in ids], abs=1e-6)
+    assert [t for _, t in tops[0]] == [0, 1]  # the dropped tokens have no logprob to report
+    ids, lps, _ = sample(logits, rows, torch.Generator().manual_seed(0), space="tempered")
+    assert set(ids) == {0, 1}
+    assert lps == pytest.approx([L(1 / 2) if i == 0 else L(1 / 4) for i in ids], abs=1e-6)
+    # greedy: the argmax; "sampled" reports the point mass, "tempered" SGLang's temperature-1 logprob
+    g = [RowParams(0.0)]
+    assert sample(logits[:1], g, gen)[:2] == ([0], [0.0])
+    ids, lps, _ = sample(logits[:1], g, gen, space="tempered")
+    assert ids == [0] and lps == pytest.approx([L(1 / 2)], abs=1e-6)
