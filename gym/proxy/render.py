@@ -14,6 +14,11 @@ checked once per template at start-up (`incremental_exact`). Long text pieces be
 added tokens (system prompts with tool lists) are tokenized once and cached. When the anchor trick does
 not hold for a template (it renders earlier turns differently), the renderer falls back to
 diffing two full renders of the real history.
+
+Message content never becomes control tokens: every template message's content is shielded
+(`shield.py`) before the template renders it, so `<|im_start|>assistant` in a tool result
+is tokenized as the text it is, and the only special-token ids in a prompt are the ones
+the chat template wrote. Content without special-token text tokenizes as it always did.
 """
 from __future__ import annotations
 
@@ -22,6 +27,7 @@ import re
 from collections import OrderedDict
 
 from .canonical import Message, Tool
+from .shield import Shield, special_tokens
 from .toolcalls import ToolFormat
 
 _MARK = "\u2063ANCHOR-REPLY\u2063"
@@ -38,12 +44,16 @@ class Renderer:
         self.tok = tokenizer
         self.tool_format = tool_format
         self._fast = getattr(tokenizer, "_tokenizer", None)  # tokenizers.Tokenizer: skips python overhead
+        self.shield = Shield(special_tokens(tokenizer))
+        self.special_ids = frozenset(tokenizer.convert_tokens_to_ids(self.shield.specials))
+        """The control-token ids: only the chat template's own text may produce them."""
+        self._fast_text = self._text_backend()
         self.template_hash = hashlib.sha256(tokenizer.chat_template.encode()).hexdigest()[:16]
         self.stop_token_ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
         self._pieces: OrderedDict[str, list[int]] = OrderedDict()
         self._split = self._piecewise_split()
         anchor = [Message("system", "A"), Message("user", "B")]
-        self._anchor_tmpl = self.tool_format.to_template(anchor, None) + [{"role": "assistant", "content": _MARK}]
+        self._anchor_tmpl = self.template(anchor, None) + [{"role": "assistant", "content": _MARK}]
         self._anchor_text = self.render_text(self._anchor_tmpl, False)
         pos = self._anchor_text.rfind(_MARK)
         if pos < 0:
@@ -53,13 +63,40 @@ class Renderer:
         self.incremental_exact = self._self_check()
 
     # -- primitives ------------------------------------------------------------------
+    def template(self, messages: list[Message], tools: list[Tool] | None) -> list[dict]:
+        """The tool format's template messages, their content shielded."""
+        sh = self.shield.shield
+        return [dict(d, content=sh(d["content"])) if isinstance(d.get("content"), str) else d
+                for d in self.tool_format.to_template(messages, tools)]
+
     def render_text(self, tmsgs: list[dict], generation_prompt: bool) -> str:
         return self.tok.apply_chat_template(tmsgs, tokenize=False, add_generation_prompt=generation_prompt)
+
+    def _text_backend(self):
+        """A private copy of the fast backend with special-token matching off (the flag is
+        tokenizer-wide state; the caller's tokenizer object stays untouched)."""
+        if self._fast is None:
+            return None
+        from tokenizers import Tokenizer
+
+        t = Tokenizer.from_str(self._fast.to_str())
+        t.encode_special_tokens = True
+        return t
 
     def _encode_raw(self, text: str) -> list[int]:
         if self._fast is not None:
             return self._fast.encode(text, add_special_tokens=False).ids
         return self.tok.encode(text, add_special_tokens=False)
+
+    def _encode_as_text(self, text: str) -> list[int]:
+        if self._fast_text is not None:
+            return self._fast_text.encode(text, add_special_tokens=False).ids
+        return self.tok.encode(text, add_special_tokens=False, split_special_tokens=True)
+
+    def encode_text(self, text: str) -> list[int]:
+        """Ids of content text on its own, special-token text kept as text (e.g. what the
+        policy samples when it writes its reply's template rendering)."""
+        return self.encode(self.shield.shield(text))
 
     def _piecewise_split(self):
         """Added tokens cut text into pieces the tokenizer encodes independently, so long
@@ -77,8 +114,12 @@ class Renderer:
         return split if self.encode(sample) == self._encode_raw(sample) == self.encode(sample) else None
 
     def encode(self, text: str) -> list[int]:
+        """Ids of a rendered text: added-token literals are tokens, shielded content is text."""
         if self._split is None:
-            return self._encode_raw(text)
+            out: list[int] = []
+            for piece, literal in self.shield.pieces(text):
+                out += self._encode_as_text(piece) if literal else self._encode_raw(piece)
+            return out
         rx, ids = self._split
         out: list[int] = []
         pos = 0
@@ -91,12 +132,17 @@ class Renderer:
             out += self._piece(text[pos:])
         return out
 
+    def _encode_piece(self, piece: str) -> list[int]:
+        if self.shield.marked(piece):
+            return self._encode_as_text(self.shield.restore(piece))
+        return self._encode_raw(piece)
+
     def _piece(self, piece: str) -> list[int]:
         if len(piece) < 1024:
-            return self._encode_raw(piece)
+            return self._encode_piece(piece)
         hit = self._pieces.get(piece)
         if hit is None:
-            hit = self._pieces[piece] = self._encode_raw(piece)
+            hit = self._pieces[piece] = self._encode_piece(piece)
             if len(self._pieces) > 256:
                 self._pieces.popitem(last=False)
         else:
@@ -112,7 +158,7 @@ class Renderer:
     # -- prompts -----------------------------------------------------------------------
     def full_prompt(self, messages: list[Message], tools: list[Tool]) -> list[int]:
         """Prompt ids of a conversation rendered from scratch (first call of a segment)."""
-        return self.encode(self.render_text(self.tool_format.to_template(messages, tools or None), True))
+        return self.encode(self.render_text(self.template(messages, tools or None), True))
 
     def bridge(self, completion_ids: list[int], finish_reason: str) -> list[int]:
         """End-of-turn tokens the policy did not sample itself (none of them when it stopped on them)."""
@@ -130,14 +176,14 @@ class Renderer:
         return self.bridge(completion_ids, finish_reason) + self.encode(suffix)
 
     def _suffix_text(self, new_messages: list[Message], history: list[Message], tools: list[Tool]) -> str:
-        new_tmpl = self.tool_format.to_template(new_messages, None)
+        new_tmpl = self.template(new_messages, None)
         text = self.render_text(self._anchor_tmpl + new_tmpl, True)
         if text.startswith(self._anchor_text):
             return text[len(self._anchor_text):]
         # The template renders a turn differently once it is no longer last: diff real renders.
-        before = self.render_text(self.tool_format.to_template(history, tools or None), False)
+        before = self.render_text(self.template(history, tools or None), False)
         pos = before.rfind(self.bridge_text)
-        after = self.render_text(self.tool_format.to_template(history + new_messages, tools or None), True)
+        after = self.render_text(self.template(history + new_messages, tools or None), True)
         if pos < 0 or not after.startswith(before):
             raise TemplateMismatch("the chat template does not render the grown conversation as an extension")
         return after[len(before):]

@@ -1,0 +1,91 @@
+"""Special-token text in message content stays text.
+
+The only control-token ids a rendered prompt may hold are the ones the chat template wrote
+itself (`<|im_start|>`, `<|im_end|>`, ...). Text a harness supplies (a tool result, a user
+message, tool-call arguments, a tool list, a system prompt) can spell the same strings;
+tokenized as it is, tool output could forge a turn. So the renderer *shields* the content
+of every template message before the template runs: each special-token literal becomes one
+reserved private-use character (a reserved character already in the content is escaped,
+so shielding is exactly reversible). After rendering, the text is cut at the template's
+own special tokens, and a piece that holds shielded text is restored and tokenized with
+special-token matching off.
+
+Content without special-token text renders and tokenizes exactly as it did unshielded.
+Content with it tokenizes as `tokenizer(piece, split_special_tokens=True)` would, per piece
+between the template's control tokens. Shielded are the tokenizer's *special* tokens
+(`all_special_tokens` and added tokens marked special); a non-special added token (Qwen's
+`<tool_call>`) stays a token, as under Hugging Face's `split_special_tokens`, because tool
+formats write those into content on purpose.
+"""
+from __future__ import annotations
+
+import re
+from typing import Iterable
+
+_BASE = 0xF0000  # Supplementary Private Use Area-A: no tokenizer or template gives it meaning
+
+
+def special_tokens(tokenizer) -> list[str]:
+    """The tokenizer's control-token strings: its named special tokens and every added
+    token flagged special."""
+    found = set(getattr(tokenizer, "all_special_tokens", []) or [])
+    for t in (getattr(tokenizer, "added_tokens_decoder", {}) or {}).values():
+        if getattr(t, "special", False):
+            found.add(t.content)
+    return sorted((s for s in found if s), key=lambda s: (-len(s), s))
+
+
+class Shield:
+    """Reversible substitution of special-token literals in text by reserved characters."""
+
+    def __init__(self, specials: Iterable[str]):
+        self.specials = sorted({s for s in specials if s}, key=lambda s: (-len(s), s))
+        n = len(self.specials)
+        if n >= 0xFFFD:
+            raise ValueError(f"{n} special tokens: more than the reserved characters")
+        self._to = {s: chr(_BASE + i) for i, s in enumerate(self.specials)}
+        self._back = {c: s for s, c in self._to.items()}
+        self.escape = chr(_BASE + n)
+        reserved = f"[{chr(_BASE)}-{self.escape}]"
+        literals = "|".join(re.escape(s) for s in self.specials)
+        self._find = re.compile(f"{literals}|{reserved}" if literals else reserved)
+        self._reserved = re.compile(reserved)
+        self._marks = re.compile(f"{re.escape(self.escape)}{reserved}|{reserved}")
+
+    def shield(self, text: str) -> str:
+        """`text` with each special-token literal replaced by its reserved character."""
+        if self._find.search(text) is None:
+            return text
+        return self._find.sub(self._sub, text)
+
+    def _sub(self, m: re.Match) -> str:
+        g = m.group()
+        return self._to.get(g) or self.escape + g
+
+    def marked(self, text: str) -> bool:
+        """Whether `text` holds shielded content (a placeholder or an escape)."""
+        return self._reserved.search(text) is not None
+
+    def restore(self, text: str) -> str:
+        """The inverse of `shield`: the literal text back."""
+        return self._marks.sub(lambda m: m.group()[1] if len(m.group()) == 2 else self._back.get(m.group(), ""), text)
+
+    def pieces(self, text: str) -> list[tuple[str, bool]]:
+        """`text` cut at its placeholders: (plain text, False) and (special literal, True)
+        in order, escapes restored. For tokenizers whose added tokens cannot be split out
+        literally, so that each shielded literal is tokenized on its own as text."""
+        out: list[tuple[str, bool]] = []
+        buf: list[str] = []
+        pos = 0
+        for m in self._marks.finditer(text):
+            buf.append(text[pos:m.start()])
+            pos, g = m.end(), m.group()
+            if len(g) == 2:
+                buf.append(g[1])
+            else:
+                out.append(("".join(buf), False))
+                out.append((self._back.get(g, ""), True))
+                buf = []
+        buf.append(text[pos:])
+        out.append(("".join(buf), False))
+        return [(t, s) for t, s in out if t]
