@@ -107,8 +107,10 @@ def test_sample_reports_the_space_it_is_asked_for():
     ids, lps, _ = sample(logits, rows, torch.Generator().manual_seed(0), space="tempered")
     assert set(ids) == {0, 1}
     assert lps == pytest.approx([L(1 / 2) if i == 0 else L(1 / 4) for i in ids], abs=1e-6)
-    # greedy: the argmax; "sampled" reports the point mass, "tempered" SGLang's temperature-1 logprob
+    # greedy: the argmax, reported (both spaces) with SGLang's temperature-1 score, log 1/2
     g = [RowParams(0.0)]
-    assert sample(logits[:1], g, gen)[:2] == ([0], [0.0])
-    ids, lps, _ = sample(logits[:1], g, gen, space="tempered")
-    assert ids == [0] and lps == pytest.approx([L(1 / 2)], abs=1e-6)
+    for space in ("sampled", "tempered"):
+        ids, lps, _ = sample(logits[:1], g, gen, space=space)
+        assert ids == [0] and lps == pytest.approx([L(1 / 2)], abs=1e-6)
+    # top_k 1 at temperature 1 is a point mass in "sampled": logprob 0
+    assert sample(logits[:1], [RowParams(1.0, top_k=1)], gen)[:2] == ([0], [0.0])

@@ -10,8 +10,13 @@ The contract: which distribution a reported logprob belongs to (`LOGPROB_SPACES`
   minus the log-sum-exp over the kept tokens (`processed_logprobs`). Both filters compare
   values, so tied tokens are kept or dropped together and the kept set does not depend on
   a sort order: a trainer recomputing with the same function and the same parameters gets
-  the same distribution. Greedy (temperature 0) is a point mass on the argmax: logprob 0,
-  a degenerate distribution that has no importance ratio (trainers refuse it).
+  the same distribution.
+- Greedy (temperature 0) samples a point mass on the argmax, a degenerate distribution with
+  no importance ratio: trainers refuse such records (they say temperature 0). Its reported
+  logprob is, in both spaces, SGLang's: `log_softmax(logits)` at temperature 1, a score of
+  the token under the model, not a behaviour probability (`processed_logprobs` itself gives
+  the point mass). top_k = 1 at a positive temperature is a point mass too and reports 0 in
+  "sampled"; trainers refuse it as well.
 - "tempered": `log_softmax(logits / temperature)` before top-p/top-k, over the whole
   vocabulary (raw logits when greedy). This is what SGLang reports by default; with top-p
   or top-k on it is not the sampling distribution, and a trainer can only recompute that
@@ -96,8 +101,10 @@ def sample(logits: torch.Tensor, rows: list[RowParams], default_gen: torch.Gener
             ids.append(int(greedy[i]))
         else:
             ids.append(int(torch.multinomial(table[i].exp(), 1, generator=r.generator or default_gen)))
-    if space == "tempered":  # SGLang's default: temperature applied, top-p/top-k not; greedy at 1
-        table = torch.log_softmax(logits / torch.where(temperature > 0, temperature, 1.0)[:, None], dim=-1)
+    greedy_rows = temperature <= 0
+    if space == "tempered" or bool(greedy_rows.any()):  # SGLang's: temperature applied, filters not; greedy at 1
+        tempered = torch.log_softmax(logits / torch.where(greedy_rows, 1.0, temperature)[:, None], dim=-1)
+        table = tempered if space == "tempered" else torch.where(greedy_rows[:, None], tempered, table)
     chosen = table[torch.arange(len(rows)), torch.tensor(ids)].tolist()
     tops: list[list[tuple[float, int]]] = []
     if top_logprobs_num > 0:
