@@ -45,8 +45,15 @@ class RolloutConfig(BaseModel):
     """Sandbox backend; auto prefers Docker and falls back to bubblewrap."""
     episode: EpisodeConfig = Field(default_factory=EpisodeConfig)
     """Per-episode limits (model calls, tokens, wall time) and reward settings."""
+    sampling_policy: Literal["run", "honor"] = "run"
+    """"run": every model call samples at `temperature` / `top_p` / `top_k` below, whatever the
+    harness sends; "honor": the harness's values win where it sends valid ones (ProxyConfig)."""
     temperature: float = Field(1.0, ge=0)
-    """Sampling temperature when the harness sends none."""
+    """The run's sampling temperature (0 = greedy: recorded, but no trainer trains on it)."""
+    top_p: float = Field(1.0, gt=0, le=1)
+    """The run's nucleus (top-p) mass; 1.0 is off."""
+    top_k: int = Field(-1, ge=-1)
+    """The run's top-k; -1 is off."""
     max_new_tokens: int = Field(512, ge=1)
     """Cap on tokens generated per model call."""
 
@@ -86,7 +93,8 @@ class Rollout:
         self.proxy = ProxyServer(ProxyConfig(
             engine_url=engine_url, model=cfg.model, served_models=[cfg.served_model_name],
             db_path=str(self.out_dir / "trajectories.db"), uds_path=str(self.out_dir / "proxy.sock"),
-            default_temperature=cfg.temperature, default_max_tokens=cfg.max_new_tokens,
+            sampling_policy=cfg.sampling_policy, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
+            default_max_tokens=cfg.max_new_tokens,
             max_tokens_cap=cfg.max_new_tokens))
         self.results: list[Any] = []
         self._file = None

@@ -3,11 +3,13 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class ProxyConfig(BaseModel):
     """How the proxy serves harnesses, reaches the engine and records calls."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     engine_url: str
     """Base URL of the SGLang-contract engine (`/generate` with token ids), e.g. http://127.0.0.1:30000."""
@@ -53,8 +55,28 @@ class ProxyConfig(BaseModel):
     max_tokens_cap: int = Field(8192, ge=1)
     """Upper bound on max_new_tokens whatever the request asks for (Claude Code asks for 32000)."""
 
-    default_temperature: float = Field(1.0, ge=0.0)
-    """Sampling temperature when the request names none (RL samples from the policy at 1.0)."""
+    sampling_policy: Literal["run", "honor"] = "run"
+    """Who sets temperature / top_p / top_k (`gym.proxy.sampling`): "run" (default) applies this
+    config's values to every call whatever the harness sends, so the behaviour policy is the
+    run's; "honor" lets the harness's valid values win (absent ones take this config's). The
+    effective values are recorded with every call (`flags["sampling"]`)."""
+
+    temperature: float = Field(1.0, ge=0.0)
+    """The run's sampling temperature (RL samples from the policy at 1.0). 0 is greedy: such calls
+    are recorded as greedy and no trainer trains on them (a point mass has no importance ratio)."""
+
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    """The run's nucleus sampling mass; 1.0 is off."""
+
+    top_k: int = Field(-1, ge=-1)
+    """The run's top-k; -1 is off (0 is not a value: use -1)."""
+
+    engine_logprobs: Literal["auto", "sampled", "tempered"] = "auto"
+    """Which distribution the engine's logprobs belong to: "sampled" (filtered, renormalized: the
+    local engine), "tempered" (temperature applied, top-p/top-k not: SGLang's default). "auto" asks
+    the engine's /get_model_info once (`logprob_space`; an engine that does not say is "tempered").
+    (An SGLang server with SGLANG_RETURN_ORIGINAL_LOGPROB reports temperature-1 logprobs, which
+    neither value describes: do not train through one.)"""
 
     pause_wait_s: float = Field(30.0, ge=0.0)
     """While generation is paused a new call waits this long, then gets a 429 with Retry-After."""
@@ -83,3 +105,10 @@ class ProxyConfig(BaseModel):
 
     max_branches: int = Field(4, ge=1)
     """Live segments per session a new call may extend (side calls such as title requests interleave)."""
+
+    @field_validator("top_k")
+    @classmethod
+    def _top_k(cls, v: int) -> int:
+        if v == 0:
+            raise ValueError("0 is not a top_k; -1 turns top-k off")
+        return v

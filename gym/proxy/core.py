@@ -26,6 +26,7 @@ from .errors import ProxyError
 from .generation import Generation, PauseGate, VersionMap, generate
 from .recorder import Session, commit, plan
 from .render import Renderer
+from .sampling import SamplingPolicy
 from .store import Store
 from .toolcalls import load_tool_format
 
@@ -81,6 +82,7 @@ class ProxyCore:
         self.versions = VersionMap()
         self.engine: EngineClient | None = None  # made on the serving loop (httpx binds to it)
         self.gate: PauseGate | None = None
+        self.sampling = SamplingPolicy(config)
         self.policy_version: int | None = None
         """The trainer's current policy version, as the scheduler last announced it."""
         self.counters = {"aborted_stale": 0, "calls": 0, "prompt_tokens": 0, "completion_tokens": 0, "errors_4xx": 0, "errors_5xx": 0,
@@ -179,15 +181,15 @@ class ProxyCore:
         oldest = s.oldest_version if s.oldest_version is not None else s.meta.get("start_version")
         return -oldest if isinstance(oldest, int) and not isinstance(oldest, bool) else None
 
-    def _params(self, req: ChatRequest) -> dict[str, Any]:
+    def _params(self, req: ChatRequest) -> tuple[dict[str, Any], list[str]]:
+        """Engine sampling params (temperature/top_p/top_k by `sampling_policy`, see
+        `sampling.SamplingPolicy`) and the harness sampling fields ignored as invalid."""
         c = self.config
         mt = req.max_tokens if isinstance(req.max_tokens, int) and req.max_tokens > 0 else c.default_max_tokens
-        return {"max_new_tokens": min(mt, c.max_tokens_cap),
-                "temperature": float(req.temperature) if req.temperature is not None else c.default_temperature,
-                "top_p": float(req.top_p) if req.top_p is not None else 1.0,
-                "top_k": int(req.top_k) if req.top_k else -1,
+        sampling, ignored = self.sampling.effective(req)
+        return {"max_new_tokens": min(mt, c.max_tokens_cap), **sampling,
                 "stop_token_ids": self.renderer.stop_token_ids,
-                "seed": req.seed if isinstance(req.seed, int) else None}
+                "seed": req.seed if isinstance(req.seed, int) else None}, ignored
 
     async def run(self, p: Prepared, stream_cls=None) -> AsyncIterator[Any]:
         """The whole call; yields SSE bytes when `stream_cls` (a dialect Stream) is given, else one Completion."""
@@ -206,7 +208,8 @@ class ProxyCore:
             markers = list(req.stop)
             if req.tools and req.tool_choice != "none":
                 markers.append(self.renderer.tool_format.start_marker)
-            params, maxi = self._params(req), self.config.max_interruptions
+            (params, ignored), maxi = self._params(req), self.config.max_interruptions
+            space = await self.sampling.space(self.engine)
             params["priority"] = self._priority(s)
             budget = s.meta.get("max_tokens")
             if isinstance(budget, int):  # never sample past the episode's token budget
@@ -236,6 +239,7 @@ class ProxyCore:
                     pass
             c, reply, flags = self._finish(req, gen, cid, created, len(pl.prompt_ids),
                                            sent if stream_writer is not None else None)
+            flags["sampling"] = self.sampling.record(req, params, space, ignored)
             if pl.split_reason is not None:
                 flags["split_reason"] = pl.split_reason
                 self.counters["segments_split"] += 1
