@@ -5,13 +5,16 @@ message_delta, message_stop).
 `system` may be a string or text blocks; `role:"system"` entries inside `messages` (Claude
 Code) are system turns in place; a user turn's `tool_result` blocks become tool messages
 ahead of its text; `thinking` blocks carry no prompt text (the policy produced none).
+Every field read is type- and range-checked (`fields`); a bad one is a 400 whose message
+names it (Anthropic errors carry no `param`).
 """
 from __future__ import annotations
 
 import json
 from typing import Any
 
-from .canonical import ChatRequest, Completion, Message, Tool, ToolCall, check_tool_results, dumps, text_of
+from . import fields as F
+from .canonical import MAX_STOP, ChatRequest, Completion, Message, Tool, ToolCall, check_tool_results, dumps, text_of
 from .errors import bad_request
 
 DIALECT = "anthropic_messages"
@@ -19,29 +22,27 @@ _SKIP = {"thinking", "redacted_thinking", "server_tool_use", "web_search_tool_re
 
 
 def _blocks(role: str, content: Any, where: str) -> list[Message]:
-    if isinstance(content, str):
+    if content.__class__ is str:
         return [Message(role, content)]
-    if not isinstance(content, list):
-        raise bad_request(f"{where}.content must be a string or a list of content blocks", f"{where}.content")
+    if content.__class__ is not list:
+        raise bad_request(f"{where}.content must be a string or a list of content blocks, got {F.kind(content)}",
+                          f"{where}.content")
     text: list[str] = []
     calls: list[ToolCall] = []
     results: list[Message] = []
     for j, b in enumerate(content):
         w = f"{where}.content[{j}]"
-        t = b.get("type") if isinstance(b, dict) else None
+        if b.__class__ is not dict:
+            raise bad_request(f"{w} must be a content block object, got {F.kind(b)}", w)
+        t = F.string(b, "type", w, required=True)
         if t == "text":
-            if not isinstance(b.get("text"), str):
-                raise bad_request(f"{w}.text must be a string", f"{w}.text")
-            text.append(b["text"])
+            text.append(F.string(b, "text", w, required=True))
         elif t == "tool_use" and role == "assistant":
-            if not isinstance(b.get("name"), str) or not b.get("id"):
-                raise bad_request(f"{w}: tool_use needs 'id' and 'name'", w)
-            calls.append(ToolCall(str(b["id"]), b["name"], json.dumps(b.get("input") or {})))
+            tid, name = F.string(b, "id", w, required=True), F.string(b, "name", w, required=True)
+            calls.append(ToolCall(tid, name, json.dumps(F.obj(b, "input", w) or {})))
         elif t == "tool_result" and role == "user":
-            if not b.get("tool_use_id"):
-                raise bad_request(f"{w}: tool_result needs 'tool_use_id'", w)
-            body = text_of(b.get("content"), f"{w}.content")
-            results.append(Message("tool", body, tool_call_id=str(b["tool_use_id"])))
+            tid = F.string(b, "tool_use_id", w, required=True)
+            results.append(Message("tool", text_of(b.get("content"), f"{w}.content"), tool_call_id=tid))
         elif t in _SKIP:
             continue
         elif t in ("image", "document", "search_result"):
@@ -56,19 +57,33 @@ def _blocks(role: str, content: Any, where: str) -> list[Message]:
     return out
 
 
+def _tools(body: dict) -> list[Tool]:
+    tools = []
+    for i, t in enumerate(F.array(body, "tools") or []):
+        w = f"tools[{i}]"
+        if t.__class__ is not dict:
+            raise bad_request(f"{w} must be an object, got {F.kind(t)}", w)
+        kind = F.string(t, "type", w)
+        if "input_schema" not in t and kind not in (None, "custom"):
+            continue  # server tools (web_search_..., bash_...) the local policy cannot serve
+        tools.append(Tool(F.string(t, "name", w, required=True), F.string(t, "description", w) or "",
+                          F.obj(t, "input_schema", w) or {}))
+    return tools
+
+
 def parse(body: dict) -> ChatRequest:
-    msgs = body.get("messages")
-    if not isinstance(msgs, list) or not msgs:
+    msgs = F.array(body, "messages")
+    if not msgs:
         raise bad_request("'messages' must be a non-empty list", "messages")
     messages: list[Message] = []
-    system = body.get("system")
+    system = text_of(body.get("system"), "system")
     if system:
-        messages.append(Message("system", text_of(system, "system")))
+        messages.append(Message("system", system))
     for i, m in enumerate(msgs):
         where = f"messages[{i}]"
-        if not isinstance(m, dict):
-            raise bad_request(f"{where} must be an object", where)
-        role = m.get("role")
+        if m.__class__ is not dict:
+            raise bad_request(f"{where} must be an object, got {F.kind(m)}", where)
+        role = F.string(m, "role", where, required=True)
         if role not in ("user", "assistant", "system"):
             raise bad_request(f"{where}.role {role!r} is not one of user, assistant, system", f"{where}.role")
         if role == "system":
@@ -76,21 +91,13 @@ def parse(body: dict) -> ChatRequest:
         else:
             messages.extend(_blocks(role, m.get("content"), where))
     check_tool_results(messages, "messages")
-    tools = []
-    for i, t in enumerate(body.get("tools") or []):
-        if not isinstance(t, dict):
-            raise bad_request(f"tools[{i}] must be an object", f"tools[{i}]")
-        if "input_schema" not in t and t.get("type") not in (None, "custom"):
-            continue  # server tools (web_search_..., bash_...) the local policy cannot serve
-        if not isinstance(t.get("name"), str):
-            raise bad_request(f"tools[{i}].name is required", f"tools[{i}].name")
-        tools.append(Tool(t["name"], t.get("description") or "", t.get("input_schema") or {}))
-    stop = [s for s in (body.get("stop_sequences") or []) if isinstance(s, str) and s]
     return ChatRequest(
-        dialect=DIALECT, model=str(body.get("model") or ""), messages=messages, tools=tools,
-        tool_choice=body.get("tool_choice"), max_tokens=body.get("max_tokens"),
-        temperature=body.get("temperature"), top_p=body.get("top_p"), top_k=body.get("top_k"),
-        stop=stop, stream=bool(body.get("stream")),
+        dialect=DIALECT, model=F.string(body, "model") or "", messages=messages, tools=_tools(body),
+        tool_choice=F.obj(body, "tool_choice"), max_tokens=F.integer(body, "max_tokens", lo=1),
+        temperature=F.number(body, "temperature", lo=0.0, hi=1.0), top_p=F.number(body, "top_p", lo=0.0, hi=1.0),
+        top_k=F.integer(body, "top_k", lo=0, hi=2 ** 31 - 1),
+        stop=F.stop_list(body, "stop_sequences", max_items=MAX_STOP, single=False),
+        stream=bool(F.boolean(body, "stream")),
     )
 
 

@@ -8,11 +8,23 @@ The admin API (`/admin/...`) answers loopback TCP clients only (or any client, w
 Every refusal is a 4xx in the dialect's own error shape, and leaves the session usable,
 except the staleness abort (403, `ProxyCore.check_staleness`), which ends the session.
 `POST /admin/policy_version {"version": V}` tells the proxy the trainer's current version.
+
+Bad input is never a 5xx, nor a 200 that then reports an error: each dialect's parser types
+every field it reads (`fields`), and a streamed call sends its 200 only after its prompt is
+rendered and the engine had a moment to refuse it (`STREAM_GRACE_S`). Nothing a handler
+raises escapes to the server (that would reset the keep-alive connection): an unexpected
+exception is a 5xx in the dialect's shape. Parsing of large bodies, rendering and trajectory
+export run in worker threads, so one huge request does not stall the other sessions.
+Admin bodies are small JSON objects (`ADMIN_MAX_BODY`), their fields typed as well.
 """
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import ipaddress
 import json
+import logging
+import math
 import secrets
 import time
 from typing import Any
@@ -23,9 +35,31 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from . import anthropic_messages, openai_chat, openai_responses
+from . import fields as F
 from ..engine_client import EngineError
 from .core import Prepared, ProxyCore
 from .errors import ProxyError
+
+try:
+    from jinja2 import TemplateError
+except ImportError:  # pragma: no cover - transformers' chat templates need jinja2
+    class TemplateError(Exception):  # type: ignore[no-redef]
+        pass
+
+log = logging.getLogger(__name__)
+
+ADMIN_MAX_BODY = 64 * 1024
+"""Largest admin request body (the biggest real one, a session's meta, is well under 1 KiB)."""
+
+PARSE_IN_THREAD = 256 * 1024
+"""Bodies larger than this are decoded and parsed in a worker thread, off the event loop."""
+
+STREAM_GRACE_S = 1.0
+"""A streamed call holds its 200 this long for the engine's first answer, so that a refusal
+(prompt longer than the context...) is still a 4xx and not an error event inside a 200."""
+
+META_INTS = ("max_calls", "max_tokens", "staleness_limit", "start_version")
+"""Session meta keys the proxy or the scheduler read as counts: non-negative int64 or null."""
 
 try:
     import orjson
@@ -67,6 +101,73 @@ async def _read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+def _decode(raw: bytes) -> dict:
+    try:
+        body = _loads(raw)
+    except _JSONError as e:
+        raise ProxyError(400, f"request body is not valid JSON: {e}") from None
+    if body.__class__ is not dict:
+        raise ProxyError(400, f"request body must be a JSON object, got {F.kind(body)}")
+    F.check_depth(body)
+    return body
+
+
+async def _parsed(parse, raw: bytes):
+    """`parse(_decode(raw))`, in a worker thread when the body is large."""
+    if len(raw) > PARSE_IN_THREAD:
+        return await asyncio.to_thread(lambda: parse(_decode(raw)))
+    return parse(_decode(raw))
+
+
+def as_proxy_error(e: BaseException) -> ProxyError:
+    """What the harness is told about an exception raised while serving its call."""
+    if isinstance(e, ProxyError):
+        return e
+    if isinstance(e, EngineError):
+        if e.status_code == 400:  # e.g. the prompt outgrew the context: the harness must compact
+            return ProxyError(400, f"the engine refused the prompt: {e}")
+        return ProxyError(502, f"generation failed: {e}", kind="api_error")
+    if isinstance(e, TemplateError):  # the model's own chat template refused this conversation
+        return ProxyError(400, f"the chat template cannot render these messages: {e}", param="messages")
+    # a bug or an unreadable engine reply: a 502 naming the cause (and a traceback in the log)
+    log.error("proxy call failed", exc_info=e)
+    return ProxyError(502, f"generation failed: {type(e).__name__}: {e}", kind="api_error")
+
+
+def is_loopback(client) -> bool:
+    """A TCP client on a loopback address (127/8, ::1, ::ffff:127.x). A unix-socket client
+    (no address) is not: harnesses inside containers reach the proxy that way."""
+    if client is None or not client.host:
+        return False
+    try:
+        ip = ipaddress.ip_address(client.host.split("%", 1)[0])
+    except ValueError:
+        return False
+    if ip.version == 6 and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip.is_loopback
+
+
+def session_meta(v: Any) -> dict[str, Any]:
+    """An admin-supplied session meta: an object of at most 64 short string keys whose count
+    fields (`META_INTS`) are non-negative int64 (the budgets and staleness checks read them)."""
+    if v is None:
+        return {}
+    if v.__class__ is not dict:
+        raise ValueError(f"meta must be an object, got {F.kind(v)}")
+    if len(v) > 64:
+        raise ValueError(f"meta has {len(v)} keys; at most 64 are accepted")
+    for k in v:
+        if len(k) > 128:
+            raise ValueError(f"meta key {k[:40]!r}... is longer than 128 characters")
+    for k in META_INTS:
+        x = v.get(k)
+        if x is not None and (x.__class__ is not int or not 0 <= x < F.INT63):
+            raise ValueError(f"meta.{k} must be null or an integer in [0, 2**63), got {x!r}")
+    F.check_depth(v, "meta", limit=8)
+    return v
+
+
 def build_app(core: ProxyCore, admin_token: str) -> Starlette:
     cfg = core.config
 
@@ -88,65 +189,86 @@ def build_app(core: ProxyCore, admin_token: str) -> Starlette:
             arrived = time.monotonic()
             try:
                 s = session_for(request)
-                raw = await _read_body(request, cfg.max_body_bytes)
-                try:
-                    body = _loads(raw)
-                except _JSONError as e:
-                    raise ProxyError(400, f"request body is not valid JSON: {e}") from None
-                if not isinstance(body, dict):
-                    raise ProxyError(400, "request body must be a JSON object")
-                req = dialect.parse(body)
+                req = await _parsed(dialect.parse, await _read_body(request, cfg.max_body_bytes))
                 core.check_model(req)
                 core.check_budget(s)
                 core.check_staleness(s)
                 await core.admit()
                 core.check_staleness(s)  # a weight update may have landed while it waited
-            except ProxyError as e:
-                core.counters["errors_4xx" if e.status < 500 else "errors_5xx"] += 1
-                return _error(dialect, e)
-            p = Prepared(s, req, arrived)
-            if req.stream:
-                return StreamingResponse(_sse(core, p, dialect), media_type="text/event-stream",
-                                         headers={"Cache-Control": "no-cache"})
-            try:
+                p = Prepared(s, req, arrived)
+                if req.stream:
+                    return await _stream(p, dialect)
                 async for c in core.run(p):
                     return _json(dialect.response(req, c))
-            except ProxyError as e:
-                return _error(dialect, e)
-            except EngineError as e:
-                if e.status_code == 400:  # e.g. the prompt outgrew the context: the harness must compact
-                    core.counters["errors_4xx"] += 1
-                    return _error(dialect, ProxyError(400, f"the engine refused the prompt: {e}"))
-                core.counters["errors_5xx"] += 1
-                return _error(dialect, ProxyError(502, f"generation failed: {e}", kind="api_error"))
-            except Exception as e:  # a bug or an unreadable engine reply: a 502 naming the cause
-                core.counters["errors_5xx"] += 1
-                return _error(dialect, ProxyError(502, f"generation failed: {type(e).__name__}: {e}",
-                                                  kind="api_error"))
+                raise RuntimeError("the call produced no completion")
+            except Exception as e:  # never out to the server: that would reset the connection
+                return _fail(dialect, e)
         return handler
 
-    async def _sse(core, p, dialect):
+    def _fail(dialect, e: BaseException) -> Response:
+        pe = as_proxy_error(e)
+        core.counters["errors_4xx" if pe.status < 500 else "errors_5xx"] += 1
+        return _error(dialect, pe)
+
+    async def _stream(p: Prepared, dialect) -> Response:
+        """Render (and have the engine start) before the 200: until the stream's first event
+        is out, every refusal is still an HTTP error in the dialect's shape."""
+        agen = core.run(p, dialect.Stream)
         try:
-            async for chunk in core.run(p, dialect.Stream):
+            head = [await agen.__anext__()]  # the prompt is rendered: the stream's start event
+        except BaseException:
+            await agen.aclose()
+            raise
+        nxt = asyncio.ensure_future(agen.__anext__())
+        await asyncio.wait({nxt}, timeout=min(STREAM_GRACE_S, cfg.keepalive_s))
+        if nxt.done():
+            try:
+                head.append(nxt.result())
+            except StopAsyncIteration:
+                nxt = None
+            except BaseException:
+                await agen.aclose()
+                raise
+            else:
+                nxt = None
+        return StreamingResponse(_sse(p, dialect, agen, head, nxt), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
+
+    async def _sse(p: Prepared, dialect, agen, head: list[bytes], nxt):
+        try:
+            for chunk in head:
+                yield chunk
+            if nxt is not None:
+                try:
+                    yield await nxt
+                except StopAsyncIteration:
+                    return
+                nxt = None
+            async for chunk in agen:
                 yield chunk
         except Exception as e:  # headers are out: report in the dialect's stream error event
-            core.counters["errors_5xx"] += 1
-            yield dialect.Stream(p.req, "error", p.req.model, 0).error(502, f"generation failed: {e}")
+            pe = as_proxy_error(e)
+            core.counters["errors_4xx" if pe.status < 500 else "errors_5xx"] += 1
+            yield dialect.Stream(p.req, "error", p.req.model, 0).error(pe.status, pe.message)
+        finally:
+            if nxt is not None and not nxt.done():
+                nxt.cancel()
+                with contextlib.suppress(BaseException):
+                    await nxt
+            await agen.aclose()
 
     async def count_tokens(request: Request) -> Response:
         """Anthropic's /v1/messages/count_tokens: the prompt a call would get, from scratch."""
-        try:
-            session_for(request)
-            body = _loads(await _read_body(request, cfg.max_body_bytes) or b"{}")
-            if not isinstance(body, dict):
-                raise ProxyError(400, "request body must be a JSON object")
+        def count(body: dict) -> int:
             body.setdefault("max_tokens", 1)
             req = anthropic_messages.parse(body)
-        except ProxyError as e:
-            return _error(anthropic_messages, e)
-        except _JSONError as e:
-            return _error(anthropic_messages, ProxyError(400, f"request body is not valid JSON: {e}"))
-        return _json({"input_tokens": len(core.renderer.full_prompt(req.messages, req.tools))})
+            return len(core.renderer.full_prompt(req.messages, req.tools))
+        try:
+            session_for(request)
+            raw = await _read_body(request, cfg.max_body_bytes) or b"{}"
+            return _json({"input_tokens": await asyncio.to_thread(lambda: count(_decode(raw)))})
+        except Exception as e:
+            return _fail(anthropic_messages, e)
 
     async def models(request: Request) -> Response:
         try:
@@ -166,25 +288,32 @@ def build_app(core: ProxyCore, admin_token: str) -> Starlette:
     # -- admin ------------------------------------------------------------------------
     def admin(fn):
         async def handler(request: Request) -> Response:
-            client = request.client
-            loopback = client is not None and client.host in ("127.0.0.1", "::1", "localhost")
-            if cfg.admin_clients == "loopback" and not loopback:
+            if cfg.admin_clients == "loopback" and not is_loopback(request.client):
                 return _json({"error": {"message": "the admin API answers loopback clients only "
                                                    "(ProxyConfig.admin_clients)"}}, 403)
             auth = request.headers.get("authorization", "")
             if not secrets.compare_digest(auth.encode(), f"Bearer {admin_token}".encode()):
                 return _json({"error": {"message": "invalid admin token"}}, 401)
             try:
-                body = _loads(await request.body() or b"{}") if request.method == "POST" else {}
-                return _json(await fn(request, body if isinstance(body, dict) else {}))
+                body: Any = {}
+                if request.method == "POST":
+                    raw = await _read_body(request, ADMIN_MAX_BODY)
+                    body = _decode(raw) if raw.strip() else {}
+                out = await fn(request, body)
+                return out if isinstance(out, Response) else _json(out)
+            except ProxyError as e:
+                return _json({"error": {"message": e.message, "param": e.param}}, e.status)
             except KeyError as e:
                 return _json({"error": {"message": str(e.args[0]) if e.args else "not found"}}, 404)
             except (ValueError, TypeError) as e:
                 return _json({"error": {"message": str(e)}}, 400)
+            except Exception as e:  # a bug: a 500 naming it, never a reset connection
+                log.error("admin call failed", exc_info=e)
+                return _json({"error": {"message": f"{type(e).__name__}: {e}"}}, 500)
         return handler
 
     async def a_open(request, body):
-        sid, key = core.open_session(body.get("meta") or {})
+        sid, key = core.open_session(session_meta(body.get("meta")))
         return {"session_id": sid, "key": key, "openai_base_url": f"/s/{sid}/v1", "anthropic_base_url": f"/s/{sid}"}
 
     async def a_close(request, body):
@@ -193,15 +322,22 @@ def build_app(core: ProxyCore, admin_token: str) -> Starlette:
 
     async def a_reward(request, body):
         r = body.get("reward")
-        core.set_reward(request.path_params["sid"], None if r is None else float(r), body.get("status", "ok"),
-                        str(body.get("termination", "")))
+        if r is not None and (r.__class__ not in (int, float) or not math.isfinite(r)):
+            raise ValueError(f"reward must be a finite number or null, got {r!r}")
+        status = body.get("status", "ok")
+        termination = body.get("termination") or ""
+        if status.__class__ is not str or termination.__class__ is not str or len(termination) > 4096:
+            raise ValueError("status and termination must be strings (termination at most 4096 characters)")
+        core.set_reward(request.path_params["sid"], None if r is None else float(r), status, termination)
         return {"ok": True}
 
     async def a_traj(request, body):
         sid = request.path_params["sid"]
         if sid not in core.sessions:
             raise KeyError(f"unknown session {sid!r}")
-        return core.store.trajectory(sid).to_dict()
+        # Built and encoded in a worker thread: a long session's export must not stall streams.
+        body = await asyncio.to_thread(lambda: _dumps(core.store.trajectory(sid).to_dict()))
+        return Response(body, media_type="application/json")
 
     async def a_pause(request, body):
         core.gate.pause()
@@ -212,7 +348,10 @@ def build_app(core: ProxyCore, admin_token: str) -> Starlette:
         return {"paused": False}
 
     async def a_version(request, body):
-        core.set_policy_version(body.get("version"))
+        v = body.get("version")
+        if v.__class__ is not int or not 0 <= v < F.INT63:
+            raise ValueError(f"version: {v!r} is not a policy version (an integer in [0, 2**63))")
+        core.set_policy_version(v)
         return {"policy_version": core.policy_version}
 
     async def a_stats(request, body):

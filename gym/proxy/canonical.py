@@ -26,6 +26,9 @@ except ImportError:  # pragma: no cover
 
 ROLES = ("system", "user", "assistant", "tool")
 
+MAX_STOP = 64
+"""Most stop strings one request may name (each is searched for in every streamed chunk)."""
+
 
 @dataclass(slots=True)
 class ToolCall:
@@ -111,6 +114,8 @@ def text_of(content: Any, where: str, types: tuple[str, ...] = ("text", "input_t
                 parts.append(part)
             elif isinstance(part, dict):
                 t = part.get("type")
+                if t is not None and t.__class__ is not str:
+                    raise bad_request(f"{where}[{i}].type must be a string", f"{where}[{i}].type")
                 if t in types or (t is None and "text" in part):
                     txt = part.get("text")
                     if not isinstance(txt, str):

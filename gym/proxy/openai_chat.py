@@ -1,12 +1,12 @@
 """OpenAI Chat Completions (`/v1/chat/completions`): request -> ChatRequest, Completion ->
-response body or SSE chunks. Unknown fields are ignored; only what changes the prompt or
-sampling is read."""
+response body or SSE chunks. Unknown fields are ignored; every field that changes the prompt
+or sampling is type- and range-checked (`fields`), a bad one is a 400 whose `param` names it."""
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from .canonical import ChatRequest, Completion, Message, Tool, ToolCall, check_tool_results, dumps, text_of
+from . import fields as F
+from .canonical import MAX_STOP, ChatRequest, Completion, Message, Tool, ToolCall, check_tool_results, dumps, text_of
 from .errors import bad_request
 
 DIALECT = "openai_chat"
@@ -14,65 +14,77 @@ _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant"
           "function": "tool"}
 
 
-def _tool_calls(raw: Any, where: str) -> tuple[ToolCall, ...]:
+def _tool_calls(m: dict, where: str) -> tuple[ToolCall, ...]:
+    raw = F.array(m, "tool_calls", where)
     if not raw:
         return ()
-    if not isinstance(raw, list):
-        raise bad_request(f"{where} must be a list", where)
     out = []
     for i, tc in enumerate(raw):
-        fn = tc.get("function") if isinstance(tc, dict) else None
-        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-            raise bad_request(f"{where}[{i}].function.name is required", f"{where}[{i}]")
-        args = fn.get("arguments", "{}")
-        out.append(ToolCall(str(tc.get("id") or f"call_{i}"), fn["name"],
-                            args if isinstance(args, str) else json.dumps(args)))
+        w = f"{where}.tool_calls[{i}]"
+        if tc.__class__ is not dict:
+            raise bad_request(f"{w} must be an object, got {F.kind(tc)}", w)
+        fn = F.obj(tc, "function", w)
+        if fn is None:
+            raise bad_request(f"{w}.function is required", f"{w}.function")
+        name = F.string(fn, "name", f"{w}.function", required=True)
+        args = F.json_args(fn, "arguments", f"{w}.function")
+        out.append(ToolCall(F.string(tc, "id", w) or f"call_{i}", name, "{}" if args is None else args))
     return tuple(out)
 
 
-def parse(body: dict) -> ChatRequest:
-    msgs = body.get("messages")
-    if not isinstance(msgs, list) or not msgs:
-        raise bad_request("'messages' must be a non-empty list", "messages")
-    messages: list[Message] = []
-    for i, m in enumerate(msgs):
-        if m.__class__ is not dict:
-            raise bad_request(f"messages[{i}] must be an object", f"messages[{i}]")
-        role = _ROLES.get(m.get("role"))
-        where = f"messages[{i}]"
-        if role is None:
-            raise bad_request(f"{where}.role {m.get('role')!r} is not one of system, developer, user, "
-                              "assistant, tool", f"{where}.role")
-        content = m.get("content")
-        if content.__class__ is not str:
-            content = text_of(content, f"{where}.content")
-        if role == "assistant":
-            messages.append(Message("assistant", content, _tool_calls(m.get("tool_calls"), f"{where}.tool_calls")))
-        elif role == "tool":
-            messages.append(Message("tool", content, tool_call_id=m.get("tool_call_id") or m.get("name"),
-                                    name=m.get("name")))
-        else:
-            messages.append(Message(role, content))
-    check_tool_results(messages, "messages")
+def _message(m: Any, where: str) -> Message:
+    if m.__class__ is not dict:
+        raise bad_request(f"{where} must be an object, got {F.kind(m)}", where)
+    r = F.string(m, "role", where, required=True)
+    role = _ROLES.get(r)
+    if role is None:
+        raise bad_request(f"{where}.role {r!r} is not one of system, developer, user, assistant, tool",
+                          f"{where}.role")
+    content = m.get("content")
+    if content.__class__ is not str:
+        content = text_of(content, f"{where}.content")
+    name = F.string(m, "name", where)
+    if role == "assistant":
+        return Message("assistant", content, _tool_calls(m, where))
+    if role == "tool":
+        return Message("tool", content, tool_call_id=F.string(m, "tool_call_id", where) or name, name=name)
+    return Message(role, content)
+
+
+def _tools(body: dict) -> list[Tool]:
     tools = []
-    for i, t in enumerate(body.get("tools") or []):
-        fn = t.get("function") if isinstance(t, dict) else None
-        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-            raise bad_request(f"tools[{i}].function.name is required", f"tools[{i}]")
-        tools.append(Tool(fn["name"], fn.get("description") or "", fn.get("parameters") or {}))
-    n = body.get("n")
-    if n not in (None, 1):
+    for i, t in enumerate(F.array(body, "tools") or []):
+        w = f"tools[{i}]"
+        if t.__class__ is not dict:
+            raise bad_request(f"{w} must be an object, got {F.kind(t)}", w)
+        fn = F.obj(t, "function", w)
+        if fn is None:
+            raise bad_request(f"{w}.function is required", f"{w}.function")
+        w += ".function"
+        tools.append(Tool(F.string(fn, "name", w, required=True), F.string(fn, "description", w) or "",
+                          F.obj(fn, "parameters", w) or {}))
+    return tools
+
+
+def parse(body: dict) -> ChatRequest:
+    msgs = F.array(body, "messages")
+    if not msgs:
+        raise bad_request("'messages' must be a non-empty list", "messages")
+    messages = [_message(m, f"messages[{i}]") for i, m in enumerate(msgs)]
+    check_tool_results(messages, "messages")
+    if body.get("n") is not None and F.integer(body, "n") != 1:
         raise bad_request("only n=1 is supported", "n")
-    stop = body.get("stop")
-    stop = [stop] if isinstance(stop, str) else [s for s in (stop or []) if isinstance(s, str) and s]
-    so = body.get("stream_options") or {}
+    so = F.obj(body, "stream_options") or {}
+    max_tokens = F.integer(body, "max_completion_tokens", lo=1)
+    if max_tokens is None:
+        max_tokens = F.integer(body, "max_tokens", lo=1)
     return ChatRequest(
-        dialect=DIALECT, model=str(body.get("model") or ""), messages=messages, tools=tools,
-        tool_choice=body.get("tool_choice"),
-        max_tokens=body.get("max_completion_tokens") or body.get("max_tokens"),
-        temperature=body.get("temperature"), top_p=body.get("top_p"), top_k=body.get("top_k"),
-        stop=stop, stream=bool(body.get("stream")), include_usage=bool(so.get("include_usage")),
-        seed=body.get("seed"),
+        dialect=DIALECT, model=F.string(body, "model") or "", messages=messages, tools=_tools(body),
+        tool_choice=F.str_or_obj(body, "tool_choice"), max_tokens=max_tokens,
+        temperature=F.number(body, "temperature", lo=0.0, hi=2.0), top_p=F.number(body, "top_p", lo=0.0, hi=1.0),
+        top_k=F.integer(body, "top_k", lo=-1, hi=2 ** 31 - 1),
+        stop=F.stop_list(body, "stop", max_items=MAX_STOP, single=True), stream=bool(F.boolean(body, "stream")),
+        include_usage=bool(F.boolean(so, "include_usage", "stream_options")), seed=F.integer(body, "seed"),
     )
 
 

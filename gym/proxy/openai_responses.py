@@ -5,13 +5,14 @@ object or its SSE event sequence (`response.created`, `response.output_item.adde
 `developer` messages are system turns; an assistant message followed by `function_call`
 items is one assistant turn (that is how the proxy returned it); `reasoning` items carry
 no prompt text. The proxy keeps no server-side state (`store` is ignored), so
-`previous_response_id` is refused with a clear message.
+`previous_response_id` is refused with a clear message. Every field read is type- and
+range-checked (`fields`); a bad one is a 400 whose `param` names it.
 """
 from __future__ import annotations
 
-import json
 from typing import Any
 
+from . import fields as F
 from .canonical import ChatRequest, Completion, Message, Tool, ToolCall, check_tool_results, dumps, text_of
 from .errors import bad_request
 
@@ -19,62 +20,71 @@ DIALECT = "openai_responses"
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 
 
+def _item(item: Any, where: str, messages: list[Message]) -> None:
+    """Append what one input item adds to the conversation."""
+    if item.__class__ is not dict:
+        raise bad_request(f"{where} must be an object, got {F.kind(item)}", where)
+    t = F.string(item, "type", where) or ("message" if "role" in item else None)
+    if t == "message":
+        r = F.string(item, "role", where, required=True)
+        role = _ROLES.get(r)
+        if role is None:
+            raise bad_request(f"{where}.role {r!r} is not one of system, developer, user, assistant", f"{where}.role")
+        messages.append(Message(role, text_of(item.get("content"), f"{where}.content")))
+    elif t == "function_call":
+        name, cid = F.string(item, "name", where, required=True), F.string(item, "call_id", where, required=True)
+        args = F.json_args(item, "arguments", where)
+        tc = ToolCall(cid, name, "{}" if args is None else args)
+        last = messages[-1] if messages else None
+        if last is not None and last.role == "assistant":
+            last.tool_calls = last.tool_calls + (tc,)
+        else:
+            messages.append(Message("assistant", "", (tc,)))
+    elif t == "function_call_output":
+        out = item.get("output")
+        text = out if out.__class__ is str else text_of(out, f"{where}.output")
+        messages.append(Message("tool", text, tool_call_id=F.string(item, "call_id", where) or ""))
+    elif t in ("reasoning", "item_reference"):
+        return
+    else:
+        raise bad_request(f"{where}.type {t!r} is not supported (message, function_call, "
+                          "function_call_output, reasoning)", f"{where}.type")
+
+
+def _tools(body: dict) -> list[Tool]:
+    tools = []
+    for i, t in enumerate(F.array(body, "tools") or []):
+        w = f"tools[{i}]"
+        if t.__class__ is not dict:
+            raise bad_request(f"{w} must be an object, got {F.kind(t)}", w)
+        if (F.string(t, "type", w) or "function") != "function":
+            continue  # built-in tools (web_search, ...) cannot be served by a local policy
+        tools.append(Tool(F.string(t, "name", w, required=True), F.string(t, "description", w) or "",
+                          F.obj(t, "parameters", w) or {}))
+    return tools
+
+
 def parse(body: dict) -> ChatRequest:
     if body.get("previous_response_id"):
         raise bad_request("previous_response_id is not supported: send the whole conversation in 'input' "
                           "(the proxy stores no responses)", "previous_response_id")
     raw = body.get("input")
-    if isinstance(raw, str):
+    if raw.__class__ is str:
         raw = [{"type": "message", "role": "user", "content": raw}]
-    if not isinstance(raw, list) or not raw:
+    if raw.__class__ is not list or not raw:
         raise bad_request("'input' must be a string or a non-empty list of items", "input")
     messages: list[Message] = []
-    if isinstance(body.get("instructions"), str) and body["instructions"]:
-        messages.append(Message("system", body["instructions"]))
+    instructions = F.string(body, "instructions")
+    if instructions:
+        messages.append(Message("system", instructions))
     for i, item in enumerate(raw):
-        where = f"input[{i}]"
-        if not isinstance(item, dict):
-            raise bad_request(f"{where} must be an object", where)
-        t = item.get("type", "message" if "role" in item else None)
-        if t == "message":
-            role = _ROLES.get(item.get("role"))
-            if role is None:
-                raise bad_request(f"{where}.role {item.get('role')!r} is not one of system, developer, user, "
-                                  "assistant", f"{where}.role")
-            messages.append(Message(role, text_of(item.get("content"), f"{where}.content")))
-        elif t == "function_call":
-            if not isinstance(item.get("name"), str) or not item.get("call_id"):
-                raise bad_request(f"{where}: function_call needs 'name' and 'call_id'", where)
-            args = item.get("arguments", "{}")
-            tc = ToolCall(str(item["call_id"]), item["name"], args if isinstance(args, str) else json.dumps(args))
-            last = messages[-1] if messages else None
-            if last is not None and last.role == "assistant":
-                last.tool_calls = last.tool_calls + (tc,)
-            else:
-                messages.append(Message("assistant", "", (tc,)))
-        elif t == "function_call_output":
-            out = item.get("output")
-            text = out if isinstance(out, str) else text_of(out, f"{where}.output")
-            messages.append(Message("tool", text, tool_call_id=str(item.get("call_id") or "")))
-        elif t in ("reasoning", "item_reference"):
-            continue
-        else:
-            raise bad_request(f"{where}.type {t!r} is not supported (message, function_call, "
-                              "function_call_output, reasoning)", f"{where}.type")
+        _item(item, f"input[{i}]", messages)
     check_tool_results(messages, "input")
-    tools = []
-    for i, t in enumerate(body.get("tools") or []):
-        if not isinstance(t, dict):
-            raise bad_request(f"tools[{i}] must be an object", f"tools[{i}]")
-        if t.get("type", "function") != "function":
-            continue  # built-in tools (web_search, ...) cannot be served by a local policy
-        if not isinstance(t.get("name"), str):
-            raise bad_request(f"tools[{i}].name is required", f"tools[{i}].name")
-        tools.append(Tool(t["name"], t.get("description") or "", t.get("parameters") or {}))
     return ChatRequest(
-        dialect=DIALECT, model=str(body.get("model") or ""), messages=messages, tools=tools,
-        tool_choice=body.get("tool_choice"), max_tokens=body.get("max_output_tokens"),
-        temperature=body.get("temperature"), top_p=body.get("top_p"), stream=bool(body.get("stream")),
+        dialect=DIALECT, model=F.string(body, "model") or "", messages=messages, tools=_tools(body),
+        tool_choice=F.str_or_obj(body, "tool_choice"), max_tokens=F.integer(body, "max_output_tokens", lo=1),
+        temperature=F.number(body, "temperature", lo=0.0, hi=2.0), top_p=F.number(body, "top_p", lo=0.0, hi=1.0),
+        stream=bool(F.boolean(body, "stream")),
     )
 
 
