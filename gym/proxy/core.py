@@ -199,7 +199,8 @@ class ProxyCore:
         async with s.lock:
             queue_s = time.monotonic() - p.arrived
             env_s = (p.arrived - s.last_response_at) if s.last_response_at is not None else None
-            pl = plan(s, req, self.renderer)
+            # Rendering and tokenizing off the event loop: one huge prompt must not stall other sessions.
+            pl = await asyncio.to_thread(plan, s, req, self.renderer)
             cid = _PREFIX[req.dialect] + uuid.uuid4().hex[:24]
             created = int(time.time())
             gen = Generation()
