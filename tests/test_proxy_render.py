@@ -34,6 +34,10 @@ def test_bridge_depends_on_how_the_completion_ended(r):
 
 
 texts = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=0, max_size=40)
+# raw rendered text never holds the private-use characters the content shield borrows
+plain_texts = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",),
+                                             exclude_characters="".join(chr(0xF0000 + i) for i in range(64))),
+                      min_size=0, max_size=40)
 
 
 @settings(max_examples=60, deadline=None)
@@ -46,7 +50,7 @@ def test_incremental_prompt_equals_full_render(r, user, reply, obs, with_call):
     a = Message("assistant", reply, calls)
     new = [Message("tool", o, tool_call_id="c1") for o in obs] if with_call else [Message("user", o) for o in obs]
     prompt = r.full_prompt(first, TOOLS)
-    sampled = r.encode(r.tool_format.to_template([a], None)[0]["content"]) + [2]
+    sampled = r.encode_text(r.tool_format.to_template([a], None)[0]["content"]) + [2]
     grown = prompt + sampled + r.extension(sampled, "stop", new, first + [a], TOOLS)
     assert grown == r.full_prompt(first + [a] + new, TOOLS)
 
@@ -117,8 +121,8 @@ def test_classify():
 
 
 @settings(max_examples=60, deadline=None)
-@given(parts=st.lists(st.one_of(texts, st.sampled_from(["<|im_start|>", "<|im_end|>", "<|endoftext|>", "\n", " "]),
-                                st.builds(lambda t: t * 80, texts)), max_size=12))
+@given(parts=st.lists(st.one_of(plain_texts, st.sampled_from(["<|im_start|>", "<|im_end|>", "<|endoftext|>", "\n", " "]),
+                                st.builds(lambda t: t * 80, plain_texts)), max_size=12))
 def test_piecewise_cached_encoding_equals_the_tokenizer(r, parts):
     text = "".join(parts)
     assert r._split is not None
