@@ -52,7 +52,7 @@ class AiderAdapter:
                 "--message", launch.problem_statement, "--yes-always", "--no-check-update", "--no-analytics",
                 "--no-show-model-warnings", "--no-gitignore", "--no-pretty", "--no-fancy-input",
                 "--no-show-release-notes", "--no-auto-commits", "--map-tokens", "0", *files]
-        run = run_host(argv, env, str(repo), launch.limits.wall_time_s)
+        run = run_host(argv, env, str(repo), launch.limits.wall_time_s, launch.cancel)
         patch = _host_patch(repo)
         if patch:
             launch.sandbox.write_file("/tmp/harnessrl/aider.patch", patch.encode())

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Literal, Protocol, runtime_checkable
 
+from harnessrl.adapters.cancel import Cancel
 from harnessrl.sandboxes.base import Sandbox
 
 Dialect = Literal["openai-chat", "openai-responses", "anthropic"]
@@ -103,6 +104,10 @@ class Launch:
     """A private host directory for this run (configs, trajectory files, a beside checkout)."""
     toolchain: Path | None = None
     """Host toolchain root (None: harnessrl.adapters.toolchain.toolchain_root())."""
+    cancel: Cancel | None = None
+    """Set when the episode is abandoned: a beside harness registers the kill of its process
+    tree on it (`run_host(..., cancel=launch.cancel)`); an inside one dies with its sandbox,
+    which the episode runner closes on it."""
 
 
 @dataclass

@@ -157,7 +157,8 @@ class CommandAdapter:
             path.write_text(self._fill(t, v))
         env = clean_env({k: self._fill(t, v) for k, t in c.env.items()})
         with ExecBridge(launch.sandbox, sock):
-            run = run_host([self._fill(a, v) for a in c.command], env, str(scratch), launch.limits.wall_time_s)
+            run = run_host([self._fill(a, v) for a in c.command], env, str(scratch), launch.limits.wall_time_s,
+                           launch.cancel)
         status_text = None
         if c.completion.status_file:
             sf = Path(self._fill(c.completion.status_file, v))

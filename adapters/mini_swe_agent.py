@@ -62,7 +62,7 @@ class MiniSweAgentAdapter:
                 "-c", f"agent.step_limit={launch.limits.max_calls}", "-c", "agent.cost_limit=0",
                 "-c", f"environment.exec_socket={sock}", "-c", f"environment.cwd={launch.sandbox.workdir}"]
         with ExecBridge(launch.sandbox, sock) as bridge:
-            run = run_host(argv, env, str(scratch), launch.limits.wall_time_s)
+            run = run_host(argv, env, str(scratch), launch.limits.wall_time_s, launch.cancel)
         status = _exit_status(traj)
         details = {"commands": bridge.calls, "trajectory_file": str(traj)}
         if bridge.sandbox_error:

@@ -1,5 +1,9 @@
-"""Run a beside harness as a host process: wall-clock limit, whole process group killed on
-timeout (harnesses spawn children), stdin closed (several harnesses read it when not a TTY)."""
+"""Run a beside harness as a host process: wall-clock limit, stdin closed (several harnesses
+read it when not a TTY), and on timeout or cancellation its whole process tree killed: the
+process group it leads and every descendant, also those that left the group with `setsid`
+(harnesses spawn children, and a policy's commands may daemonize). A descendant that both
+left the session and was orphaned before the kill is out of reach on the host; commands the
+harness runs in the sandbox die with the sandbox."""
 from __future__ import annotations
 
 import os
@@ -8,30 +12,86 @@ import subprocess
 import time
 from dataclasses import dataclass
 
+import psutil
+
+from harnessrl.adapters.cancel import Cancel
+
 
 @dataclass
 class HostRun:
     exit_code: int | None
-    """None when it was killed for the time limit."""
+    """None when it was killed for the time limit or a cancellation."""
     stdout: str
     stderr: str
     timed_out: bool
     duration_s: float
+    cancelled: bool = False
+    """Killed because its episode was cancelled (see `Cancel`)."""
 
 
-def run_host(argv: list[str], env: dict[str, str], cwd: str, timeout: float) -> HostRun:
+def kill_tree(pid: int, wait_s: float = 10.0) -> list[int]:
+    """SIGKILL the process `pid`, its process group and all its descendants; returns the pids
+    signalled, after they are gone (dead or zombies) or `wait_s` passed."""
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        procs = []
+    for p in procs:  # stop the tree first, so nothing forks between listing and killing
+        _quietly(p.suspend)
+    for p in list(procs):  # children forked before the stop
+        try:
+            procs += [c for c in p.children(recursive=True) if c not in procs]
+        except psutil.NoSuchProcess:
+            pass
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    for p in procs:
+        _quietly(p.kill)
+    deadline = time.monotonic() + wait_s
+    for p in procs:
+        while time.monotonic() < deadline and _running(p):
+            time.sleep(0.01)
+    return [p.pid for p in procs]
+
+
+def _running(p: psutil.Process) -> bool:
+    try:
+        return p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _quietly(fn) -> None:
+    try:
+        fn()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        pass
+
+
+def run_host(argv: list[str], env: dict[str, str], cwd: str, timeout: float, cancel: Cancel | None = None) -> HostRun:
     t0 = time.monotonic()
     proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, start_new_session=True)
+    unregister = cancel.on_set(lambda: kill_tree(proc.pid)) if cancel is not None else (lambda: None)
     try:
         out, err = proc.communicate(timeout=timeout)
         timed_out = False
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        kill_tree(proc.pid)
         out, err = proc.communicate()
         timed_out = True
-    return HostRun(None if timed_out else proc.returncode, out.decode("utf-8", "replace"),
-                   err.decode("utf-8", "replace"), timed_out, time.monotonic() - t0)
+    except BaseException:  # never leave the tree running behind an exception
+        kill_tree(proc.pid)
+        proc.communicate()
+        raise
+    finally:
+        unregister()
+    cancelled = cancel is not None and cancel.is_set() and not timed_out
+    return HostRun(None if (timed_out or cancelled) else proc.returncode, out.decode("utf-8", "replace"),
+                   err.decode("utf-8", "replace"), timed_out, time.monotonic() - t0, cancelled)
 
 
 def clean_env(extra: dict[str, str]) -> dict[str, str]:

@@ -31,7 +31,7 @@ def run_harness(name: str, engine, proxy, backend, task, episodes: int, concurre
     from harnessrl.gym.episode import EpisodeConfig, ProxyHandle, run_episode
 
     adapter = get_adapter(name)
-    handle = ProxyHandle(proxy.url, proxy.admin_token)
+    handle = ProxyHandle.of(proxy)
 
     def one(_: int):
         return run_episode(task, adapter, lambda spec, mounts: backend.create(spec, mounts=mounts), handle, "policy",

@@ -125,7 +125,7 @@ def check_adapter(target: str, backend: str = "auto", wall_time_s: float = 300.0
     engine = ScriptedEngine(load_tokenizer("tiny-llama"))
     with ServedApp(engine.app()) as served, \
             ProxyServer(ProxyConfig(engine_url=served.url, model="tiny-llama")) as proxy:
-        handle = ProxyHandle(proxy.url, proxy.admin_token, engine_url=served.url)
+        handle = ProxyHandle.of(proxy)
         for gold in (True, False):
             engine.set_tasks([task], gold=gold)
             start = len(engine.calls)

@@ -125,7 +125,7 @@ class SweEnv(gymnasium.Env):
             raise
         bridge.proxy_url = ro.proxy.url
         # Harness and admin traffic go through the bridge's tap, which keeps request bodies.
-        handle = ProxyHandle(served.url, ro.proxy.admin_token, None, engine_url=served.url)
+        handle = ProxyHandle.of(ro.proxy, url=served.url)
         self._stack = {"bridge": bridge, "served": served, "rollout": ro, "handle": handle, "out": out}
         return self._stack
 

@@ -1,15 +1,21 @@
 """One episode: task -> sandbox -> proxy session -> harness run -> reward -> closed trajectory.
 
-Contract: `run_episode` always returns an `EpisodeResult` whose trajectory is closed and
-stored with a reward, a status and a termination reason, one of
-submitted | harness_exited | call_limit | timeout | harness_crashed | sandbox_died |
-engine_error | infra | stale. The harness only ever gets plain data (session URL, key, model, the
-problem statement, its sandbox); hidden tests are applied by `gym.rewards.score` after it
+Contract: `run_episode` always returns an `EpisodeResult` (whatever raises where: only
+KeyboardInterrupt and SystemExit pass through) whose trajectory is closed and stored with a
+reward, a status and a termination reason, one of submitted | harness_exited | call_limit |
+timeout | harness_crashed | sandbox_died | engine_error | infra | stale | cancelled; an
+unexpected exception is `infra` with the stage and the exception in `error`. The record is
+read from the proxy once, after the session is closed. The harness only ever gets plain data
+(session URL, key, model, the problem statement, its sandbox); hidden tests are applied by `gym.rewards.score` after it
 has exited. An ending caused by the infrastructure (sandbox died, engine unreachable,
 harness not installed, reward run failed) is `infra_error` with reward None: masked from
 training, never taught as a 0. So is `stale`: the proxy aborted the session because its
 data exceeded the scheduler's staleness bound (`staleness_limit` in `session_meta`); it is
 not scored, and the scheduler reruns the task. A timeout or call limit is `truncated`, not `ok`.
+An engine failure is `engine_error` whatever the harness made of it: a call the proxy
+recorded as failed, or an engine that no longer answers /health when the harness stopped.
+A `Cancel` set by the scheduler (episode timeout) kills the harness's process tree and
+closes the sandbox; the episode ends `cancelled`, masked.
 
 Endings travel as a small exception family (`EpisodeEnded` and its subclasses), so an
 adapter or any code under it can end an episode with a reason by raising one.
@@ -19,20 +25,23 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import threading
 import time
-from dataclasses import dataclass, field
+import uuid
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Sequence
+from typing import Any, Callable, ClassVar, Protocol, Sequence
 
 import httpx
 from pydantic import BaseModel, Field
 
+from harnessrl.adapters.cancel import Cancel
 from harnessrl.adapters.base import SOCKET_NAME, Endpoint, HarnessAdapter, HarnessResult, Launch, Limits, Mount
 from harnessrl.adapters.relay import Relay
 from harnessrl.gym.rewards import RewardConfig, RewardResult, score
 from harnessrl.gym.tasks import Task
 from harnessrl.gym.trajectory import Trajectory
-from harnessrl.sandboxes.base import RepoSpec, Sandbox, SandboxDied, SandboxError
+from harnessrl.sandboxes.base import RepoSpec, Sandbox, SandboxDied
 
 
 # -- endings ------------------------------------------------------------------------------
@@ -81,8 +90,15 @@ class Stale(EpisodeEnded):
     reason, status = "stale", "infra_error"
 
 
+class Cancelled(EpisodeEnded):
+    # Abandoned by the scheduler (episode timeout, shutdown): its sandbox and harness are
+    # taken away mid-run, so whatever it did is not scored.
+    reason, status = "cancelled", "infra_error"
+
+
 ENDINGS: dict[str, type[EpisodeEnded]] = {c.reason: c for c in (
-    Submitted, HarnessExited, HarnessCrashed, CallLimit, Timeout, SandboxGone, EngineFailed, InfraFailed, Stale)}
+    Submitted, HarnessExited, HarnessCrashed, CallLimit, Timeout, SandboxGone, EngineFailed, InfraFailed, Stale,
+    Cancelled)}
 
 
 # -- plain data in and out ------------------------------------------------------------------
@@ -105,15 +121,29 @@ class EpisodeConfig(BaseModel, extra="forbid", use_attribute_docstrings=True):
 
 @dataclass(frozen=True)
 class ProxyHandle:
-    """How to reach a running proxy: its harness-facing URL and its admin API token."""
+    """How to reach a running proxy: its harness-facing URL, its admin API token, its unix
+    socket and the engine behind it. Build it with `ProxyHandle.of(proxy_server)`; the engine
+    URL has no default, so no construction can silently forget it."""
 
     url: str
     admin_token: str
+    _: KW_ONLY
+    engine_url: str | None
+    """The engine behind the proxy; when a harness stops, its /health tells an engine failure
+    (infra, masked) from a harness that gave up (scored). None only for a proxy whose engine
+    cannot be reached from here (then only the recorded calls tell)."""
     uds_path: str | None = None
     """The proxy's own unix socket, if it serves one (else the relay targets its TCP port)."""
-    engine_url: str | None = None
-    """The engine behind the proxy; when a harness stops on an error, its /health tells an
-    engine failure (infra, masked) from a harness that gave up (scored)."""
+
+    @classmethod
+    def of(cls, server: Any, url: str | None = None) -> "ProxyHandle":
+        """The handle of a started `ProxyServer`. `url`: a front door in front of it (the gym
+        env's tap, an address remote workers reach); the unix socket, which would bypass that
+        door, is then left out."""
+        if not server.url:
+            raise RuntimeError("ProxyHandle.of: the proxy is not started (it has no URL yet)")
+        return cls(url or server.url, server.admin_token, engine_url=server.config.engine_url,
+                   uds_path=None if url else server.config.uds_path)
 
 
 @dataclass
@@ -131,8 +161,26 @@ SandboxFactory = Callable[[RepoSpec, Sequence[Mount]], Sandbox]
 """Makes a started sandbox for a repo with extra bind mounts (e.g. DockerBackend().create)."""
 
 
+class EpisodeAdmin(Protocol):
+    """The proxy admin calls one episode makes (`ProxyAdmin`: over the admin HTTP API)."""
+
+    def open(self, meta: dict[str, Any]) -> tuple[str, str]:
+        """A new session with this meta: (session id, harness key)."""
+        ...
+
+    def close_session(self, sid: str) -> None:
+        """No further call is accepted or recorded: the record is final."""
+        ...
+
+    def trajectory(self, sid: str) -> Trajectory: ...
+
+    def set_reward(self, sid: str, reward: float | None, status: str, termination: str) -> None: ...
+
+    def close(self) -> None: ...
+
+
 class ProxyAdmin:
-    """The few admin calls an episode needs (loopback HTTP, admin token)."""
+    """The admin calls an episode needs (loopback HTTP, admin token)."""
 
     def __init__(self, proxy: ProxyHandle):
         self.proxy = proxy
@@ -150,14 +198,15 @@ class ProxyAdmin:
             "max_calls", "max_tokens") if meta.get(k) is not None}})
         return d["session_id"], d["key"]
 
-    def finish(self, sid: str, reward: float | None, status: str, termination: str) -> Trajectory:
+    def close_session(self, sid: str) -> None:
         self._call("POST", f"/admin/sessions/{sid}/close")
-        self._call("POST", f"/admin/sessions/{sid}/reward",
-                   json={"reward": reward, "status": status, "termination": termination})
-        return Trajectory.from_dict(self._call("GET", f"/admin/sessions/{sid}/trajectory"))
 
     def trajectory(self, sid: str) -> Trajectory:
         return Trajectory.from_dict(self._call("GET", f"/admin/sessions/{sid}/trajectory"))
+
+    def set_reward(self, sid: str, reward: float | None, status: str, termination: str) -> None:
+        self._call("POST", f"/admin/sessions/{sid}/reward",
+                   json={"reward": reward, "status": status, "termination": termination})
 
     def close(self) -> None:
         self.http.close()
@@ -172,8 +221,9 @@ def ending_for(result: HarnessResult, calls_made: int, max_calls: int) -> Episod
     return ENDINGS[result.reason](f"harness status {result.harness_status!r}, exit {result.exit_code}")
 
 
-def _engine_failed(traj: Trajectory) -> bool:
-    return any(c.finish_reason in ("engine_error", "error") or c.flags.get("engine_error") for c in traj.calls)
+def engine_failures(traj: Trajectory) -> list[int]:
+    """Indices of the calls whose engine request failed, as the proxy recorded them."""
+    return [c.index for c in traj.calls if c.finish_reason in ("engine_error", "error") or c.flags.get("engine_error")]
 
 
 def engine_down(engine_url: str | None) -> bool:
@@ -186,14 +236,37 @@ def engine_down(engine_url: str | None) -> bool:
         return True
 
 
+def _fatal(e: BaseException) -> bool:
+    """What no episode may swallow: the process is being stopped."""
+    return isinstance(e, (KeyboardInterrupt, SystemExit))
+
+
 @dataclass
 class _Run:
     """What one episode accumulates while it runs (closed over by the helpers below)."""
 
+    cancel: Cancel
     relay: Relay | None = None
     sandbox: Sandbox | None = None
     harness: HarnessResult | None = None
     timings: dict[str, float] = field(default_factory=dict)
+    stage: str = "start"
+    """The stage running now; an unexpected exception is reported with it."""
+    _sandbox_lock: threading.Lock = field(default_factory=threading.Lock)
+    _sandbox_closed: bool = False
+
+    def adopt(self, sandbox: Sandbox) -> None:
+        """The episode's sandbox: closed when the episode is cancelled, and at its end."""
+        self.sandbox = sandbox
+        self.cancel.on_set(self.close_sandbox)
+
+    def close_sandbox(self) -> None:
+        """Once, from whichever thread comes first; a second caller waits until it is closed."""
+        with self._sandbox_lock:
+            if self._sandbox_closed or self.sandbox is None:
+                return
+            self._sandbox_closed = True
+            self.sandbox.close()
 
 
 def _endpoint(run: _Run, adapter: HarnessAdapter, proxy: ProxyHandle, sid: str, key: str, model: str,
@@ -210,88 +283,155 @@ def _endpoint(run: _Run, adapter: HarnessAdapter, proxy: ProxyHandle, sid: str, 
     return Endpoint(f"{proxy.url.rstrip('/')}/s/{sid}", key, model, str(socket_dir) if socket_dir else None)
 
 
-def _play(run: _Run, task: Task, adapter: HarnessAdapter, make_sandbox: SandboxFactory, proxy: ProxyHandle,
-          admin: ProxyAdmin, sid: str, endpoint: Endpoint, cfg: EpisodeConfig, scratch: Path,
-          toolchain: Path | None) -> None:
-    """Sandbox up, harness run to its end; always raises the EpisodeEnded that says why."""
+def _play(run: _Run, task: Task, adapter: HarnessAdapter, make_sandbox: SandboxFactory, endpoint: Endpoint,
+          cfg: EpisodeConfig, scratch: Path, toolchain: Path | None) -> EpisodeEnded | None:
+    """Sandbox up, harness run to its end. Returns None when the harness ran to an end of its
+    own (judged once its record is read), else the ending that stopped it early."""
     try:
+        run.stage = "sandbox creation"
+        if run.cancel.is_set():
+            return Cancelled(run.cancel.reason)
         t0 = time.monotonic()
-        run.sandbox = make_sandbox(task.repo_spec(), adapter.mounts(endpoint, toolchain))
+        run.adopt(make_sandbox(task.repo_spec(), adapter.mounts(endpoint, toolchain)))
         run.timings["sandbox_s"] = time.monotonic() - t0
+        run.stage = "harness launch"
         t0 = time.monotonic()
         run.harness = adapter.launch(Launch(endpoint, task.problem_statement, run.sandbox,
                                             Limits(cfg.max_calls, cfg.max_tokens, cfg.wall_time_s),
-                                            scratch / "harness", toolchain))
+                                            scratch / "harness", toolchain, run.cancel))
         run.timings["harness_s"] = time.monotonic() - t0
+        if run.cancel.is_set():
+            return Cancelled(run.cancel.reason)
         if not run.sandbox.alive():
-            raise SandboxGone("the sandbox died during the harness run")
-        end = ending_for(run.harness, _calls_so_far(admin, sid), cfg.max_calls)
-        if end.reason in ("harness_exited", "harness_crashed", "timeout") and engine_down(proxy.engine_url):
-            raise EngineFailed(f"the engine stopped answering ({end.reason}: {end})")
-        raise end
-    except EpisodeEnded:
-        raise
-    except SandboxDied as e:
-        raise SandboxGone(str(e)) from e
-    except Exception as e:  # anything else is ours, not the policy's: mask the episode
-        raise InfraFailed(f"{type(e).__name__}: {e}") from e
+            return SandboxGone("the sandbox died during the harness run")
+        return None
+    except EpisodeEnded as end:
+        return end
+    except BaseException as e:
+        if _fatal(e):
+            raise
+        if run.cancel.is_set():  # its sandbox or process was taken away on purpose
+            return Cancelled(f"{run.cancel.reason} ({run.stage}: {type(e).__name__}: {e})")
+        if isinstance(e, SandboxDied):
+            return SandboxGone(str(e))
+        return InfraFailed(f"{run.stage}: {type(e).__name__}: {e}")  # ours, not the policy's: mask it
+
+
+def _judge(run: _Run, early: EpisodeEnded | None, played: Trajectory, proxy: ProxyHandle,
+           cfg: EpisodeConfig) -> EpisodeEnded:
+    """The ending, from the harness's account and the final record: a proxy abort or a
+    failed engine call overrides what the harness says (a harness that prints the API
+    error and exits 0 must not pass for a submitted answer)."""
+    if run.cancel.is_set():
+        return Cancelled(run.cancel.reason)
+    if played.termination == "stale":  # the proxy aborted it: whatever the harness did after
+        return Stale("the proxy aborted the session: its data exceeded the staleness bound")
+    if early is None and run.harness is None:
+        return InfraFailed("the harness never ran")
+    end = early or ending_for(run.harness, len(played.calls), cfg.max_calls)
+    if end.status == "infra_error":
+        return end
+    failed = engine_failures(played)
+    if failed:
+        return EngineFailed(f"engine call(s) {failed} failed ({end.reason}: {end})")
+    if engine_down(proxy.engine_url):
+        return EngineFailed(f"the engine stopped answering ({end.reason}: {end})")
+    return end
 
 
 def run_episode(task: Task, adapter: HarnessAdapter, make_sandbox: SandboxFactory, proxy: ProxyHandle,
                 model: str, config: EpisodeConfig | None = None, toolchain: Path | None = None,
-                session_meta: dict[str, Any] | None = None) -> EpisodeResult:
-    """Run one episode to its end; `session_meta` is merged into the proxy session's meta
-    (e.g. `staleness_limit` and `start_version` from the scheduler)."""
+                session_meta: dict[str, Any] | None = None, cancel: Cancel | None = None,
+                admin: EpisodeAdmin | None = None) -> EpisodeResult:
+    """Run one episode to its end, whatever raises where (only KeyboardInterrupt and
+    SystemExit pass through). `session_meta` is merged into the proxy session's meta (e.g.
+    `staleness_limit` and `start_version` from the scheduler). `cancel`: set it to abandon the
+    episode (the scheduler timed it out): the harness's process tree is killed, the sandbox
+    closed, the session closed as `cancelled` (masked), and this returns soon after.
+    `admin`: the proxy admin client (default: `ProxyAdmin(proxy)`)."""
     cfg = config or EpisodeConfig()
-    scratch = Path(tempfile.mkdtemp(prefix="harnessrl-ep-", dir=cfg.scratch_root))
-    admin = ProxyAdmin(proxy)
-    run = _Run()
+    run = _Run(cancel or Cancel())
+    admin = admin or ProxyAdmin(proxy)
+    scratch: Path | None = None
+    sid: str | None = None
+    played: Trajectory | None = None
     reward: RewardResult | None = None
+    final: float | None = None
+    status, reason, error = "infra_error", "infra", ""
+    cleanup: list[str] = []
     try:
-        sid, key = admin.open({**(session_meta or {}), "task_id": task.instance_id, "harness": adapter.name,
-                               "harness_version": adapter.version, "max_calls": cfg.max_calls,
-                               "max_tokens": cfg.max_tokens})
         try:
+            run.stage = "scratch dir"
+            scratch = Path(tempfile.mkdtemp(prefix="harnessrl-ep-", dir=cfg.scratch_root))
+            run.stage = "session open"
+            sid, key = admin.open({**(session_meta or {}), "task_id": task.instance_id, "harness": adapter.name,
+                                   "harness_version": adapter.version, "max_calls": cfg.max_calls,
+                                   "max_tokens": cfg.max_tokens})
+            run.stage = "relay"
             endpoint = _endpoint(run, adapter, proxy, sid, key, model, scratch)
-            _play(run, task, adapter, make_sandbox, proxy, admin, sid, endpoint, cfg, scratch, toolchain)
-        except EpisodeEnded as end:
-            ending = end
-        except Exception as e:  # the relay or socket dir could not be set up
-            ending = InfraFailed(f"{type(e).__name__}: {e}")
-        played = admin.trajectory(sid)  # the harness is gone: its record no longer changes
-        if played.termination == "stale":  # the proxy aborted it: whatever the harness did after
-            ending = Stale("the proxy aborted the session: its data exceeded the staleness bound")
-        status, reason = ending.status, ending.reason
-        error = str(ending) if status == "infra_error" else ""
-        if status != "infra_error" and run.sandbox is not None:
-            t0 = time.monotonic()
-            reward = score(run.sandbox, task, cfg.reward)  # hidden tests only now, harness gone
-            run.timings["reward_s"] = time.monotonic() - t0
-            if reward.status == "infra_error":
-                status, error = "infra_error", f"reward: {reward.reason}"
-        if status != "infra_error" and _engine_failed(played):
-            status, reason, error = "infra_error", "engine_error", "an engine call failed"
-        final = reward.reward if (reward is not None and status != "infra_error") else None
-        traj = admin.finish(sid, final, status, reason)
+            early = _play(run, task, adapter, make_sandbox, endpoint, cfg, scratch, toolchain)
+            run.stage = "trajectory fetch"
+            admin.close_session(sid)  # nothing more is recorded: the one read below is final
+            played = admin.trajectory(sid)
+            ending = _judge(run, early, played, proxy, cfg)
+            status, reason = ending.status, ending.reason
+            error = str(ending) if status == "infra_error" else ""
+            if status != "infra_error" and run.sandbox is not None:
+                run.stage = "scoring"
+                t0 = time.monotonic()
+                reward = score(run.sandbox, task, cfg.reward)  # hidden tests only now, harness gone
+                run.timings["reward_s"] = time.monotonic() - t0
+                if run.cancel.is_set():
+                    status, reason = "infra_error", Cancelled.reason
+                    error = f"cancelled while scoring: {run.cancel.reason}"
+                elif reward.status == "infra_error":
+                    status, error = "infra_error", f"reward: {reward.reason}"
+            final = reward.reward if (reward is not None and status != "infra_error") else None
+            run.stage = "finish"
+            admin.set_reward(sid, final, status, reason)
+        except BaseException as e:
+            if _fatal(e):
+                raise
+            final, status, reason = None, "infra_error", Cancelled.reason if run.cancel.is_set() else "infra"
+            error = f"{run.stage}: {type(e).__name__}: {e}"
+            if sid is not None and run.stage != "finish":
+                _record_failure(admin, sid, played is None, status, reason, cleanup)
     finally:
-        if run.relay is not None:
-            run.relay.close()
-        if run.sandbox is not None:
-            try:
-                run.sandbox.close()
-            except SandboxError:
-                pass
-        admin.close()
-        if not cfg.keep_scratch:
-            shutil.rmtree(scratch, ignore_errors=True)
+        _release(run, admin, scratch, cfg, cleanup)
+    traj = played if played is not None else Trajectory(  # no record could be read: say so in a local one
+        session_id=sid or f"unrecorded-{uuid.uuid4().hex[:12]}", segments=[], task_id=task.instance_id,
+        harness=adapter.name)
+    traj.reward, traj.status, traj.termination = final, status, reason
     h = run.harness
     traj.metadata.update({"harness_status": h.harness_status if h else None,
                           "harness_exit_code": h.exit_code if h else None, "timings": run.timings, "error": error})
+    if cleanup:
+        traj.metadata["cleanup_error"] = "; ".join(cleanup)
     return EpisodeResult(traj, h, reward, reason, status, run.timings, error)
 
 
-def _calls_so_far(admin: ProxyAdmin, sid: str) -> int:
+def _record_failure(admin: EpisodeAdmin, sid: str, close: bool, status: str, reason: str, errors: list[str]) -> None:
+    """Best effort: the store says how the episode ended too (the returned record always does)."""
     try:
-        return len(admin.trajectory(sid).calls)
-    except RuntimeError:
-        return 0
+        if close:
+            admin.close_session(sid)
+        admin.set_reward(sid, None, status, reason)
+    except Exception as e:  # noqa: BLE001 - the proxy itself is failing; the result still says why
+        errors.append(f"recording the failure: {type(e).__name__}: {e}")
+
+
+def _release(run: _Run, admin: EpisodeAdmin, scratch: Path | None, cfg: EpisodeConfig, errors: list[str]) -> None:
+    """Every resource back, each on its own: one failing release never keeps the others.
+    Their failures are reported (`cleanup_error`) but do not change the outcome: the reward
+    was decided before, and a policy must not be able to void its own zero by breaking
+    the teardown."""
+    steps: list[tuple[str, Callable[[], None]]] = [
+        ("relay", run.relay.close if run.relay is not None else lambda: None),
+        ("sandbox", run.close_sandbox), ("admin", admin.close)]
+    if scratch is not None and not cfg.keep_scratch:
+        steps.append(("scratch", lambda: shutil.rmtree(scratch, ignore_errors=True)))
+    for what, fn in steps:
+        try:
+            fn()
+        except Exception as e:  # noqa: BLE001
+            errors.append(f"closing the {what}: {type(e).__name__}: {e}")

@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from harnessrl.adapters.cancel import Cancel
 from harnessrl.gym.episode import EpisodeConfig, ProxyHandle, run_episode
 from harnessrl.gym.trajectory import Trajectory
 
@@ -97,6 +98,8 @@ class Rollout:
             default_max_tokens=cfg.max_new_tokens,
             max_tokens_cap=cfg.max_new_tokens))
         self.results: list[Any] = []
+        self.release_wait_s = 120.0
+        """How long a cancelled `episode` waits for its thread to release everything."""
         self._file = None
 
     def __enter__(self) -> "Rollout":
@@ -111,15 +114,16 @@ class Rollout:
 
     @property
     def handle(self) -> ProxyHandle:
-        return ProxyHandle(self.proxy.url, self.proxy.admin_token, self.proxy.config.uds_path)
+        return ProxyHandle.of(self.proxy)
 
     def _make_sandbox(self, spec, mounts):
         return self.backend.create(spec, mounts)
 
-    def run_one(self, task_id: str, session_meta: dict[str, Any] | None = None) -> Trajectory:
+    def run_one(self, task_id: str, session_meta: dict[str, Any] | None = None,
+                cancel: Cancel | None = None) -> Trajectory:
         """One episode, blocking; the trajectory is appended to trajectories.jsonl."""
         result = run_episode(self.tasks[task_id], self.adapter, self._make_sandbox, self.handle,
-                             self.cfg.served_model_name, self.cfg.episode, session_meta=session_meta)
+                             self.cfg.served_model_name, self.cfg.episode, session_meta=session_meta, cancel=cancel)
         self.results.append(result)
         traj = result.trajectory
         assert self._file is not None
@@ -134,11 +138,22 @@ class Rollout:
     async def episode(self, slot: Any) -> Trajectory:
         """An episode function for `RolloutScheduler` (the slot names the task). Under the
         `requeue` policy the proxy runs the per-turn staleness check; an episode it aborted
-        raises `StaleEpisode`, so the scheduler reruns the task."""
+        raises `StaleEpisode`, so the scheduler reruns the task. Cancelled (the scheduler's
+        episode timeout, or its close), it kills the harness's process tree, closes the
+        sandbox and waits (up to `release_wait_s`) for the episode thread to end before it
+        lets the cancellation through: an abandoned episode holds nothing afterwards."""
         from harnessrl.gym.scheduler import raise_if_aborted_stale, session_meta
 
         start, limit = getattr(slot, "start_version", 0), getattr(slot, "staleness_limit", None)
-        traj = await asyncio.to_thread(self.run_one, slot.task_id, session_meta(start, limit))
+        cancel = Cancel()
+        thread = asyncio.ensure_future(asyncio.to_thread(self.run_one, slot.task_id, session_meta(start, limit),
+                                                         cancel))
+        try:
+            traj = await asyncio.shield(thread)
+        except asyncio.CancelledError:
+            await asyncio.to_thread(cancel.set, "the scheduler cancelled the episode (timeout or shutdown)")
+            await asyncio.wait({thread}, timeout=self.release_wait_s)
+            raise
         traj.metadata["start_version"] = start
         return raise_if_aborted_stale(traj, limit)
 

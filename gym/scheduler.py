@@ -22,12 +22,23 @@ Three mechanisms keep η:
   masked out of the loss (their version and logprob cleared), so no trainer ever waits and
   every trained token is within η; the masked-token count is reported.
 
+Every episode ends in exactly one record of its group, or a rerun, whatever raises where:
+its slot is freed by a done callback of its task, so no failure holds a slot or leaves a
+group incomplete. A timeout gives a masked `timeout` record (the episode function is
+cancelled and should release its sandbox and harness before it lets that through:
+`Rollout.episode` does); `StaleEpisode` a rerun; any other exception (BaseExceptions
+included, except KeyboardInterrupt and SystemExit, which stop the run) a masked
+`infra_error` / `infra` record whose `metadata["error"]` names it; so does a result that is
+not a `Trajectory`. A launch loop that dies (e.g. the task iterator raised) makes
+`next_batch` raise instead of wait.
+
 η = 0 with `wait` is the synchronous baseline: one version per step, the trainer waits for
 every episode of the step. The counts of each policy's interventions are in `stats`.
 """
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import time
 from collections import deque
@@ -64,6 +75,10 @@ class SchedulerConfig(BaseModel, extra="forbid", use_attribute_docstrings=True):
 
 class StaleEpisode(Exception):
     """Raised by `before_turn` when the episode's data could no longer be trained on."""
+
+
+class _EpisodeRaised(Exception):
+    """Carries a TimeoutError the episode raised itself, so it is not taken for the episode timeout."""
 
 
 @dataclass
@@ -131,6 +146,8 @@ class SchedulerStats:
     started: int = 0
     completed: int = 0
     timeouts: int = 0
+    errors: int = 0
+    """Episodes that raised an unexpected exception (recorded as masked `infra_error`)."""
     requeued_turn: int = 0
     requeued_group: int = 0
     dropped: int = 0
@@ -174,13 +191,19 @@ class RolloutScheduler:
         self._episodes: set[asyncio.Task] = set()
         self._group_ids = itertools.count()
         self._exhausted = False
+        self._closing = False
+        self._failure: BaseException | None = None
+        """What killed the launch loop (next_batch raises it rather than wait forever)."""
+        self._notifiers: set[asyncio.Task] = set()
 
     # -- lifecycle ---------------------------------------------------------------------
     async def start(self) -> None:
         self._base_version = self.version
         self._runner = asyncio.create_task(self._launch_loop())
+        self._runner.add_done_callback(self._runner_done)
 
     async def close(self) -> None:
+        self._closing = True
         if self._runner:
             self._runner.cancel()
         for t in list(self._episodes):
@@ -211,9 +234,9 @@ class RolloutScheduler:
                 group.running += 1
                 slot = EpisodeSlot(group.task_id, group.group_id, index, self.version, attempt, self)
                 self.stats.started += 1
-            task = asyncio.create_task(self._run_episode(group, slot))
+            task = asyncio.create_task(self._run_episode(slot))
             self._episodes.add(task)
-            task.add_done_callback(self._episodes.discard)
+            task.add_done_callback(functools.partial(self._settle, group, slot, time.monotonic()))
 
     def _can_launch(self) -> bool:
         if self._free <= 0:
@@ -237,41 +260,90 @@ class RolloutScheduler:
         group, index = self._pending.popleft()
         return group, index, 0
 
-    async def _run_episode(self, group: _Group, slot: EpisodeSlot) -> None:
-        t0 = time.monotonic()
-        traj: Trajectory | None = None
-        requeue = False
+    async def _run_episode(self, slot: EpisodeSlot) -> Trajectory:
+        """The episode under its timeout; a TimeoutError out of here is the scheduler's own."""
+        return await asyncio.wait_for(self._guarded(slot), self.config.episode_timeout_s)
+
+    async def _guarded(self, slot: EpisodeSlot) -> Trajectory:
         try:
-            traj = await asyncio.wait_for(self._episode_fn(slot), self.config.episode_timeout_s)
-        except StaleEpisode:
-            requeue = True
-        except asyncio.TimeoutError:
-            self.stats.timeouts += 1
-            traj = Trajectory(session_id=f"g{group.group_id}-{slot.index}", segments=[], status="truncated",
-                              termination="timeout", task_id=group.task_id)
-            traj.metadata["masked"] = True
-        async with self._cond:
-            self._free += 1
-            group.running -= 1
-            if requeue:
+            return await self._episode_fn(slot)
+        except (TimeoutError, asyncio.TimeoutError) as e:  # the episode's own, not the episode timeout
+            raise _EpisodeRaised(e) from e
+
+    def _settle(self, group: _Group, slot: EpisodeSlot, t0: float, task: asyncio.Task) -> None:
+        """The episode's end, however it came (a done callback, so it runs whatever raised
+        where): its slot is freed and its group gets exactly one record, or a rerun."""
+        self._episodes.discard(task)
+        self._free += 1
+        group.running -= 1
+        try:
+            self._record(group, slot, t0, task)
+        except Exception as e:  # noqa: BLE001 - the bookkeeping itself failed: still one record
+            group.trajectories[slot.index] = self._failed(
+                group, slot, f"scheduler bookkeeping: {type(e).__name__}: {e}")
+        if len(group.trajectories) == self.config.group_size and not group.done.is_set():
+            group.done.set()
+            self._ready.append(group)
+        self._kick()
+
+    def _record(self, group: _Group, slot: EpisodeSlot, t0: float, task: asyncio.Task) -> None:
+        if task.cancelled():
+            if self._closing:
+                return  # shutting down: nothing more is consumed
+            traj = self._failed(group, slot, "CancelledError: the episode cancelled itself")
+        elif (exc := task.exception()) is not None:
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                return  # the run is stopping: it propagates out of the event loop
+            if isinstance(exc, StaleEpisode):
                 self.stats.requeued_turn += 1
                 if slot.attempt < self.config.max_requeues:
                     self._retry.append((group, slot.index, slot.attempt + 1))
-                else:
-                    self.stats.dropped += 1
-                    group.trajectories[slot.index] = Trajectory(
-                        session_id=f"g{group.group_id}-{slot.index}", segments=[], status="infra_error",
-                        termination="stale", task_id=group.task_id)
+                    return
+                self.stats.dropped += 1
+                group.trajectories[slot.index] = Trajectory(
+                    session_id=f"g{group.group_id}-{slot.index}", segments=[], status="infra_error",
+                    termination="stale", task_id=group.task_id)
+                return
+            if isinstance(exc, (TimeoutError, asyncio.TimeoutError)):
+                self.stats.timeouts += 1
+                traj = Trajectory(session_id=f"g{group.group_id}-{slot.index}", segments=[], status="truncated",
+                                  termination="timeout", task_id=group.task_id)
+                traj.metadata["masked"] = True
             else:
-                assert traj is not None
-                traj.metadata.setdefault("start_version", slot.start_version)
-                self.stats.completed += 1
-                self.stats.env_latency_s.append(time.monotonic() - t0)
-                group.trajectories[slot.index] = traj
-            if len(group.trajectories) == self.config.group_size and not group.done.is_set():
-                group.done.set()
-                self._ready.append(group)
-            self._cond.notify_all()
+                raised = exc.__cause__ if isinstance(exc, _EpisodeRaised) else exc
+                traj = self._failed(group, slot, f"{type(raised).__name__}: {raised}")
+        else:
+            traj = task.result()
+            if not isinstance(traj, Trajectory):
+                traj = self._failed(group, slot, f"TypeError: the episode returned {type(traj).__name__}, "
+                                                 "not a Trajectory")
+        traj.metadata.setdefault("start_version", slot.start_version)
+        self.stats.completed += 1
+        self.stats.env_latency_s.append(time.monotonic() - t0)
+        group.trajectories[slot.index] = traj
+
+    def _failed(self, group: _Group, slot: EpisodeSlot, error: str) -> Trajectory:
+        """The record of an episode that raised: masked (`infra_error`), the exception named."""
+        self.stats.errors += 1
+        traj = Trajectory(session_id=f"g{group.group_id}-{slot.index}", segments=[], status="infra_error",
+                          termination="infra", task_id=group.task_id)
+        traj.metadata.update({"masked": True, "error": error, "start_version": slot.start_version})
+        return traj
+
+    def _kick(self) -> None:
+        """Wake whoever waits on the condition (from a callback, which cannot take its lock)."""
+        async def notify() -> None:
+            async with self._cond:
+                self._cond.notify_all()
+
+        t = asyncio.get_running_loop().create_task(notify())
+        self._notifiers.add(t)
+        t.add_done_callback(self._notifiers.discard)
+
+    def _runner_done(self, task: asyncio.Task) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            self._failure = task.exception()
+            self._kick()
 
     # -- consumption -------------------------------------------------------------------
     def _group_min_version(self, group: _Group) -> int:
@@ -286,6 +358,9 @@ class RolloutScheduler:
         batch: list[_Group] = []
         async with self._cond:
             while True:
+                if self._failure is not None:
+                    raise RuntimeError(f"the scheduler's launch loop failed: {type(self._failure).__name__}: "
+                                       f"{self._failure}") from self._failure
                 # Under `wait`, every group that started at <= V - η must be in this batch.
                 must = [g for g in self._groups.values()
                         if c.over_staleness == "wait" and g.start_version <= V - c.staleness and g not in batch]

@@ -109,7 +109,7 @@ def _episode(stack, harness: str, gold: bool):
     engine.set_tasks([task], gold=gold)
     start = len(engine.calls)
     res = run_episode(task, adapter, lambda spec, mounts: backend.create(spec, mounts=mounts),
-                      ProxyHandle(proxy.url, proxy.admin_token), "policy",
+                      ProxyHandle.of(proxy), "policy",
                       EpisodeConfig(max_calls=8, wall_time_s=240))
     return res, engine.calls[start:], task
 
@@ -220,7 +220,7 @@ def test_claude_code_past_max_turns_is_a_call_limit(stack):
     task = builtin_task()
     engine.set_tasks([task], gold=True)
     res = run_episode(task, adapter, lambda spec, mounts: backend.create(spec, mounts=mounts),
-                      ProxyHandle(proxy.url, proxy.admin_token), "policy",
+                      ProxyHandle.of(proxy), "policy",
                       EpisodeConfig(max_calls=len(task.gold_plan), wall_time_s=240))
     assert (res.reason, res.status, res.harness.harness_status) == ("call_limit", "truncated", "error_max_turns")
     assert res.trajectory.termination == "call_limit"

@@ -37,7 +37,7 @@ def real_stack():
 
     with EngineServer(EngineConfig(model="smollm2-135m", port=0)) as eng, \
             ProxyServer(ProxyConfig(engine_url=eng.url, model="smollm2-135m", max_tokens_cap=CAP)) as proxy:
-        yield ProxyHandle(proxy.url, proxy.admin_token, engine_url=eng.url), backend
+        yield ProxyHandle.of(proxy), backend
     backend.reap(run_id=backend.run_id)
 
 

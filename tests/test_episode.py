@@ -42,7 +42,7 @@ def stack():
     engine = ScriptedEngine(load_tokenizer("tiny-llama"))
     with ServedApp(engine.app()) as served, \
             ProxyServer(ProxyConfig(engine_url=served.url, model="tiny-llama")) as proxy:
-        yield engine, ProxyHandle(proxy.url, proxy.admin_token, engine_url=served.url), backend
+        yield engine, ProxyHandle.of(proxy), backend
     backend.reap(run_id=backend.run_id)
 
 
@@ -106,7 +106,7 @@ def test_engine_down_is_engine_error_not_a_zero(stack):
               "try: u.urlopen(r,timeout=60)\nexcept Exception as e: print(e); sys.exit(1)\n")
     dead = "http://127.0.0.1:9"  # nothing listens on the discard port here
     with ProxyServer(ProxyConfig(engine_url=dead, model="tiny-llama")) as proxy:
-        handle = ProxyHandle(proxy.url, proxy.admin_token, engine_url=dead)
+        handle = ProxyHandle.of(proxy)
         res = _run(stack, _command(sys.executable, "-c", client, "${openai_base_url}", "${api_key}"), proxy=handle)
     assert "HTTP Error 5" in res.harness.stdout_tail
     assert (res.reason, res.status) == ("engine_error", "infra_error")

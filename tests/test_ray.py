@@ -161,7 +161,7 @@ def test_real_harness_episodes_run_on_ray_workers(cluster):
     engine.set_tasks(load_suite_tasks(cfg))
     with ServedApp(engine.app()) as served, \
             ProxyServer(ProxyConfig(engine_url=served.url, model="tiny-llama")) as proxy:
-        handle = ProxyHandle(proxy.url, proxy.admin_token, engine_url=served.url)
+        handle = ProxyHandle.of(proxy)
         episodes = RayEpisodes(functools.partial(RolloutWorker, cfg, handle),
                                RayPlacementConfig(num_workers=2, num_cpus_per_worker=0.5))
         try:
@@ -219,7 +219,7 @@ def test_ray_rollout_worker_turns_a_proxy_stale_abort_into_a_requeue():
             ProxyServer(ProxyConfig(engine_url=served.url, model="tiny-llama")) as proxy:
         proxies.append(proxy)
         proxy.core.set_policy_version(0)
-        worker = RolloutWorker(cfg, ProxyHandle(proxy.url, proxy.admin_token, engine_url=served.url))
+        worker = RolloutWorker(cfg, ProxyHandle.of(proxy))
         slot = RemoteSlot(task_id, 0, 0, start_version=0, attempt=0, staleness=0, over_staleness="requeue")
         with pytest.raises(StaleEpisode, match="η=0"):
             worker.run(slot)
