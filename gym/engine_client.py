@@ -11,11 +11,17 @@ local CPU engine (`harnessrl.trainers.engine`) and, unchanged, to a real SGLang 
   and logprobs of each chunk in both cases, telling them apart by `completion_tokens`.
 - An aborted request (abort_request, pause_generation(mode="abort")) comes back as a result
   with `finish_reason == "abort"` and whatever partial output the engine returned.
+- Every /generate request runs under `EngineTimeouts` (connect, first byte, idle between
+  stream chunks, total), enforced with asyncio deadlines whatever the transport, so a
+  stopped engine (SIGSTOP: the kernel still accepts connections, nothing answers) fails
+  the call with `EngineTimeout` instead of holding it. A non-streamed reply arrives whole,
+  so its only byte-level bound is `total_s`.
 
 No torch import here: the env layer (proxy) uses this client.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 from dataclasses import dataclass
 from typing import Any, AsyncIterator
@@ -41,6 +47,40 @@ class EngineError(RuntimeError):
     def __init__(self, message: str, status_code: int | None = None):
         super().__init__(message)
         self.status_code = status_code
+
+
+class EngineTimeout(EngineError):
+    """A /generate request ran past one of its `EngineTimeouts`; `phase` names which one:
+    "connect", "first_byte", "idle" or "total"."""
+
+    def __init__(self, message: str, phase: str):
+        super().__init__(message)
+        self.phase = phase
+
+
+@dataclass(frozen=True)
+class EngineTimeouts:
+    """Bounds on one /generate request, in seconds; None leaves that bound off."""
+
+    connect_s: float | None = 10.0
+    """Opening the TCP connection."""
+    first_byte_s: float | None = 300.0
+    """Streamed: from sending the request to the first data chunk (queueing and prefill)."""
+    idle_s: float | None = 120.0
+    """Streamed: between two chunks once the first has come."""
+    total_s: float | None = 900.0
+    """The whole request, streamed or not (the only bound on a non-streamed reply's wait)."""
+
+
+async def _bounded(aw, limit: float | None, phase: str, url: str):
+    """Await `aw` for at most `limit` seconds; past it, an EngineTimeout naming the phase."""
+    if limit is None:
+        return await aw
+    try:
+        return await asyncio.wait_for(aw, limit)
+    except asyncio.TimeoutError:
+        raise EngineTimeout(f"engine at {url} timed out: no {phase.replace('_', ' ')} within {limit:g} s "
+                            f"(EngineTimeouts.{phase}_s)", phase) from None
 
 
 def _finish_reason(meta: dict) -> str:
@@ -86,8 +126,12 @@ class EngineClient:
         timeout: float = 600.0,
         transport: httpx.AsyncBaseTransport | None = None,
         api_key: str | None = None,
+        timeouts: EngineTimeouts | None = None,
     ):
+        """`timeout` bounds control requests (httpx semantics); `timeouts` bound /generate
+        (default: `EngineTimeouts()` with `total_s` no larger than `timeout`)."""
         self.base_url = base_url.rstrip("/")
+        self.timeouts = timeouts or EngineTimeouts(total_s=min(EngineTimeouts.total_s, timeout))
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = httpx.AsyncClient(
             base_url=self.base_url, timeout=timeout, transport=transport, headers=headers
@@ -141,6 +185,13 @@ class EngineClient:
             payload["priority"] = int(priority)
         return payload
 
+    def _generate_request(self, payload: dict) -> httpx.Request:
+        # httpx enforces the connect bound (as does the proxy's transport); reads are bounded
+        # by asyncio deadlines, which see a whole stalled exchange, not a single socket read.
+        t = self.timeouts
+        return self._http.build_request("POST", "/generate", json=payload,
+                                        timeout=httpx.Timeout(None, connect=t.connect_s))
+
     def _result(self, body: dict, url: str) -> GenerateResult:
         try:
             meta = body["meta_info"]
@@ -175,7 +226,11 @@ class EngineClient:
                                 priority)
         url = self.base_url + "/generate"
         try:
-            resp = await self._http.post("/generate", json=payload)
+            resp = await _bounded(self._http.send(self._generate_request(payload)), self.timeouts.total_s,
+                                  "total", url)
+        except httpx.ConnectTimeout as e:
+            raise EngineTimeout(f"engine at {url} timed out connecting (EngineTimeouts.connect_s): {e}",
+                                "connect") from e
         except httpx.HTTPError as e:
             raise EngineError(f"engine at {url} unreachable: {type(e).__name__}: {e}") from e
         if resp.status_code >= 400:
@@ -213,47 +268,74 @@ class EngineClient:
         seen = 0  # output tokens already yielded
         text_seen = ""
         finished = False
+        t = self.timeouts
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + t.total_s if t.total_s is not None else None
+
+        def left(phase: str) -> tuple[float | None, str]:
+            """The tighter of a phase's own bound and what is left of the total."""
+            limit = getattr(t, phase + "_s")
+            if deadline is None:
+                return limit, phase
+            rest = max(0.0, deadline - loop.time())
+            return (rest, "total") if limit is None or rest < limit else (limit, phase)
+
+        resp = None
         try:
-            async with self._http.stream("POST", "/generate", json=payload) as resp:
-                if resp.status_code >= 400:
-                    await resp.aread()
-                    raise EngineError(
-                        f"engine at {url} answered HTTP {resp.status_code}: {_error_text(resp)}", resp.status_code
-                    )
-                async for line in resp.aiter_lines():
-                    if not line.startswith("data:"):
-                        continue
-                    data = line[5:].strip()
-                    if data == "[DONE]":
-                        break
-                    try:
-                        body = json.loads(data)
-                    except ValueError as e:
-                        raise EngineError(f"engine at {url} sent an unreadable stream chunk: {data[:200]!r}") from e
-                    if isinstance(body, dict) and "error" in body:
-                        err = body["error"]
-                        msg = err.get("message") if isinstance(err, dict) else err
-                        raise EngineError(f"engine at {url} stream error: {msg}")
-                    chunk = self._result(body, url)
-                    meta = body.get("meta_info") or {}
-                    total = meta.get("completion_tokens")
-                    ids, lps = chunk.output_ids, chunk.logprobs
-                    # Cumulative chunks carry every token so far; incremental ones only the new.
-                    cumulative = (len(ids) == total and total >= seen) if isinstance(total, int) else len(ids) >= seen
-                    if cumulative:
-                        ids, lps = ids[seen:], lps[seen:]
-                        text = chunk.text[len(text_seen):] if chunk.text.startswith(text_seen) else chunk.text
-                        text_seen = chunk.text if chunk.text.startswith(text_seen) else text_seen + chunk.text
-                    else:
-                        text = chunk.text
-                        text_seen += chunk.text
-                    seen += len(ids)
-                    finished = bool(chunk.finish_reason)
-                    if ids or finished:
-                        yield GenerateResult(ids, lps, chunk.finish_reason, chunk.weight_version,
-                                             chunk.prompt_tokens, text)
+            resp = await _bounded(self._http.send(self._generate_request(payload), stream=True),
+                                  *left("first_byte"), url)
+            if resp.status_code >= 400:
+                await _bounded(resp.aread(), *left("idle"), url)
+                raise EngineError(
+                    f"engine at {url} answered HTTP {resp.status_code}: {_error_text(resp)}", resp.status_code
+                )
+            lines = resp.aiter_lines().__aiter__()
+            got_data = False
+            while True:
+                try:
+                    line = await _bounded(lines.__anext__(), *left("idle" if got_data else "first_byte"), url)
+                except StopAsyncIteration:
+                    break
+                if not line.startswith("data:"):
+                    continue
+                got_data = True
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                try:
+                    body = json.loads(data)
+                except ValueError as e:
+                    raise EngineError(f"engine at {url} sent an unreadable stream chunk: {data[:200]!r}") from e
+                if isinstance(body, dict) and "error" in body:
+                    err = body["error"]
+                    msg = err.get("message") if isinstance(err, dict) else err
+                    raise EngineError(f"engine at {url} stream error: {msg}")
+                chunk = self._result(body, url)
+                meta = body.get("meta_info") or {}
+                total = meta.get("completion_tokens")
+                ids, lps = chunk.output_ids, chunk.logprobs
+                # Cumulative chunks carry every token so far; incremental ones only the new.
+                cumulative = (len(ids) == total and total >= seen) if isinstance(total, int) else len(ids) >= seen
+                if cumulative:
+                    ids, lps = ids[seen:], lps[seen:]
+                    text = chunk.text[len(text_seen):] if chunk.text.startswith(text_seen) else chunk.text
+                    text_seen = chunk.text if chunk.text.startswith(text_seen) else text_seen + chunk.text
+                else:
+                    text = chunk.text
+                    text_seen += chunk.text
+                seen += len(ids)
+                finished = bool(chunk.finish_reason)
+                if ids or finished:
+                    yield GenerateResult(ids, lps, chunk.finish_reason, chunk.weight_version,
+                                         chunk.prompt_tokens, text)
+        except httpx.ConnectTimeout as e:
+            raise EngineTimeout(f"engine at {url} timed out connecting (EngineTimeouts.connect_s): {e}",
+                                "connect") from e
         except httpx.HTTPError as e:
             raise EngineError(f"engine at {url} unreachable: {type(e).__name__}: {e}") from e
+        finally:
+            if resp is not None:
+                await resp.aclose()
         if not finished:
             raise EngineError(f"engine at {url} ended the stream without a finish_reason")
 
@@ -292,10 +374,13 @@ class EngineClient:
         await self._request("POST", "/flush_cache")
 
     async def health(self) -> bool:
-        """GET /health: True on 200, False on any error or refusal."""
+        """GET /health: True on 200, False on any error, refusal, or no answer within the
+        first-byte bound (a stopped engine)."""
+        t = self.timeouts
         try:
-            resp = await self._http.get("/health")
-        except httpx.HTTPError:
+            resp = await _bounded(self._http.get("/health", timeout=httpx.Timeout(None, connect=t.connect_s)),
+                                  t.first_byte_s, "first_byte", self.base_url + "/health")
+        except (httpx.HTTPError, EngineTimeout):
             return False
         return resp.status_code == 200
 

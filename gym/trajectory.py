@@ -5,6 +5,17 @@ prompt of its first call, then each call's sampled completion and the templated 
 harness appended before the next call. `loss_mask` is 1 exactly on sampled tokens; those
 tokens carry the engine's logprob and the policy version that sampled them. A new segment
 starts when the harness rewrote its history (the token prefix broke); nothing is dropped.
+
+A call record stores its prompt as a delta against its segment: the first
+`prompt_prefix_len` tokens of `segments[segment].token_ids`, then `new_prompt_ids`. A
+session's record (and its JSON export) is therefore linear in its tokens, not in calls x
+tokens; `Trajectory.call_prompt(c)` (or `c.prompt_ids` on a record that belongs to a
+Trajectory) rebuilds the exact ids the engine was sent.
+
+A *detached* call (`flags["detached"]`: "engine_error", "undelivered", "refused") is in
+`calls` but extends no segment: the engine failed, the harness never received the reply,
+or the engine refused the prompt. Its completion tokens (if any) appear in no segment, so
+no trainer ever sees them with loss mask 1.
 """
 from __future__ import annotations
 
@@ -50,11 +61,15 @@ class CallRecord:
     session_id: str
     index: int
     dialect: str
-    prompt_ids: list[int]
+    prompt_prefix_len: int
+    """How many leading tokens of its segment the prompt reuses (0: the prompt is all new)."""
+    new_prompt_ids: list[int]
+    """The prompt tokens after that prefix (the templated messages new in this call)."""
     completion_ids: list[int]
     logprobs: list[float]
     versions: list[int]
     finish_reason: str
+    """stop | length | abort | tool_calls ...; "engine_error" for a failed engine call."""
     segment: int
     queue_s: float = 0.0
     gen_s: float = 0.0
@@ -63,6 +78,29 @@ class CallRecord:
     finished_at: float = 0.0
     """Wall-clock time (epoch seconds) the call was recorded; generation ran in [finished_at - gen_s, finished_at]."""
     flags: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def detached(self) -> bool:
+        """True when this call extends no segment (engine error, undelivered, refused)."""
+        return bool(self.flags.get("detached"))
+
+    def prompt(self, segment_token_ids: list[int]) -> list[int]:
+        """The full prompt, given its segment's token ids."""
+        if len(segment_token_ids) < self.prompt_prefix_len:
+            raise ValueError(f"call {self.call_id}: reuses {self.prompt_prefix_len} tokens of a segment "
+                             f"of {len(segment_token_ids)}")
+        return segment_token_ids[:self.prompt_prefix_len] + self.new_prompt_ids
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        """The full prompt (rebuilt on each access; needs the record to belong to a Trajectory)."""
+        if self.prompt_prefix_len == 0:
+            return list(self.new_prompt_ids)
+        seg = getattr(self, "_segment_ref", None)
+        if seg is None:
+            raise ValueError(f"call {self.call_id} is not attached to its trajectory's segments; "
+                             "use Trajectory.call_prompt")
+        return self.prompt(seg.token_ids)
 
 
 @dataclass
@@ -81,6 +119,22 @@ class Trajectory:
     calls: list[CallRecord] = field(default_factory=list)
     metadata: dict[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        for c in self.calls:  # so that c.prompt_ids can rebuild the prompt from the delta
+            if c.prompt_prefix_len and 0 <= c.segment < len(self.segments):
+                c._segment_ref = self.segments[c.segment]
+
+    def call_prompt(self, c: CallRecord) -> list[int]:
+        """The exact prompt ids call `c` sent to the engine."""
+        if c.prompt_prefix_len == 0:
+            return list(c.new_prompt_ids)
+        return c.prompt(self.segments[c.segment].token_ids)
+
+    @property
+    def delivered_calls(self) -> list[CallRecord]:
+        """The calls whose reply the harness received (not detached)."""
+        return [c for c in self.calls if not c.detached]
+
     @property
     def trainable(self) -> bool:
         return self.status in ("ok", "truncated") and self.reward is not None
@@ -93,6 +147,15 @@ class Trajectory:
                 seg.validate()
             except ValueError as e:
                 raise ValueError(f"trajectory {self.session_id} segment {i}: {e}") from None
+        for c in self.calls:
+            if not c.prompt_prefix_len:
+                continue
+            if not 0 <= c.segment < len(self.segments):
+                raise ValueError(f"trajectory {self.session_id} call {c.call_id}: reuses a prefix of segment "
+                                 f"{c.segment}, which does not exist")
+            if c.prompt_prefix_len > len(self.segments[c.segment].token_ids):
+                raise ValueError(f"trajectory {self.session_id} call {c.call_id}: reuses {c.prompt_prefix_len} "
+                                 f"tokens of segment {c.segment}, which has fewer")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -101,8 +164,16 @@ class Trajectory:
     def from_dict(cls, d: dict[str, Any]) -> "Trajectory":
         d = dict(d)
         d["segments"] = [Segment(**s) for s in d.get("segments", [])]
-        d["calls"] = [CallRecord(**c) for c in d.get("calls", [])]
+        d["calls"] = [CallRecord(**_delta_call(c)) for c in d.get("calls", [])]
         return cls(**d)
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict())
+
+
+def _delta_call(c: dict[str, Any]) -> dict[str, Any]:
+    """A call dict in the delta shape; records written before it carried full `prompt_ids`."""
+    if "prompt_ids" in c:
+        c = dict(c)
+        c["new_prompt_ids"], c["prompt_prefix_len"] = c.pop("prompt_ids"), 0
+    return c

@@ -11,7 +11,7 @@ from harnessrl.trainers.run_report import RunFigures, compare, summary_line
 
 def _traj(sid: str, reward: float | None, calls: list[tuple[float | None, float, float]], status: str = "ok") -> Trajectory:
     """calls: (env_s, gen_s, finished_at)."""
-    recs = [CallRecord(call_id=f"{sid}-{i}", session_id=sid, index=i, dialect="openai_chat", prompt_ids=[1],
+    recs = [CallRecord(call_id=f"{sid}-{i}", session_id=sid, index=i, dialect="openai_chat", prompt_prefix_len=0, new_prompt_ids=[1],
                        completion_ids=[2], logprobs=[-0.1], versions=[0], finish_reason="stop", segment=0,
                        queue_s=0.5, gen_s=gen, env_s=env, finished_at=fin)
             for i, (env, gen, fin) in enumerate(calls)]

@@ -195,7 +195,7 @@ def build_app(core: ProxyCore, admin_token: str) -> Starlette:
                 core.check_staleness(s)
                 await core.admit()
                 core.check_staleness(s)  # a weight update may have landed while it waited
-                p = Prepared(s, req, arrived)
+                p = Prepared(s, req, arrived, request.is_disconnected)
                 if req.stream:
                     return await _stream(p, dialect)
                 async for c in core.run(p):

@@ -106,6 +106,21 @@ class ProxyConfig(BaseModel):
     max_branches: int = Field(4, ge=1)
     """Live segments per session a new call may extend (side calls such as title requests interleave)."""
 
+    engine_connect_timeout_s: float | None = Field(10.0, gt=0.0)
+    """Bound on opening a connection to the engine; None: no bound. Like every engine timeout
+    below, passing it fails the call (504 to the harness) and records it `engine_error`."""
+
+    engine_first_byte_timeout_s: float | None = Field(300.0, gt=0.0)
+    """Streamed engine request (`engine_stream`): bound from sending it to its first chunk."""
+
+    engine_idle_timeout_s: float | None = Field(120.0, gt=0.0)
+    """Streamed engine request: bound on the gap between two chunks (a stopped engine)."""
+
+    engine_total_timeout_s: float | None = Field(900.0, gt=0.0)
+    """Bound on one whole engine request, streamed or not; the only bound on a non-streamed
+    one (its reply comes whole). Size it above the slowest legitimate `max_tokens_cap`
+    generation: a policy must not be able to turn a long answer into a masked episode."""
+
     @field_validator("top_k")
     @classmethod
     def _top_k(cls, v: int) -> int:

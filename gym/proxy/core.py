@@ -6,6 +6,12 @@ One call: render (recorder.plan) -> generate (generation.generate) -> cut at sto
 reply's last byte leaves, for streamed calls too. Calls of one session run one at a time
 (the session lock), so its segments grow in a well-defined order.
 
+Every call that reached generation leaves exactly one row: failed engine calls (503, 504
+on an `EngineTimeouts` bound) and replies the harness never received are recorded
+*detached* (in the record, in no segment, never trained on) and do not advance the session.
+A proxy restarted on the same store serves, closes and rewards the sessions it finds
+there, and refuses new calls on them.
+
 A streamed call either relays the engine's token stream (`engine_stream`; text is held
 back from a possible tool-call or stop-string start) or, by default, generates in one
 engine request with keep-alive events meanwhile. Both record the same ids.
@@ -13,12 +19,13 @@ engine request with keep-alive events meanwhile. Both record the same ids.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Awaitable, Callable
 
-from ..engine_client import EngineClient
+from ..engine_client import EngineClient, EngineError, EngineTimeout, EngineTimeouts
 from .engine_http import make_engine_client
 from .canonical import ChatRequest, Completion, Message
 from .config import ProxyConfig
@@ -38,6 +45,61 @@ class Prepared:
     session: Session
     req: ChatRequest
     arrived: float
+    disconnected: Callable[[], Awaitable[bool]] | None = None
+    """True once the client of a plain (non-streamed) call is gone (Starlette's
+    `request.is_disconnected`): its reply is then recorded undelivered, never trained."""
+
+
+class _ClientGone(Exception):
+    """A plain call's client disconnected while it was generating."""
+
+
+class _Rec:
+    """Writes one call's row (the prompt as a delta against its segment)."""
+
+    def __init__(self, core: "ProxyCore", s: Session, pl, req: ChatRequest, cid: str, gen: Generation,
+                 queue_s: float, env_s: float | None):
+        self.core, self.s, self.pl, self.req, self.cid, self.gen = core, s, pl, req, cid, gen
+        self.queue_s, self.env_s = queue_s, env_s
+
+    def add(self, flags: dict[str, Any], finish_reason: str | None = None, completion: bool = True) -> list[int]:
+        core, s, pl, gen = self.core, self.s, self.pl, self.gen
+        versions = [core.versions(v) for v in gen.versions] if completion else []
+        core.store.add_call(
+            call_id=self.cid, session_id=s.id, idx=s.records, dialect=self.req.dialect, segment=pl.segment,
+            split_reason=pl.split_reason, prefix_len=pl.prefix_len, new_prompt=pl.prompt_ids[pl.prefix_len:],
+            completion=gen.ids if completion else [], logprobs=gen.logprobs if completion else [],
+            versions=versions, finish_reason=finish_reason or gen.finish_reason, queue_s=self.queue_s,
+            gen_s=gen.gen_s, env_s=self.env_s, flags=flags)
+        s.records += 1
+        return versions
+
+    def detached(self, why: str, params: dict[str, Any] | None, flags: dict[str, Any] | None = None,
+                 finish_reason: str | None = None, completion: bool = True, **extra: Any) -> None:
+        """A row that extends no segment (see `gym.trajectory`)."""
+        flags = dict(flags or {}, detached=why, **extra)
+        if self.pl.split_reason is not None:
+            flags.setdefault("split_reason", self.pl.split_reason)
+        if self.gen.interruptions:
+            flags.setdefault("interruptions", self.gen.interruptions)
+        if params is not None:
+            flags.setdefault("max_new_tokens", params.get("max_new_tokens"))
+        self.add(flags, finish_reason or self.gen.finish_reason or "abort", completion)
+        self.core.counters["undelivered" if why == "undelivered" else "engine_errors"] += 1
+
+    def failed(self, e: EngineError, params: dict[str, Any] | None) -> ProxyError:
+        """Record a failed engine call; the error the harness gets for it."""
+        if e.status_code == 400:  # e.g. the prompt outgrew the context: the harness must compact
+            self.detached("refused", params, finish_reason="refused", completion=False, engine_refused=str(e))
+            return ProxyError(400, f"the engine refused the prompt: {e}", param="messages")
+        timeout = isinstance(e, EngineTimeout)
+        extra: dict[str, Any] = {"engine_error": str(e), "engine_error_kind": "timeout" if timeout else "unavailable"}
+        if timeout:
+            extra["engine_timeout_phase"] = e.phase
+        if self.gen.ids:  # a stream that broke: what arrived is not a reply, keep only the count
+            extra["partial_tokens"] = len(self.gen.ids)
+        self.detached("engine_error", params, finish_reason="engine_error", completion=False, **extra)
+        return ProxyError(504 if timeout else 503, f"generation failed: {e}", kind="api_error")
 
 
 class Detokenizer:
@@ -87,10 +149,22 @@ class ProxyCore:
         """The trainer's current policy version, as the scheduler last announced it."""
         self.counters = {"aborted_stale": 0, "calls": 0, "prompt_tokens": 0, "completion_tokens": 0, "errors_4xx": 0, "errors_5xx": 0,
                          "interruptions": 0, "segments_split": 0, "tool_call_flags": 0, "rejected_paused": 0,
-                         "rejected_budget": 0}
+                         "rejected_budget": 0, "engine_errors": 0, "undelivered": 0}
+        self._restore()
+
+    def _restore(self) -> None:
+        """A restarted proxy on the same store serves the sessions it finds there: their
+        trajectories, close and reward. They accept no new calls (their keys and token state
+        died with the old process): a call gets the 404 of a closed session."""
+        for sid, meta, closed in self.store.sessions():
+            self.sessions[sid] = Session(id=sid, key="", meta=meta, closed=True, records=self.store.call_count(sid),
+                                         aborted=None if closed else "the proxy restarted while this session was open")
 
     async def start(self) -> None:
-        self.engine = make_engine_client(self.config.engine_url)
+        c = self.config
+        self.engine = make_engine_client(c.engine_url, timeouts=EngineTimeouts(
+            c.engine_connect_timeout_s, c.engine_first_byte_timeout_s, c.engine_idle_timeout_s,
+            c.engine_total_timeout_s))
         self.gate = PauseGate()
 
     async def stop(self) -> None:
@@ -120,6 +194,14 @@ class ProxyCore:
         if status not in STATUSES:
             raise ValueError(f"status {status!r} not in {STATUSES}")
         self.store.set_reward(sid, reward, status, termination)
+
+    def export_trajectory(self, sid: str) -> dict[str, Any]:
+        """The session's trajectory as a JSON-ready dict, linear in its tokens (prompts as
+        deltas). Blocking (SQLite and list building): the admin handler runs it with
+        `await asyncio.to_thread(core.export_trajectory, sid)` so streams keep flowing."""
+        if sid not in self.sessions:
+            raise KeyError(f"unknown session {sid!r}")
+        return self.store.trajectory(sid).to_dict()
 
     def stats(self) -> dict[str, Any]:
         return dict(self.counters, sessions_open=sum(not s.closed for s in list(self.sessions.values())),
@@ -192,7 +274,16 @@ class ProxyCore:
                 "seed": req.seed if isinstance(req.seed, int) else None}, ignored
 
     async def run(self, p: Prepared, stream_cls=None) -> AsyncIterator[Any]:
-        """The whole call; yields SSE bytes when `stream_cls` (a dialect Stream) is given, else one Completion."""
+        """The whole call; yields SSE bytes when `stream_cls` (a dialect Stream) is given, else one Completion.
+
+        Every call that reached generation leaves one row in the store: a delivered call
+        extends its segment; a failed engine call (unreachable, error status, an
+        `EngineTimeouts` bound passed) is recorded detached with `finish_reason`
+        "engine_error" and `flags["engine_error"]`, and answered 503 (504 on a timeout) in
+        the dialect's shape; a reply the harness never received (its client disconnected:
+        `Prepared.disconnected` for plain calls, the stream closed before its final event)
+        is recorded detached with `flags["undelivered"]`, and the session does not advance
+        past it. Detached rows are in no segment, so nothing trains on them."""
         s, req = p.session, p.req
         if s.lock is None:
             s.lock = asyncio.Lock()
@@ -210,78 +301,94 @@ class ProxyCore:
             if req.tools and req.tool_choice != "none":
                 markers.append(self.renderer.tool_format.start_marker)
             (params, ignored), maxi = self._params(req), self.config.max_interruptions
-            space = await self.sampling.space(self.engine)
             params["priority"] = self._priority(s)
             budget = s.meta.get("max_tokens")
             if isinstance(budget, int):  # never sample past the episode's token budget
                 params["max_new_tokens"] = max(1, min(params["max_new_tokens"], budget - s.completion_tokens))
-            if stream_writer is not None:
-                yield stream_writer.start()
-            if stream_writer is not None and self.config.engine_stream:
-                detok = Detokenizer(self.renderer)
-                held, text = False, ""
-                async for ids in generate(self.engine, self.gate, pl.prompt_ids, stream=True, params=params,
-                                          max_interruptions=maxi, rid=cid, out=gen):
-                    piece = detok.add(ids)
-                    if held or not piece:
-                        continue
-                    text += piece
-                    cut, held = _safe_len(text, markers)
-                    if cut > len(sent):
-                        delta = text[len(sent):cut]
-                        sent += delta
-                        yield stream_writer.text(delta)
-            elif stream_writer is not None:
-                async for ping in self._buffered(pl.prompt_ids, params, cid, gen, stream_writer):
-                    yield ping
-            else:
-                async for _ in generate(self.engine, self.gate, pl.prompt_ids, stream=False, params=params,
-                                        max_interruptions=maxi, rid=cid, out=gen):
-                    pass
+            rec = _Rec(self, s, pl, req, cid, gen, queue_s, env_s)
+            try:
+                space = await self.sampling.space(self.engine)
+                if stream_writer is not None:
+                    yield stream_writer.start()
+                if stream_writer is not None and self.config.engine_stream:
+                    detok = Detokenizer(self.renderer)
+                    held, text = False, ""
+                    async with contextlib.aclosing(generate(self.engine, self.gate, pl.prompt_ids, stream=True,
+                                                            params=params, max_interruptions=maxi, rid=cid,
+                                                            out=gen)) as chunks:
+                        async for ids in chunks:
+                            piece = detok.add(ids)
+                            if held or not piece:
+                                continue
+                            text += piece
+                            cut, held = _safe_len(text, markers)
+                            if cut > len(sent):
+                                delta = text[len(sent):cut]
+                                sent += delta
+                                yield stream_writer.text(delta)
+                else:
+                    # One engine request; a streamed call sends keep-alives meanwhile, a plain
+                    # one watches its client (a client gone stops the engine request).
+                    task = asyncio.ensure_future(self._drain(pl.prompt_ids, params, cid, gen))
+                    try:
+                        while not (await asyncio.wait({task}, timeout=self.config.keepalive_s))[0]:
+                            if stream_writer is not None:
+                                yield stream_writer.keepalive()
+                            elif p.disconnected is not None and await p.disconnected():
+                                raise _ClientGone()
+                        task.result()
+                    finally:
+                        if not task.done():
+                            task.cancel()  # closing the engine request aborts it there
+            except EngineError as e:  # the app answers it: an HTTP status, or the stream's error event
+                raise rec.failed(e, params) from e
+            except _ClientGone:
+                rec.detached("undelivered", params, undelivered="client_disconnected")
+                raise ProxyError(499, "the client disconnected before the reply was ready") from None
+            except (asyncio.CancelledError, GeneratorExit):  # a streamed call's client went away
+                rec.detached("undelivered", params, undelivered="client_disconnected")
+                raise
             c, reply, flags = self._finish(req, gen, cid, created, len(pl.prompt_ids),
                                            sent if stream_writer is not None else None)
             flags["sampling"] = self.sampling.record(req, params, space, ignored)
             if pl.split_reason is not None:
                 flags["split_reason"] = pl.split_reason
+            if stream_writer is None and p.disconnected is not None and await p.disconnected():
+                # generated, but nobody is left to receive it: keep it out of training
+                rec.detached("undelivered", params, flags, undelivered="client_disconnected")
+                raise ProxyError(499, "the client disconnected before the reply was ready")
+            versions = rec.add(flags)  # durable before the reply's last byte leaves
+            if pl.split_reason is not None:
                 self.counters["segments_split"] += 1
-            versions = [self.versions(v) for v in gen.versions]
-            self.store.add_call(
-                call_id=cid, session_id=s.id, idx=s.n_calls, dialect=req.dialect, segment=pl.segment,
-                split_reason=pl.split_reason, prefix_len=pl.prefix_len, new_prompt=pl.prompt_ids[pl.prefix_len:],
-                completion=gen.ids, logprobs=gen.logprobs, versions=versions,
-                finish_reason=gen.finish_reason, queue_s=queue_s, gen_s=gen.gen_s, env_s=env_s, flags=flags)
-            if versions:
-                s.oldest_version = min(versions + ([s.oldest_version] if s.oldest_version is not None else []))
             self.counters["calls"] += 1
             self.counters["prompt_tokens"] += len(pl.prompt_ids)
             self.counters["completion_tokens"] += len(gen.ids)
-            s.completion_tokens += len(gen.ids)
             self.counters["interruptions"] += gen.interruptions
-            commit(s, pl, req, reply, gen.ids, gen.finish_reason, self.config.max_branches)
-            if stream_writer is not None:
-                yield stream_writer.finish(c, c.content[len(sent):] if c.content.startswith(sent) else "")
-            else:
+            s.completion_tokens += len(gen.ids)
+            if stream_writer is None:
+                self._advance(s, pl, req, reply, gen, versions)
                 yield c
+                return
+            try:
+                yield stream_writer.finish(c, c.content[len(sent):] if c.content.startswith(sent) else "")
+            except (asyncio.CancelledError, GeneratorExit):
+                # The stream was closed before its final event went out: the harness has no reply.
+                self.store.mark_undelivered(cid, "client_disconnected")
+                self.counters["undelivered"] += 1
+                raise
+            self._advance(s, pl, req, reply, gen, versions)
 
-    async def _buffered(self, prompt: list[int], params: dict[str, Any], cid: str, gen: Generation,
-                        writer) -> AsyncIterator[bytes]:
-        """A streamed call generated in one engine request: keep-alives while it runs, so a
-        harness with an idle timeout waits; the whole reply follows in `finish`."""
-        async def drain() -> None:
-            async for _ in generate(self.engine, self.gate, prompt, stream=False, params=params,
-                                    max_interruptions=self.config.max_interruptions, rid=cid, out=gen):
-                pass
-        task = asyncio.ensure_future(drain())
-        try:
-            while True:
-                done, _ = await asyncio.wait({task}, timeout=self.config.keepalive_s)
-                if done:
-                    task.result()
-                    return
-                yield writer.keepalive()
-        finally:
-            if not task.done():
-                task.cancel()  # the client went away: closing the engine request aborts it there
+    def _advance(self, s: Session, pl, req: ChatRequest, reply: Message, gen: Generation, versions: list[int]) -> None:
+        """The harness has the reply: the session's segment now ends with it."""
+        if versions:
+            s.oldest_version = min(versions + ([s.oldest_version] if s.oldest_version is not None else []))
+        commit(s, pl, req, reply, gen.ids, gen.finish_reason, self.config.max_branches)
+
+    async def _drain(self, prompt: list[int], params: dict[str, Any], cid: str, gen: Generation) -> None:
+        async for _ in generate(self.engine, self.gate, prompt, stream=False, params=params,
+                                max_interruptions=self.config.max_interruptions, rid=cid, out=gen):
+            pass
+
 
     def _finish(self, req: ChatRequest, gen: Generation, cid: str, created: int, n_prompt: int,
                 sent: str | None) -> tuple[Completion, Message, dict[str, Any]]:

@@ -7,7 +7,9 @@ keeps `EngineClient`'s contract and code, and swaps in:
 - `KeepAliveTransport`: an `httpx.AsyncBaseTransport` over plain asyncio streams, HTTP/1.1
   keep-alive, a LIFO idle pool per host, Content-Length and chunked bodies (so the SSE
   stream of /generate stays incremental); one retry on a fresh connection when an idle one
-  was closed by the server;
+  was closed by the server; the request's httpx connect timeout bounds opening a
+  connection, and a request cancelled mid-exchange (an asyncio deadline of
+  `EngineTimeouts`, a client gone) closes its connection instead of leaking it;
 - request bodies serialized with orjson.
 Loopback http only (the engine is on the same host or reached through a tunnel).
 """
@@ -18,7 +20,7 @@ from typing import AsyncIterator
 
 import httpx
 
-from ..engine_client import EngineClient
+from ..engine_client import EngineClient, EngineTimeouts
 
 try:
     import orjson
@@ -124,9 +126,10 @@ class KeepAliveTransport(httpx.AsyncBaseTransport):
                 lines.append(k + b": " + v)
         lines.append(b"Content-Length: " + str(len(body)).encode())
         head = b"\r\n".join(lines) + b"\r\n\r\n"
+        connect_s = (request.extensions.get("timeout") or {}).get("connect")
         pool = self._idle.get(key)
         reused = bool(pool)
-        conn = pool.pop() if pool else await self._open(key)
+        conn = pool.pop() if pool else await self._open(key, connect_s)
         try:
             return await self._exchange(key, conn, head + body)
         except _NoResponse as e:
@@ -135,14 +138,24 @@ class KeepAliveTransport(httpx.AsyncBaseTransport):
                 raise httpx.ConnectError(f"engine connection failed: {e}") from e
             # A stale idle connection the server had closed: it answered nothing, so the request
             # was not run and resending cannot generate twice.
-            return await self._exchange(key, await self._open(key), head + body)
+            conn = await self._open(key, connect_s)
+            try:
+                return await self._exchange(key, conn, head + body)
+            except BaseException:
+                conn.close()
+                raise
         except (ConnectionError, asyncio.IncompleteReadError, httpx.RemoteProtocolError) as e:
             conn.close()  # the engine may have run the request: never resend it
             raise httpx.ReadError(f"engine connection broke mid-response: {e}") from e
+        except BaseException:  # cancelled (a deadline, a client gone): the exchange is unusable
+            conn.close()
+            raise
 
-    async def _open(self, key) -> _Conn:
+    async def _open(self, key, connect_s: float | None = None) -> _Conn:
         try:
-            r, w = await asyncio.open_connection(key[0], key[1], limit=1 << 24)
+            r, w = await asyncio.wait_for(asyncio.open_connection(key[0], key[1], limit=1 << 24), connect_s)
+        except asyncio.TimeoutError as e:
+            raise httpx.ConnectTimeout(f"cannot connect to {key[0]}:{key[1]} within {connect_s} s") from e
         except OSError as e:
             raise httpx.ConnectError(f"cannot connect to {key[0]}:{key[1]}: {e}") from e
         return _Conn(r, w)
@@ -190,9 +203,9 @@ class _OrjsonClient(httpx.AsyncClient):
         return super().build_request(method, url, json=json, content=content, headers=headers, **kw)
 
 
-def make_engine_client(base_url: str, timeout: float = 600.0) -> EngineClient:
+def make_engine_client(base_url: str, timeout: float = 600.0, timeouts: EngineTimeouts | None = None) -> EngineClient:
     """An `EngineClient` (contract and parsing unchanged) over the lean transport."""
-    client = EngineClient(base_url, timeout=timeout)
+    client = EngineClient(base_url, timeout=timeout, timeouts=timeouts)
     old = client._http  # EngineClient has no hook for its httpx client; swap it once, here only
     client._http = _OrjsonClient(base_url=client.base_url, timeout=timeout, headers=old.headers,
                                  transport=KeepAliveTransport())

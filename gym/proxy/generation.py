@@ -5,7 +5,9 @@ engine's OpenAI endpoint). When the engine answers `finish_reason == "abort"` (a
 update paused it), the call waits until generation is resumed, then re-sends
 `/generate` with `input_ids + partial output` and the remaining token budget, and
 concatenates; each token keeps the version of the weights that sampled it. The harness
-only sees a slower response.
+only sees a slower response. Each engine request runs under the client's
+`EngineTimeouts`; an engine that aborted on its own and stays unhealthy longer than
+their `total_s` fails the call (an `EngineError`) instead of holding it.
 
 `PauseGate` is the proxy-level pause: new calls wait for `resume()` (the app turns a too
 long wait into a 429 with Retry-After); interrupted calls wait without that limit.
@@ -123,7 +125,11 @@ async def generate(engine: EngineClient, gate: PauseGate, prompt: list[int], *, 
         else:
             await asyncio.sleep(backoff)  # the engine aborted on its own: give it a moment
             backoff = min(backoff * 2, 1.0)
+            limit = engine.timeouts.total_s  # a dead engine must fail the call, not hold it
             while not await engine.health():
+                if limit is not None and time.perf_counter() - t1 > limit:
+                    raise EngineError(f"the engine aborted the generation and did not answer /health "
+                                      f"within {limit:g} s (EngineTimeouts.total_s)")
                 await asyncio.sleep(backoff)
         out.wait_s += time.perf_counter() - t1
 

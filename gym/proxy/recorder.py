@@ -53,6 +53,8 @@ class Session:
     branches: list[Branch] = field(default_factory=list)
     n_segments: int = 0
     n_calls: int = 0
+    records: int = 0
+    """Rows this session has in the store (delivered calls and detached ones: failed, undelivered)."""
     completion_tokens: int = 0
     last_response_at: float | None = None
     lock: asyncio.Lock | None = None

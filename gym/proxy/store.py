@@ -5,7 +5,11 @@ proxy loses no finished call. With `synchronous=NORMAL` (default) a commit survi
 process being killed; `synchronous=FULL` also survives power loss at the cost of an
 fsync per call. A call row stores only the prompt tokens that are new relative to its
 segment (`prefix_len` says how many it reuses), so a 40-turn session costs linear space;
-`trajectory()` rebuilds segments, loss masks and full per-call prompts from the rows.
+`trajectory()` rebuilds segments and loss masks from the rows and hands each call record
+the same delta (`CallRecord.prompt_prefix_len` + `new_prompt_ids`), so the export is
+linear too. A detached row (`flags["detached"]`: an engine failure, an undelivered reply,
+a refused prompt) is kept as a call but extends no segment. `sessions()` lets a restarted
+proxy find the sessions it served before.
 Token ids, logprobs and versions are packed arrays (int32 / float64 / int32).
 """
 from __future__ import annotations
@@ -71,7 +75,7 @@ class Store:
 
     def close_session(self, sid: str) -> None:
         with self._lock:
-            self._db.execute("UPDATE sessions SET closed=? WHERE id=?", (time.time(), sid))
+            self._db.execute("UPDATE sessions SET closed=COALESCE(closed, ?) WHERE id=?", (time.time(), sid))
 
     def set_reward(self, sid: str, reward: float | None, status: str, termination: str = "") -> None:
         with self._lock:
@@ -88,7 +92,22 @@ class Store:
         with self._lock:
             self._db.execute("INSERT INTO calls VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", row)
 
+    def mark_undelivered(self, call_id: str, reason: str) -> None:
+        """A recorded call whose reply never reached the harness: detach it from its segment."""
+        with self._lock:
+            row = self._db.execute("SELECT flags FROM calls WHERE call_id=?", (call_id,)).fetchone()
+            if row is None:
+                raise KeyError(f"no call {call_id!r} in {self.path}")
+            flags = dict(json.loads(row[0] or "{}"), detached="undelivered", undelivered=reason)
+            self._db.execute("UPDATE calls SET flags=? WHERE call_id=?", (json.dumps(flags), call_id))
+
     # -- reads -------------------------------------------------------------------------
+    def sessions(self) -> list[tuple[str, dict[str, Any], bool]]:
+        """(id, meta, closed) of every session in the store, oldest first."""
+        with self._lock:
+            rows = self._db.execute("SELECT id, meta, closed FROM sessions ORDER BY created").fetchall()
+        return [(sid, json.loads(meta or "{}"), closed is not None) for sid, meta, closed in rows]
+
     def session_ids(self) -> list[str]:
         with self._lock:
             return [r[0] for r in self._db.execute("SELECT id FROM sessions ORDER BY created")]
@@ -112,25 +131,37 @@ class Store:
         calls: list[CallRecord] = []
         for (cid, idx, dialect, seg_i, reason, prefix_len, newp, comp, lps, vers, fin, q, g, e, flags, created) in rows:
             newp, comp, lps, vers = _unpack("i", newp), _unpack("i", comp), _unpack("d", lps), _unpack("i", vers)
+            flags = json.loads(flags or "{}")
             seg = segs.get(seg_i)
-            if seg is None:
-                seg = segs[seg_i] = Segment([], [], [], [], split_reason=reason)
-            if prefix_len != len(seg.token_ids):
-                raise ValueError(f"session {sid} call {idx}: reuses {prefix_len} tokens but segment {seg_i} "
-                                 f"has {len(seg.token_ids)}: the store is inconsistent")
-            n = len(newp)
-            seg.token_ids += newp
-            seg.loss_mask += [0] * n
-            seg.logprobs += [0.0] * n
-            seg.versions += [-1] * n
-            prompt = list(seg.token_ids)
-            seg.token_ids += comp
-            seg.loss_mask += [1] * len(comp)
-            seg.logprobs += lps
-            seg.versions += vers
-            seg.call_ids.append(cid)
-            calls.append(CallRecord(cid, sid, idx, dialect, prompt, comp, lps, vers, fin, seg_i, q, g, e,
-                                    created or 0.0, json.loads(flags)))
+            have = len(seg.token_ids) if seg is not None else 0
+            if flags.get("detached"):  # in the record, in no segment: never trained on
+                if prefix_len > have:
+                    raise ValueError(f"session {sid} call {idx}: reuses {prefix_len} tokens but segment {seg_i} "
+                                     f"has {have}: the store is inconsistent")
+            else:
+                if seg is None:
+                    seg = segs[seg_i] = Segment([], [], [], [], split_reason=reason)
+                if prefix_len != have:
+                    raise ValueError(f"session {sid} call {idx}: reuses {prefix_len} tokens but segment {seg_i} "
+                                     f"has {have}: the store is inconsistent")
+                n = len(newp)
+                seg.token_ids += newp
+                seg.loss_mask += [0] * n
+                seg.logprobs += [0.0] * n
+                seg.versions += [-1] * n
+                seg.token_ids += comp
+                seg.loss_mask += [1] * len(comp)
+                seg.logprobs += lps
+                seg.versions += vers
+                seg.call_ids.append(cid)
+            calls.append(CallRecord(call_id=cid, session_id=sid, index=idx, dialect=dialect,
+                                    prompt_prefix_len=prefix_len, new_prompt_ids=newp, completion_ids=comp,
+                                    logprobs=lps, versions=vers, finish_reason=fin, segment=seg_i, queue_s=q,
+                                    gen_s=g, env_s=e, finished_at=created or 0.0, flags=flags))
+        # segment indices are dense from 0 (the proxy numbers segments as they commit)
+        order = {k: i for i, k in enumerate(sorted(segs))}
+        for c in calls:
+            c.segment = order.get(c.segment, c.segment)
         meta, reward, status, term, task_id, harness, model, th = s
         return Trajectory(sid, [segs[k] for k in sorted(segs)], reward, status, term or "", task_id or "",
                           harness or "", model or "", th or "", calls, json.loads(meta or "{}"))
