@@ -1,4 +1,5 @@
-"""Per-sandbox memory and pids limits for the local backend, through cgroups (v1 or v2).
+"""Per-sandbox limits for the local backend: memory and pids through cgroups (v1 or v2), disk
+through a loop-mounted filesystem of fixed size.
 
 bubblewrap isolates namespaces but limits nothing; a fork bomb or a memory hog inside it would
 hit the host. When this process may create cgroups (root with a writable cgroupfs, or a
@@ -8,7 +9,9 @@ delegated v2 subtree), every command of a sandbox runs in that sandbox's cgroup;
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -118,3 +121,48 @@ class Cgroup:
                     break
                 except OSError:
                     time.sleep(0.02)
+
+
+class LoopDisk:
+    """A sandbox's own ext4 filesystem in a sparse image, loop-mounted on its box directory:
+    writes past its size fail with ENOSPC (a disk quota for repo/, tmp/ and home/ together).
+
+    Mounting needs root: elsewhere `create` returns None and the backend says the quota is
+    not enforced. The image costs host disk only for blocks the sandbox actually wrote."""
+
+    def __init__(self, image: Path, mountpoint: Path):
+        self.image, self.mountpoint = image, mountpoint
+
+    @classmethod
+    def create(cls, image: Path, mountpoint: Path, size_bytes: int) -> "LoopDisk | None":
+        if os.geteuid() != 0:
+            return None
+        disk = cls(image, mountpoint)
+        try:
+            with open(image, "wb") as f:
+                f.truncate(size_bytes)
+            # No journal (a sandbox never outlives a crash), no root reserve (the agent is not root).
+            subprocess.run(["mkfs.ext4", "-q", "-F", "-m", "0", "-O", "^has_journal", "-i", "8192", str(image)],
+                           check=True, capture_output=True, timeout=120)
+            subprocess.run(["mount", "-o", "loop,nosuid,nodev", str(image), str(mountpoint)],
+                           check=True, capture_output=True, timeout=120)
+        except (OSError, subprocess.SubprocessError):
+            disk.remove()
+            return None
+        shutil.rmtree(mountpoint / "lost+found", ignore_errors=True)
+        return disk
+
+    def remove(self) -> None:
+        umount(self.mountpoint)
+        try:
+            self.image.unlink()
+        except FileNotFoundError:
+            pass
+
+
+def umount(path: Path) -> None:
+    """Unmount `path` if something is mounted there (lazily if it is still busy)."""
+    if not os.path.ismount(path):
+        return
+    if subprocess.run(["umount", str(path)], capture_output=True, timeout=120).returncode != 0:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True, timeout=120)

@@ -3,10 +3,15 @@
 Contract (same Protocol as docker): every command runs in a fresh `bwrap` with all namespaces
 unshared (no network at all), all capabilities dropped, uid 1000 inside, read-only binds of
 /usr /etc /bin /lib*, and only the sandbox's own repo (at `spec.workdir`), /tmp and
-/home/agent writable. Memory and pids limits come from a per-sandbox cgroup when this process
-may create one (`limits_enforced` says so). The spec's setup commands run once per cached
-checkout (also inside bwrap, offline). Files travel through the sandbox's stdin/stdout, so
-symlinks resolve inside the sandbox, never on the host.
+/home/agent writable. Inside processes never hold host root: run as root, harnessrl drops to
+`sandbox_uid`/`sandbox_gid` (unprivileged) before bwrap, and a sandbox's files belong to that
+uid (see sandboxes/bwrap.py for the launch chain, the allowlisted environment, the fresh
+/proc and /dev). Memory and pids limits come from a per-sandbox cgroup when this process may
+create one (`limits_enforced` says so); the disk quota from a loop-mounted filesystem of
+`disk_quota` bytes when root (`quota_enforced`), and every exec's RLIMIT_FSIZE caps a single
+file at that size either way. The spec's setup commands run once per cached checkout (also
+inside bwrap, offline). Files travel through the sandbox's stdin/stdout, so symlinks resolve
+inside the sandbox, never on the host.
 
 Unlike docker, nothing outlives a command: each exec is its own PID namespace, and its
 processes die when it returns (start a server and its client in one command).
@@ -29,15 +34,16 @@ from pydantic import BaseModel, Field
 
 from harnessrl.sandboxes.base import (ExecResult, RepoSpec, SandboxDied, SandboxError,
                                       SandboxUnavailable)
-from harnessrl.sandboxes.limits import Cgroup
+from harnessrl.sandboxes.bwrap import (BASE_ENV, INSIDE_UID, Identity, ensure_stage_root, prepare, probe,
+                                       system_binds)
+from harnessrl.sandboxes.limits import Cgroup, LoopDisk, umount
 from harnessrl.sandboxes.repo import DIFF_SCRIPT, FINALIZE_SCRIPT, RESET_SCRIPT, materialize, spec_key
 
 __all__ = ["LocalConfig", "LocalBackend", "LocalSandbox", "bwrap_works"]
 
 PRISTINE_PARENT = "/opt/harnessrl"
 PRISTINE_DIR = f"{PRISTINE_PARENT}/pristine"
-HOME = "/home/agent"
-_SYSTEM_DIRS = ("/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+HOME = BASE_ENV["HOME"]
 _UNITS = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
 
 
@@ -51,11 +57,22 @@ class LocalConfig(BaseModel):
     pids_limit: int = 512
     """Most processes per sandbox (cgroup)."""
     require_limits: bool = False
-    """Refuse to create sandboxes when no cgroup can enforce memory/pids limits."""
+    """Refuse to create sandboxes when no cgroup can enforce memory/pids limits, or (with a
+    `disk_quota`) no loop mount can enforce the quota."""
     setup_timeout_s: float = 1800.0
     """Timeout of each setup command when a checkout is first built."""
     output_limit: int = Field(default=4 << 20, gt=0)
     """Most bytes of command output kept per exec."""
+    sandbox_uid: int = Field(default=65534, ge=1)
+    """Host uid every sandboxed process runs as when harnessrl runs as root (never 0; a
+    dedicated unused uid keeps sandboxes apart from other `nobody` processes). Not root:
+    sandboxes run as this process's own uid."""
+    sandbox_gid: int = Field(default=65534, ge=1)
+    """Host gid of sandboxed processes when harnessrl runs as root (no supplementary groups)."""
+    disk_quota: str | None = "8g"
+    """Most bytes a sandbox's repo, /tmp and home hold together, e.g. 8g (a loop-mounted
+    filesystem of that size, root only), and the most any single file may hold (RLIMIT_FSIZE,
+    everywhere). None: no quota."""
 
 
 def _bytes(size: str) -> int:
@@ -63,29 +80,26 @@ def _bytes(size: str) -> int:
     try:
         return int(float(s[:-1]) * _UNITS[s[-1]]) if s and s[-1] in _UNITS else int(s)
     except ValueError:
-        raise SandboxError(f"memory limit {size!r} is not a size like 512m or 2g") from None
+        raise SandboxError(f"size {size!r} is not a size like 512m or 2g") from None
 
 
-def bwrap_works() -> bool:
-    """Whether bubblewrap can create the namespaces we need here."""
-    if not shutil.which("bwrap"):
-        return False
-    probe = ["bwrap", "--unshare-all", "--die-with-parent", *_system_binds(), "--proc", "/proc",
-             "--dev", "/dev", "--uid", "1000", "--gid", "1000", "--", "true"]
-    try:
-        return subprocess.run(probe, capture_output=True, timeout=20).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
+def bwrap_works(config: "LocalConfig | None" = None) -> bool:
+    """Whether bubblewrap can run a sandbox here as it would for real (as the sandbox uid)."""
+    c = config or LocalConfig()
+    return probe(Identity(c.sandbox_uid, c.sandbox_gid)) is None
 
 
-def _system_binds() -> list[str]:
-    args: list[str] = []
-    for d in _SYSTEM_DIRS:
-        if os.path.islink(d):
-            args += ["--symlink", os.readlink(d), d]
-        elif os.path.isdir(d):
-            args += ["--ro-bind", d, d]
-    return args
+def _own(identity: Identity, *paths: Path, tree: bool = False) -> None:
+    """Give `paths` (each whole tree with `tree`) to the sandbox uid when we drop root; never
+    follows a symlink."""
+    if not identity.drops:
+        return
+    for p in paths:
+        os.lchown(p, identity.uid, identity.gid)
+        if tree:
+            for top, dirs, files in os.walk(p):
+                for name in dirs + files:
+                    os.lchown(os.path.join(top, name), identity.uid, identity.gid)
 
 
 def _pump(stream, sink: bytearray, limit: int) -> None:
@@ -102,16 +116,21 @@ class LocalBackend:
 
     def __init__(self, config: LocalConfig | None = None):
         self.config = config or LocalConfig()
-        if not bwrap_works():
-            raise SandboxUnavailable("bubblewrap cannot run here: install it (apt-get install "
-                                     "bubblewrap) and allow user namespaces")
+        self.identity = Identity(self.config.sandbox_uid, self.config.sandbox_gid)
+        problem = probe(self.identity)
+        if problem is not None:
+            raise SandboxUnavailable(f"bubblewrap cannot run here: {problem}")
+        ensure_stage_root()
         self.root = Path(self.config.root)
-        for sub in ("cache", "boxes"):
+        for sub in ("cache", "boxes", "disks"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
+        # Checkouts built for another uid would not be the sandbox's to write.
+        i = self.identity
+        self._cache_flavour = f"local-as-{i.uid}:{i.gid}" if i.drops else "local"
 
     def checkout(self, spec: RepoSpec) -> Path:
         """The cached, set-up checkout of `spec` (built once, under a file lock)."""
-        cdir = self.root / "cache" / spec_key(spec, extra="local")
+        cdir = self.root / "cache" / spec_key(spec, extra=self._cache_flavour)
         if (cdir / "ready").exists():
             return cdir
         with open(self.root / "cache" / f"{cdir.name}.lock", "w") as lock:
@@ -122,6 +141,7 @@ class LocalBackend:
             try:
                 sha = materialize(spec, tmp / "repo")
                 (tmp / "opt").mkdir()
+                _own(self.identity, tmp, tree=True)  # set-up runs as the sandbox uid
                 builder = LocalSandbox(self, spec, tmp, tmp / "opt", sha, pristine_rw=True)
                 for cmd in spec.setup_commands:
                     res = builder.exec("set -e; " + cmd, timeout=self.config.setup_timeout_s)
@@ -143,10 +163,14 @@ class LocalBackend:
         removed, now = 0, time.time()
         for box in (self.root / "boxes").iterdir():
             if now - box.stat().st_mtime >= older_than_s:
+                umount(box)
                 shutil.rmtree(box, ignore_errors=True)
                 removed += 1
-        alive = {self._cgroup_name(b.name) for b in (self.root / "boxes").iterdir()}
-        Cgroup.reap(self._cgroup_name(""), keep=alive)
+        boxes = {b.name for b in (self.root / "boxes").iterdir()}
+        for image in (self.root / "disks").glob("*.img"):
+            if image.stem not in boxes:
+                image.unlink(missing_ok=True)
+        Cgroup.reap(self._cgroup_name(""), keep={self._cgroup_name(b) for b in boxes})
         return removed
 
     def _cgroup_name(self, box: str) -> str:
@@ -159,10 +183,20 @@ class LocalBackend:
         objects with host/target/read_only attributes."""
         cdir = self.checkout(spec)
         box = Path(tempfile.mkdtemp(prefix=f"{spec.repo_id[:40]}-", dir=self.root / "boxes"))
-        subprocess.run(["cp", "-a", "--reflink=auto", str(cdir / "repo"), str(cdir / "home"), str(box)],
-                       check=True)
+        disk = None
+        if self.config.disk_quota is not None:
+            disk = LoopDisk.create(self.root / "disks" / f"{box.name}.img", box, _bytes(self.config.disk_quota))
+        try:  # cp -a keeps the checkout's owner: the sandbox uid that built it
+            subprocess.run(["cp", "-a", "--reflink=auto", str(cdir / "repo"), str(cdir / "home"), str(box)],
+                           check=True, capture_output=True)
+        except subprocess.CalledProcessError as e:
+            if disk:
+                disk.remove()
+            shutil.rmtree(box, ignore_errors=True)
+            raise SandboxError(f"cannot copy the checkout of {spec.repo_id!r} into a sandbox: "
+                               f"{e.stderr.decode('utf-8', 'replace')[-500:]}") from None
         sb = LocalSandbox(self, spec, box, cdir / "opt", (cdir / "base_sha").read_text().strip(),
-                          mounts=mounts, env=env, home_template=cdir / "home")
+                          mounts=mounts, env=env, home_template=cdir / "home", disk=disk)
         if start:
             sb.start()
         return sb
@@ -173,27 +207,34 @@ class LocalSandbox:
 
     def __init__(self, backend: LocalBackend, spec: RepoSpec, box: Path, opt: Path, base_sha: str,
                  mounts: Sequence[Any] = (), env: dict[str, str] | None = None, pristine_rw: bool = False,
-                 home_template: Path | None = None):
+                 home_template: Path | None = None, disk: LoopDisk | None = None):
         self.backend, self.spec, self.box, self.base_sha = backend, spec, box, base_sha
         self.home_template = home_template
         self.workdir = spec.workdir
         self.id = box.name
         self.env = dict(env or {})
+        self.disk = disk
         self._closed = False
         self.cgroup: Cgroup | None = None
-        (box / "tmp").mkdir(exist_ok=True)
-        (box / "home").mkdir(exist_ok=True)
-        self._binds = [*_system_binds(), "--proc", "/proc", "--dev", "/dev",
-                       "--bind", str(box / "tmp"), "/tmp", "--bind", str(box / "home"), HOME,
-                       "--bind", str(box / "repo"), spec.workdir,
-                       "--bind" if pristine_rw else "--ro-bind", str(opt), PRISTINE_PARENT]
+        for d in (box / "tmp", box / "home"):
+            d.mkdir(exist_ok=True)
+        _own(backend.identity, box, box / "tmp", box / "home")
+        self._binds = [("--bind", str(box / "tmp"), "/tmp"), ("--bind", str(box / "home"), HOME),
+                       ("--bind", str(box / "repo"), spec.workdir),
+                       ("--bind" if pristine_rw else "--ro-bind", str(opt), PRISTINE_PARENT)]
         for m in mounts:
             host, target, ro = (m.host, m.target, m.read_only) if hasattr(m, "host") else m
-            self._binds += ["--ro-bind" if ro else "--bind", str(host), str(target)]
+            self._binds.append(("--ro-bind" if ro else "--bind", str(host), str(target)))
 
     @property
     def limits_enforced(self) -> bool:
+        """Memory and pids limits hold (a cgroup)."""
         return self.cgroup is not None
+
+    @property
+    def quota_enforced(self) -> bool:
+        """The disk quota holds for repo, /tmp and home together (a loop-mounted filesystem)."""
+        return self.disk is not None
 
     def start(self) -> None:
         c = self.backend.config
@@ -202,6 +243,10 @@ class LocalSandbox:
             self.close()
             raise SandboxUnavailable("local sandboxes need a writable cgroupfs to enforce memory/"
                                      "pids limits (run as root, or set require_limits=False)")
+        if self.disk is None and c.disk_quota is not None and c.require_limits:
+            self.close()
+            raise SandboxUnavailable("local sandboxes need root and loop devices to enforce the disk "
+                                     "quota (or set disk_quota=None, or require_limits=False)")
 
     def alive(self) -> bool:
         return not self._closed and (self.box / "repo").is_dir()
@@ -210,31 +255,41 @@ class LocalSandbox:
         self._closed = True
         if self.cgroup:
             self.cgroup.remove()
+        if self.disk:
+            self.disk.remove()
         shutil.rmtree(self.box, ignore_errors=True)
 
-    def _argv(self, argv: list[str], env: dict[str, str] | None, workdir: str | None) -> list[str]:
-        full_env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-                    "HOME": HOME, "USER": "agent", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1",
-                    **self.env, **(env or {})}
+    def _bwrap_args(self, env: dict[str, str] | None, workdir: str | None) -> list[str]:
+        """bwrap's options (not its binds): the command's env is exactly BASE_ENV, the sandbox's
+        env, the exec's env; nothing of this process's environment."""
+        full_env = {**BASE_ENV, **self.env, **(env or {})}
         setenv = [a for k, v in full_env.items() for a in ("--setenv", k, v)]
-        return ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
-                "--uid", "1000", "--gid", "1000", "--hostname", "sandbox", *self._binds,
-                "--chdir", workdir or self.workdir, "--clearenv", *setenv, "--", *argv]
+        return ["--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+                "--uid", str(INSIDE_UID), "--gid", str(INSIDE_UID), "--hostname", "sandbox",
+                *system_binds(), "--proc", "/proc", "--dev", "/dev",
+                "--chdir", workdir or self.workdir, "--clearenv", *setenv]
 
     def _run(self, argv: list[str], timeout: float, env: dict[str, str] | None = None,
              workdir: str | None = None, stdin: bytes | None = None, merge: bool = True
              ) -> tuple[int, bytes, bytes, bool, float]:
         if not self.alive():
             raise SandboxDied(f"local sandbox {self.id} is closed or its directory is gone")
-        limit, cg = self.backend.config.output_limit, self.cgroup
+        c, cg = self.backend.config, self.cgroup
+        limit = c.output_limit
         t0 = time.monotonic()
-        full = self._argv(argv, env, workdir)
-        if cg:  # a shell joins the cgroup, then becomes bwrap (no preexec_fn: we have threads)
-            full = ["sh", "-c", 'for f in $0; do echo $$ > "$f" || exit 125; done; exec "$@"',
-                    " ".join(cg.procs_files()), *full]
-        proc = subprocess.Popen(full, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT if merge else subprocess.PIPE,
-                                start_new_session=True)
+        # The launch shell joins the cgroup while still root, then drops (no preexec_fn: threads).
+        launch = prepare(self._bwrap_args(env, workdir), self._binds, argv, dict(BASE_ENV),
+                         self.backend.identity, cg.procs_files() if cg else [],
+                         fsize=_bytes(c.disk_quota) if c.disk_quota is not None else None)
+        try:
+            proc = subprocess.Popen(launch.argv, env=launch.env, pass_fds=launch.pass_fds, cwd="/",
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT if merge else subprocess.PIPE,
+                                    start_new_session=True)
+        except OSError as e:
+            launch.abandon()
+            raise SandboxError(f"cannot launch bubblewrap for local sandbox {self.id}: {e}") from None
+        launch.after_spawn()
         out, err = bytearray(), bytearray()
         readers = [threading.Thread(target=_pump, args=(proc.stdout, out, limit), daemon=True)]
         if not merge:
@@ -258,6 +313,11 @@ class LocalSandbox:
             proc.wait()
         for r in readers:
             r.join(10)
+        started = launch.started()
+        if not started and not timed_out:  # the launch chain failed: the command never ran
+            tail = (bytes(out) + bytes(err)).decode("utf-8", "replace")[-2000:]
+            raise SandboxError(f"local sandbox {self.id} could not start a command "
+                               f"(exit {proc.returncode}): {tail}")
         code = -1 if timed_out else proc.returncode
         return code, bytes(out), bytes(err), timed_out, time.monotonic() - t0
 
@@ -283,10 +343,12 @@ class LocalSandbox:
         for d in (self.box / "tmp", self.box / "home"):  # rmtree never follows symlinks
             shutil.rmtree(d, ignore_errors=True)
         (self.box / "tmp").mkdir()
-        if self.home_template is not None:  # home as set-up left it
-            shutil.copytree(self.home_template, self.box / "home", symlinks=True)
+        if self.home_template is not None:  # home as set-up left it, owned as set-up left it
+            subprocess.run(["cp", "-a", "--reflink=auto", str(self.home_template), str(self.box / "home")],
+                           check=True)
         else:
             (self.box / "home").mkdir()
+        _own(self.backend.identity, self.box / "tmp", self.box / "home")
 
     def _abs(self, path: str) -> str:
         return path if path.startswith("/") else f"{self.workdir}/{path}"

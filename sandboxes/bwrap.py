@@ -1,0 +1,178 @@
+"""How one command enters a bubblewrap sandbox: the launch chain around `bwrap`.
+
+Contract: the sandboxed process never holds host root. When this process is root, every
+command runs through `unshare --mount` (a private mount namespace: extra mounts are staged
+there, so sources under e.g. a 0700 /root stay reachable), joins the sandbox's cgroup while
+still root, then `setpriv` drops to the unprivileged host uid/gid of the config (no groups,
+no new privileges) and only then runs `bwrap`, whose user namespace maps that uid to 1000
+inside. Not root: bwrap runs as this process's uid, as it always did. Either way bwrap and
+its PID 1 start from an allowlisted environment (nothing of the host's leaks into
+/proc/*/environ), get a fresh /proc of their own PID namespace and a fresh /dev (hence an
+empty /dev/shm) per command, and read their arguments from a memfd (`--args`), so host paths
+do not show in /proc/1/cmdline. `--info-fd` tells a sandbox that started from a launch that
+failed before the command ran (raised as SandboxError, never an exit code of the agent's).
+"""
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+
+SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+SYSTEM_DIRS = ("/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+#: The only variables a sandbox starts with, before its own and the exec's env.
+BASE_ENV = {"PATH": SAFE_PATH, "HOME": "/home/agent", "USER": "agent", "LANG": "C.UTF-8",
+            "PYTHONDONTWRITEBYTECODE": "1"}
+INSIDE_UID = 1000
+
+
+def system_binds() -> list[str]:
+    args: list[str] = []
+    for d in SYSTEM_DIRS:
+        if os.path.islink(d):
+            args += ["--symlink", os.readlink(d), d]
+        elif os.path.isdir(d):
+            args += ["--ro-bind", d, d]
+    return args
+
+
+def _tool(name: str) -> str:
+    path = shutil.which(name, path=SAFE_PATH)
+    if path is None:
+        raise FileNotFoundError(f"{name} not found on {SAFE_PATH}")
+    return path
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who runs sandboxed processes on the host: `uid`/`gid` when we are root, else ourselves."""
+
+    uid: int
+    gid: int
+
+    @property
+    def drops(self) -> bool:
+        """Whether launching drops root (this process is root)."""
+        return os.geteuid() == 0
+
+
+@dataclass
+class Launch:
+    """One prepared command: `argv` for Popen with `env`, `pass_fds`; close() after Popen."""
+
+    argv: list[str]
+    env: dict[str, str]
+    pass_fds: tuple[int, ...]
+    info_read: int
+    _child_fds: list[int] = field(default_factory=list)
+
+    def after_spawn(self) -> None:
+        """Close the child's ends in this process (the child holds its own copies)."""
+        for fd in self._child_fds:
+            os.close(fd)
+        self._child_fds.clear()
+
+    def started(self) -> bool:
+        """After the process exited: whether bwrap got as far as running the command."""
+        try:
+            chunks = []
+            while chunk := os.read(self.info_read, 65536):
+                chunks.append(chunk)
+            return b"child-pid" in b"".join(chunks)
+        finally:
+            os.close(self.info_read)
+
+    def abandon(self) -> None:
+        """Close every fd (when Popen itself failed)."""
+        self.after_spawn()
+        os.close(self.info_read)
+
+
+#: Where, inside the launch's private mount namespace, bind sources are staged on a tmpfs
+#: (an empty directory made by the backend; each launch covers it with its own tmpfs).
+STAGE_ROOT = "/run/harnessrl-bwrap-stage"
+
+
+def prepare(bwrap_args: list[str], binds: list[tuple[str, str, str]], command: list[str],
+            env: dict[str, str], identity: Identity, cgroup_procs: list[str] = (),
+            fsize: int | None = None) -> Launch:
+    """The launch chain for `bwrap <bwrap_args> <binds> -- <command>`; bwrap reads its options
+    (host paths, env values), not the command, from a memfd.
+
+    `binds`: (flag, host source, sandbox target), flag `--bind` or `--ro-bind`. When dropping
+    root, each source is first bind-mounted (as root, in the private mount namespace) onto
+    a staging point whose parents the sandbox uid can reach, and bwrap binds that instead.
+    `fsize`: RLIMIT_FSIZE (bytes) for every process of the command."""
+    memfd = info_r = info_w = None
+    lines = [f"echo $$ > {shlex.quote(f)}" for f in cgroup_procs]
+    args = list(bwrap_args)
+    if identity.drops and binds:
+        lines.append(shlex.join([_tool("mount"), "-t", "tmpfs", "-o", "mode=0755,size=1m,nosuid,nodev",
+                                 "harnessrl-stage", STAGE_ROOT]))
+    for i, (flag, src, dst) in enumerate(binds):
+        if identity.drops:
+            point = f"{STAGE_ROOT}/{i}"
+            lines.append(shlex.join(["mkdir" if os.path.isdir(src) else "touch", "--", point]))
+            lines.append(shlex.join([_tool("mount"), "--rbind", "--", src, point]))
+            src = point
+        args += [flag, src, dst]
+    try:
+        memfd = os.memfd_create("bwrap-args", os.MFD_CLOEXEC)  # pass_fds hands it to the child only
+        os.write(memfd, b"".join(a.encode() + b"\0" for a in args))
+        os.lseek(memfd, 0, os.SEEK_SET)
+        info_r, info_w = os.pipe()
+        tail = [_tool("bwrap"), "--info-fd", str(info_w), "--args", str(memfd), "--", *command]
+        if identity.drops:
+            tail = [_tool("setpriv"), f"--reuid={identity.uid}", f"--regid={identity.gid}",
+                    "--clear-groups", "--no-new-privs", "--", *tail]
+        if fsize is not None:
+            tail = [_tool("prlimit"), f"--fsize={fsize}", "--", *tail]
+        script = "set -e\n" + "".join(line + "\n" for line in lines) + "exec " + shlex.join(tail)
+        argv = [_tool("sh"), "-c", script]
+        if identity.drops:
+            argv = [_tool("unshare"), "--mount", "--propagation", "private", "--", *argv]
+        launch = Launch(argv, dict(env), (memfd, info_w), info_r, [memfd, info_w])
+        memfd = info_r = info_w = None
+        return launch
+    finally:
+        for fd in (memfd, info_r, info_w):
+            if fd is not None:
+                os.close(fd)
+
+
+def ensure_stage_root() -> None:
+    """The (empty) staging mountpoint exists, reachable by any uid (root only; else a no-op)."""
+    if os.geteuid() == 0:
+        os.makedirs(STAGE_ROOT, mode=0o755, exist_ok=True)
+        os.chmod(STAGE_ROOT, 0o755)
+
+
+def userns_hint() -> str:
+    return ("bubblewrap needs unprivileged user namespaces for the sandbox uid (check "
+            "/proc/sys/user/max_user_namespaces > 0 and kernel.unprivileged_userns_clone=1 or "
+            "kernel.apparmor_restrict_unprivileged_userns=0)")
+
+
+def probe(identity: Identity) -> str | None:
+    """None when a minimal sandbox runs here as it will for real; else what failed."""
+    if not shutil.which("bwrap", path=SAFE_PATH):
+        return "bwrap is not installed (apt-get install bubblewrap)"
+    args = ["--unshare-all", "--die-with-parent", *system_binds(), "--proc", "/proc", "--dev", "/dev",
+            "--uid", str(INSIDE_UID), "--gid", str(INSIDE_UID), "--clearenv"]
+    try:
+        ensure_stage_root()
+        launch = prepare(args, [("--ro-bind", "/usr", "/opt/probe")], ["true"], dict(BASE_ENV), identity)
+    except FileNotFoundError as e:
+        return str(e)
+    try:
+        proc = subprocess.run(launch.argv, env=launch.env, pass_fds=launch.pass_fds, cwd="/",
+                              capture_output=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        launch.abandon()
+        return f"bwrap probe failed: {e}"
+    launch.after_spawn()
+    ok = launch.started() and proc.returncode == 0
+    return None if ok else (f"bwrap probe failed (exit {proc.returncode}): "
+                            f"{proc.stderr.decode('utf-8', 'replace')[-500:]}; {userns_hint()}")

@@ -1,0 +1,212 @@
+"""The bubblewrap backend as an attacker inside it sees it: no host root, no host secrets.
+
+Real bubblewrap, real cgroups and loop mounts where this machine allows them (tests that need
+root say so when skipped). Every check is made from inside the sandbox, or on the host
+against what the sandbox left there (owners of files it made, uids of its processes).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+
+from harnessrl.sandboxes import RepoSpec, SandboxError
+
+pytestmark = pytest.mark.bwrap
+ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: only root can plant a root-only file "
+                               "and only root has a uid to drop")
+SECRET = "hunter2-do-not-leak-7f3a"
+
+
+def _git(cwd, *args):
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@t", "GIT_AUTHOR_DATE": "2024-01-01T00:00:00Z",
+           "GIT_COMMITTER_DATE": "2024-01-01T00:00:00Z"}
+    return subprocess.run(["git", *args], cwd=cwd, env=env, check=True, capture_output=True,
+                          text=True).stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def spec(tmp_path_factory):
+    d = tmp_path_factory.mktemp("src") / "sec"
+    d.mkdir()
+    _git(d, "init", "-q", "-b", "main")
+    (d / "mod.py").write_text("X = 1\n")
+    _git(d, "add", "-A")
+    _git(d, "commit", "-qm", "base")
+    return RepoSpec("sec-test", str(d), _git(d, "rev-parse", "HEAD"),
+                    setup_commands=("mkdir -p ~/.cache && echo set-up > ~/.cache/marker",))
+
+
+@pytest.fixture(scope="module")
+def backend(tmp_path_factory):
+    from harnessrl.sandboxes.local import LocalBackend, LocalConfig
+    try:
+        return LocalBackend(LocalConfig(root=str(tmp_path_factory.mktemp("local-root")), memory="256m",
+                                        pids_limit=64, disk_quota="64m", sandbox_uid=64123, sandbox_gid=64123))
+    except SandboxError as e:
+        pytest.skip(f"local backend unavailable here: {e}")
+
+
+@pytest.fixture
+def sb(backend, spec):
+    s = backend.create(spec, env={"SANDBOX_VAR": "from-sandbox"})
+    yield s
+    s.close()
+
+
+def _expected_uid(backend) -> int:
+    return backend.config.sandbox_uid if os.geteuid() == 0 else os.getuid()
+
+
+def test_files_the_agent_makes_belong_to_an_unprivileged_host_uid(backend, sb):
+    assert sb.exec("id -u; id -g").output.split() == ["1000", "1000"]
+    assert sb.exec("touch made_inside /tmp/t /home/agent/h").exit_code == 0
+    for p in (sb.box / "repo" / "made_inside", sb.box / "tmp" / "t", sb.box / "home" / "h"):
+        st = p.stat()
+        assert (st.st_uid, st.st_gid) != (0, 0)
+        assert st.st_uid == _expected_uid(backend)
+    assert sb.read_file("/home/agent/.cache/marker") == b"set-up\n"  # set-up's home is the agent's
+
+
+@pytest.mark.timeout(60)
+def test_the_agents_processes_run_as_that_uid_inside_the_cgroup(backend, sb):
+    done = threading.Event()
+    box_tmp = sb.box / "tmp"
+
+    def run():
+        sb.exec("touch /tmp/up; until [ -e /tmp/stop ]; do sleep 0.05; done", timeout=50)
+        done.set()
+
+    t = threading.Thread(target=run)
+    t.start()
+    try:
+        while not (box_tmp / "up").exists():
+            assert not done.is_set(), "the command ended before it was seen"
+            done.wait(0.05)
+        pids = sb.cgroup.pids() if sb.cgroup else set()
+        host_uids = set()
+        for pid in pids:
+            try:
+                status = Path(f"/proc/{pid}/status").read_text()
+            except FileNotFoundError:
+                continue
+            uid_line = next(ln for ln in status.splitlines() if ln.startswith("Uid:"))
+            host_uids |= set(uid_line.split()[1:])  # real, effective, saved, filesystem
+    finally:
+        (box_tmp / "stop").touch()
+        t.join()
+    if sb.cgroup is None:
+        pytest.skip("no writable cgroup here: cannot list the sandbox's host processes")
+    assert pids, "the command's processes joined the sandbox's cgroup"
+    assert "0" not in host_uids  # not even the setup chain is left as root inside the cgroup
+    assert host_uids == {str(_expected_uid(backend))}
+
+
+def test_root_only_host_files_are_unreadable(sb):
+    res = sb.exec("cat /etc/shadow")
+    assert res.exit_code != 0 and "Permission denied" in res.output, res.output
+    if os.path.exists("/etc/docker/key.json"):
+        res = sb.exec("cat /etc/docker/key.json")
+        assert res.exit_code != 0 and "Permission denied" in res.output, res.output
+
+
+@ROOT_ONLY
+def test_a_root_only_file_under_a_bound_path_is_unreadable(backend, spec, tmp_path):
+    secret_dir = tmp_path / "bound"
+    secret_dir.mkdir()
+    secret_dir.chmod(0o755)
+    planted = secret_dir / "root-only"
+    planted.write_text(SECRET)
+    planted.chmod(0o600)
+    os.chown(planted, 0, 0)
+    sb = backend.create(spec, mounts=[(str(secret_dir), "/opt/bound", True)])
+    try:
+        in_repo = sb.box / "repo" / "root-only"  # one planted in the agent's own repo, too
+        in_repo.write_text(SECRET)
+        in_repo.chmod(0o600)
+        os.chown(in_repo, 0, 0)
+        res = sb.exec("cat /opt/bound/root-only; cat root-only; ls /opt/bound")
+        assert SECRET not in res.output
+        assert res.output.count("Permission denied") == 2, res.output
+        assert "root-only" in res.output  # the mount itself is there: only the file is closed
+    finally:
+        sb.close()
+
+
+def test_a_fresh_proc_and_an_allowlisted_environment(monkeypatch, backend, sb):
+    monkeypatch.setenv("HARNESSRL_TEST_SECRET", SECRET)  # in this process's env while it launches
+    res = sb.exec(["python3", "-c", "import os, json; print(json.dumps(dict(os.environ)))"],
+                  env={"EXEC_VAR": "from-exec"})
+    assert json.loads(res.output) == {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                                      "HOME": "/home/agent", "USER": "agent", "LANG": "C.UTF-8",
+                                      "PYTHONDONTWRITEBYTECODE": "1", "SANDBOX_VAR": "from-sandbox",
+                                      "EXEC_VAR": "from-exec", "PWD": "/workspace/repo"}
+    every = sb.exec("for f in /proc/[0-9]*/environ /proc/[0-9]*/cmdline; do tr '\\0' '\\n' < $f; done; "
+                    "ls -d /proc/[0-9]* | wc -l")
+    assert every.exit_code == 0, every.output
+    assert SECRET not in every.output and "HARNESSRL_TEST_SECRET" not in every.output
+    assert str(sb.box) not in every.output  # bwrap read its binds from a memfd, not argv
+    assert int(every.output.split()[-1]) < 8  # its own PID namespace: a handful of processes
+    init_env = sb.exec("tr '\\0' '\\n' < /proc/1/environ").output.split()
+    assert {kv.split("=", 1)[0] for kv in init_env} <= {"PATH", "HOME", "USER", "LANG",
+                                                        "PYTHONDONTWRITEBYTECODE", "PWD"}
+    assert "bwrap" in sb.exec("cat /proc/1/cmdline").output  # PID 1 is the sandbox's own init
+
+
+def test_dev_shm_mqueue_and_ipc_do_not_outlive_a_command_or_a_reset(sb):
+    planted = sb.exec("echo leak > /dev/shm/hidden && mkdir -p /dev/mqueue && echo leak > /dev/mqueue/q "
+                      "&& ipcmk -Q >/dev/null && ipcs -q | grep -c '^0x'")
+    assert planted.exit_code == 0 and planted.output.strip() == "1", planted.output
+    after = "ls -A /dev/shm; ls -A /dev/mqueue 2>/dev/null; ipcs -q | grep -c '^0x'"
+    assert sb.exec(after).output.split() == ["0"]
+    sb.exec("echo leak > /dev/shm/hidden")
+    sb.reset()
+    assert sb.exec(after).output.split() == ["0"]
+
+
+@pytest.mark.timeout(120)
+def test_disk_quota_and_file_size_limit(backend, sb):
+    q = 64 << 20
+    got = sb.exec(["python3", "-c", "import resource; print(*resource.getrlimit(resource.RLIMIT_FSIZE))"])
+    assert got.output.split() == [str(q), str(q)]  # no single file over the quota, anywhere
+    if not sb.quota_enforced:
+        pytest.skip("no loop mount here (needs root): only RLIMIT_FSIZE bounds the disk")
+    fill = sb.exec("for d in /tmp /home/agent .; do dd if=/dev/zero of=$d/fill bs=1M count=30 status=none; done; "
+                   "cat /tmp/fill /home/agent/fill fill | wc -c")
+    assert "No space left on device" in fill.output, fill.output  # repo, /tmp, home share one quota
+    assert 40 << 20 < int(fill.output.split()[-1]) < q
+    assert sb.exec("rm -f /tmp/fill /home/agent/fill fill && echo ok").output == "ok\n"
+    sb.reset()
+    assert sb.exec("dd if=/dev/zero of=/tmp/x bs=1M count=20 2>/dev/null && echo fits").output == "fits\n"
+
+
+def test_launch_failures_raise_instead_of_looking_like_the_agents_exit(backend, spec, tmp_path):
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    sb = backend.create(spec, mounts=[(str(gone), "/opt/gone", True)])
+    try:
+        assert sb.exec("exit 3").exit_code == 3
+        gone.rmdir()
+        with pytest.raises(SandboxError, match="could not start a command"):
+            sb.exec("echo never")
+    finally:
+        sb.close()
+
+
+def test_host_side_cleans_up_whatever_the_agent_left(backend, spec):
+    sb = backend.create(spec)
+    res = sb.exec("mkdir -p /tmp/locked/deep ~/locked && touch /tmp/locked/deep/f && chmod 000 /tmp/locked "
+                  "~/locked && ln -s /etc/passwd /tmp/link && chmod 000 /home/agent")
+    assert res.exit_code == 0, res.output
+    sb.reset()
+    assert sb.exec("ls -A /tmp; cat ~/.cache/marker").output == "set-up\n"
+    box, image = sb.box, backend.root / "disks" / f"{sb.box.name}.img"
+    sb.exec("chmod 000 /tmp /home/agent")
+    sb.close()
+    assert not box.exists() and not image.exists()
+    assert os.path.exists("/etc/passwd")
