@@ -8,6 +8,11 @@ Only positions whose next token was sampled get logits (`logits_to_keep` with th
 those positions over the micro-batch): the vocabulary projection is most of the memory of
 a small model's forward pass, and prompt/tool positions need none. Everything per token is
 therefore kept in a compact [rows, K] layout over those K positions.
+
+Each target token is scored in the distribution its recorded logprob belongs to: at its own
+temperature, top_p and top_k (`Sample.temperature` / `top_p` / `top_k`, from the record,
+see `trainers.behaviour`), through `engine.sampling.processed_logprobs`, the function the
+engine samples with; a micro-batch without filters takes the plain log_softmax path.
 """
 from __future__ import annotations
 
@@ -16,7 +21,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from harnessrl.trainers.engine.sampling import processed_logprobs
 from harnessrl.trainers.samples import Sample
+
+#: Rows of [positions, vocab] scored at once on the filtered path (bounds its sort's memory).
+FILTER_CHUNK = 256
 
 
 @dataclass
@@ -43,6 +52,12 @@ class MicroBatch:
     """[B, K] the trainer's logprobs before this step's first update (when recomputed)."""
     ref_logprobs: Tensor | None = None
     """[B, K] the reference model's logprobs (when a KL term is on)."""
+    temperature: Tensor | None = None
+    """[B, K] temperature each target is scored at (None: 1.0)."""
+    top_p: Tensor | None = None
+    """[B, K] top_p of each target's distribution (None: 1.0, no filter)."""
+    top_k: Tensor | None = None
+    """[B, K] long, top_k of each target's distribution (None: -1, no filter)."""
 
     @property
     def tokens(self) -> int:
@@ -75,6 +90,9 @@ def collate(samples: list[Sample], pad_id: int, device: torch.device) -> MicroBa
     mask = torch.zeros((rows, width), dtype=torch.float32)
     behav = torch.zeros((rows, width), dtype=torch.float32)
     versions = torch.full((rows, width), -1, dtype=torch.long)
+    temp = torch.ones((rows, width), dtype=torch.float32)
+    top_p = torch.ones((rows, width), dtype=torch.float32)
+    top_k = torch.full((rows, width), -1, dtype=torch.long)
     for r, s in enumerate(samples):
         n = len(s.token_ids)
         ids[r, :n] = torch.tensor(s.token_ids, dtype=torch.long)
@@ -82,6 +100,10 @@ def collate(samples: list[Sample], pad_id: int, device: torch.device) -> MicroBa
         mask[r, :n] = torch.tensor(s.loss_mask, dtype=torch.float32)
         behav[r, :n] = torch.tensor(s.logprobs, dtype=torch.float32)
         versions[r, :n] = torch.tensor(s.versions, dtype=torch.long)
+        if s.temperature:
+            temp[r, :n] = torch.tensor(s.temperature, dtype=torch.float32)
+            top_p[r, :n] = torch.tensor(s.top_p, dtype=torch.float32)
+            top_k[r, :n] = torch.tensor(s.top_k, dtype=torch.long)
     # Position p's logits predict token p + 1: keep every p whose next token was sampled
     # in some row (validation guarantees position 0 is never sampled).
     next_sampled = mask[:, 1:].amax(dim=0) > 0
@@ -98,14 +120,18 @@ def collate(samples: list[Sample], pad_id: int, device: torch.device) -> MicroBa
         versions=versions[:, cols].to(device),
         advantages=adv[:, None].expand(rows, len(cols)).contiguous().to(device),
         seq_weight=torch.tensor([s.weight for s in samples], dtype=torch.float32, device=device),
+        temperature=temp[:, cols].to(device),
+        top_p=top_p[:, cols].to(device),
+        top_k=top_k[:, cols].to(device),
     )
 
 
-def token_logprobs(model, mb: MicroBatch, temperature: float = 1.0) -> Tensor:
-    """[B, K] float32 log_softmax(logits / temperature) of each target token.
+def token_logprobs(model, mb: MicroBatch) -> Tensor:
+    """[B, K] float32 logprob of each target token in its recorded distribution (module doc).
 
-    The temperature is the sampling temperature: the engine's logprobs are those of the
-    distribution it sampled from, so the trainer must score the same distribution.
+    The engine's logprobs are those of the distribution it reports (`flags["sampling"]`), so
+    the trainer scores that same distribution: at the target's temperature and, where its
+    record says the logprobs are of the filtered distribution, with the same top-p/top-k.
     """
     out = model(
         input_ids=mb.input_ids,
@@ -116,6 +142,20 @@ def token_logprobs(model, mb: MicroBatch, temperature: float = 1.0) -> Tensor:
     logits = out.logits.float()
     if logits.shape[1] != mb.keep.shape[0]:  # a model that ignores logits_to_keep
         logits = logits[:, mb.keep]
-    if temperature != 1.0:
-        logits = logits / temperature
-    return torch.log_softmax(logits, dim=-1).gather(-1, mb.targets.unsqueeze(-1)).squeeze(-1)
+    b, k, v = logits.shape
+    temp = mb.temperature if mb.temperature is not None else torch.ones((b, k), device=logits.device)
+    filtered = mb.top_p is not None and bool(((mb.top_p < 1.0) | ((mb.top_k > 0) & (mb.top_k < v))).any())
+    if not filtered:
+        if bool((temp != 1.0).any()):
+            logits = logits / temp[..., None]
+        return torch.log_softmax(logits, dim=-1).gather(-1, mb.targets.unsqueeze(-1)).squeeze(-1)
+    flat, targets = logits.reshape(b * k, v), mb.targets.reshape(-1)
+    t, p, tk = temp.reshape(-1), mb.top_p.reshape(-1), mb.top_k.reshape(-1)
+    parts = []
+    for i in range(0, b * k, FILTER_CHUNK):
+        j = slice(i, i + FILTER_CHUNK)
+        # always_keep: the engine sampled this token, so it is in the support even where this
+        # forward pass's rounding puts it a hair outside the top-p boundary (no -inf logprob).
+        table = processed_logprobs(flat[j], t[j], p[j], tk[j], always_keep=targets[j])
+        parts.append(table.gather(-1, targets[j, None]).squeeze(-1))
+    return torch.cat(parts).reshape(b, k)

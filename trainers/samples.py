@@ -20,6 +20,9 @@ Contract:
   term is not scaled. Its group baseline still uses its unweighted reward.
 - Infra failures (status "infra_error", or no reward) are masked: no samples and no part
   in any baseline, never scored as 0. Truncated episodes follow `SampleConfig.truncated`.
+- Each sampled token carries the parameters its recorded logprob must be recomputed with
+  (`Sample.temperature` / `top_p` / `top_k`, read per call from the record by
+  `trainers.behaviour.token_sampling`); greedy or unrecorded calls are refused there.
 """
 from __future__ import annotations
 
@@ -88,6 +91,13 @@ class Sample:
     session_id: str
     segment: int
     task_id: str
+    temperature: list[float] = field(default_factory=list)
+    """Per token: the temperature to recompute its logprob at (the recorded one; 1.0 off the
+    sampled tokens). Empty means 1.0 everywhere, no filters."""
+    top_p: list[float] = field(default_factory=list)
+    """Per token: top_p of the distribution its logprob belongs to (1.0: none)."""
+    top_k: list[int] = field(default_factory=list)
+    """Per token: top_k of that distribution (-1: none)."""
 
     @property
     def n_sampled(self) -> int:
@@ -187,8 +197,14 @@ def build_samples(
     *,
     current_version: int | None = None,
     vocab_size: int | None = None,
+    temperature: float = 1.0,
 ) -> SampleBatch:
-    """Validate `batch` and turn it into samples with advantages and weights (see module doc)."""
+    """Validate `batch` and turn it into samples with advantages and weights (see module doc).
+
+    `temperature` scores trajectories that hold no call records (hand-built segments);
+    recorded calls are scored at their own sampling (`trainers.behaviour`)."""
+    from harnessrl.trainers.behaviour import token_sampling
+
     seen: set[str] = set()
     for traj in batch:
         if traj.session_id in seen:
@@ -231,6 +247,7 @@ def build_samples(
         if sum(counts) == 0:
             continue  # a rollout with no sampled token still counted in its group's baseline
         weights = _segment_weights(counts, config.segment_weighting)
+        scoring = token_sampling(traj, temperature)
         adv = advantages[traj.session_id] * _staleness_weight(traj)
         result.advantages[traj.session_id] = adv
         result.trajectories += 1
@@ -248,6 +265,9 @@ def build_samples(
                     session_id=traj.session_id,
                     segment=s,
                     task_id=traj.task_id,
+                    temperature=[x[0] for x in scoring[s]],
+                    top_p=[x[1] for x in scoring[s]],
+                    top_k=[x[2] for x in scoring[s]],
                 )
             )
     if scored:

@@ -9,10 +9,11 @@ One `step(batch)`:
    logprobs (the policy before this step's first update) and, with a KL term, the
    reference logprobs; with one update the proximal logprobs are the detached logprobs of
    the gradient pass itself (same weights, same numbers, one forward pass saved);
-4. per micro-batch: recompute the current policy's logprobs of the sampled tokens at the
-   sampling temperature, the loss (see `losses`) normalized by the whole shard's token
-   count or trajectory weight so micro-batches add up, backward; then clip the gradient
-   norm and step AdamW.
+4. per micro-batch: recompute the current policy's logprobs of the sampled tokens in the
+   distribution each token's record names (its call's temperature, and top-p/top-k where
+   the engine's logprobs are of the filtered distribution: `trainers.behaviour`), the
+   loss (see `losses`) normalized by the whole shard's token count or trajectory weight
+   so micro-batches add up, backward; then clip the gradient norm and step AdamW.
 The fidelity number, |trainer logprob - engine logprob|, is measured before any update on
 tokens sampled by the current version (older tokens differ by the policy change itself).
 
@@ -74,7 +75,10 @@ class TorchTrainerConfig(BaseModel):
     activation_checkpointing: bool = False
     """Recompute activations in the backward pass (less memory, ~30% more compute)."""
     temperature: float = Field(1.0, gt=0)
-    """Sampling temperature of the engine; logprobs are log_softmax(logits / temperature)."""
+    """Temperature for records that do not say how they sampled (trajectories without call
+    records, e.g. hand-built segments). A recorded call is always scored at its own sampling
+    (`flags["sampling"]`: temperature, top_p, top_k, logprob space; see `trainers.behaviour`),
+    whatever this says; greedy records are refused."""
     policy_loss: Literal["ppo_clip", "decoupled_ppo"] = "decoupled_ppo"
     """"ppo_clip": ratio against the engine's behaviour logprobs. "decoupled_ppo": AReaL Eq. 5,
     trust region around the proximal policy, behaviour importance weight capped or masked."""
@@ -165,7 +169,8 @@ class TorchTrainer:
     def step(self, batch: list[Trajectory]) -> StepMetrics:
         t0 = time.perf_counter()
         cfg = self.config
-        sb = build_samples(batch, cfg.samples, current_version=self._version, vocab_size=self.vocab_size)
+        sb = build_samples(batch, cfg.samples, current_version=self._version, vocab_size=self.vocab_size,
+                           temperature=cfg.temperature)
         samples = sb.samples
         tokens = sum(s.n_sampled for s in samples)
         stale = [self._version - v for s in samples for v, m in zip(s.versions, s.loss_mask) if m]
@@ -287,9 +292,9 @@ class TorchTrainer:
             for mb in (mb for shard in epoch_plans for mb in shard):
                 with self._autocast():
                     if recompute_prox:
-                        mb.prox_logprobs = token_logprobs(self.model, mb, self.config.temperature)
+                        mb.prox_logprobs = token_logprobs(self.model, mb)
                     if self.ref_model is not None:
-                        mb.ref_logprobs = token_logprobs(self.ref_model, mb, self.config.temperature)
+                        mb.ref_logprobs = token_logprobs(self.ref_model, mb)
                 if recompute_prox and epoch == 0:  # each sample once
                     self._pre_update_stats(mb, mb.prox_logprobs, acc)
 
@@ -304,7 +309,7 @@ class TorchTrainer:
         loss_total = pg_total = 0.0
         for mb in micro_batches:
             with self._autocast():
-                logp = token_logprobs(self.model, mb, cfg.temperature)
+                logp = token_logprobs(self.model, mb)
             if mb.prox_logprobs is None:  # single update: these weights are the proximal policy
                 mb.prox_logprobs = logp.detach()
                 self._pre_update_stats(mb, mb.prox_logprobs, acc)
