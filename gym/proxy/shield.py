@@ -48,13 +48,17 @@ class Shield:
         self.escape = chr(_BASE + n)
         reserved = f"[{chr(_BASE)}-{self.escape}]"
         literals = "|".join(re.escape(s) for s in self.specials)
+        # Separate scans: a pure alternation of literals gets re's fast prefix search, and
+        # `char in text` is immediate for text narrower than the reserved (astral) characters.
+        self._literals = re.compile(literals) if literals else None
         self._find = re.compile(f"{literals}|{reserved}" if literals else reserved)
         self._reserved = re.compile(reserved)
+        self._reserved_chars = tuple(chr(_BASE + i) for i in range(n + 1)) if n < 32 else None
         self._marks = re.compile(f"{re.escape(self.escape)}{reserved}|{reserved}")
 
     def shield(self, text: str) -> str:
         """`text` with each special-token literal replaced by its reserved character."""
-        if self._find.search(text) is None:
+        if not self.marked(text) and (self._literals is None or self._literals.search(text) is None):
             return text
         return self._find.sub(self._sub, text)
 
@@ -64,6 +68,10 @@ class Shield:
 
     def marked(self, text: str) -> bool:
         """Whether `text` holds shielded content (a placeholder or an escape)."""
+        if text.isascii():
+            return False
+        if self._reserved_chars is not None:
+            return any(c in text for c in self._reserved_chars)
         return self._reserved.search(text) is not None
 
     def restore(self, text: str) -> str:
