@@ -53,4 +53,7 @@ class Cancel:
         try:
             release()
         except Exception as e:  # noqa: BLE001 - one failed release must not keep the others
-            self.errors.append(f"{type(e).__name__}: {e}")
+            try:
+                self.errors.append(f"{type(e).__name__}: {e}")
+            except Exception:  # noqa: BLE001 - unprintable
+                self.errors.append(type(e).__name__)

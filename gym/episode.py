@@ -38,6 +38,7 @@ from pydantic import BaseModel, Field
 from harnessrl.adapters.cancel import Cancel
 from harnessrl.adapters.base import SOCKET_NAME, Endpoint, HarnessAdapter, HarnessResult, Launch, Limits, Mount
 from harnessrl.adapters.relay import Relay
+from harnessrl.gym.failures import describe
 from harnessrl.gym.rewards import RewardConfig, RewardResult, score
 from harnessrl.gym.tasks import Task
 from harnessrl.gym.trajectory import Trajectory
@@ -311,10 +312,10 @@ def _play(run: _Run, task: Task, adapter: HarnessAdapter, make_sandbox: SandboxF
         if _fatal(e):
             raise
         if run.cancel.is_set():  # its sandbox or process was taken away on purpose
-            return Cancelled(f"{run.cancel.reason} ({run.stage}: {type(e).__name__}: {e})")
+            return Cancelled(f"{run.cancel.reason} ({run.stage}: {describe(e)})")
         if isinstance(e, SandboxDied):
             return SandboxGone(str(e))
-        return InfraFailed(f"{run.stage}: {type(e).__name__}: {e}")  # ours, not the policy's: mask it
+        return InfraFailed(f"{run.stage}: {describe(e)}")  # ours, not the policy's: mask it
 
 
 def _judge(run: _Run, early: EpisodeEnded | None, played: Trajectory, proxy: ProxyHandle,
@@ -393,7 +394,7 @@ def run_episode(task: Task, adapter: HarnessAdapter, make_sandbox: SandboxFactor
             if _fatal(e):
                 raise
             final, status, reason = None, "infra_error", Cancelled.reason if run.cancel.is_set() else "infra"
-            error = f"{run.stage}: {type(e).__name__}: {e}"
+            error = f"{run.stage}: {describe(e)}"
             if sid is not None and run.stage != "finish":
                 _record_failure(admin, sid, played is None, status, reason, cleanup)
     finally:
@@ -417,7 +418,7 @@ def _record_failure(admin: EpisodeAdmin, sid: str, close: bool, status: str, rea
             admin.close_session(sid)
         admin.set_reward(sid, None, status, reason)
     except Exception as e:  # noqa: BLE001 - the proxy itself is failing; the result still says why
-        errors.append(f"recording the failure: {type(e).__name__}: {e}")
+        errors.append(f"recording the failure: {describe(e)}")
 
 
 def _release(run: _Run, admin: EpisodeAdmin, scratch: Path | None, cfg: EpisodeConfig, errors: list[str]) -> None:
@@ -434,4 +435,4 @@ def _release(run: _Run, admin: EpisodeAdmin, scratch: Path | None, cfg: EpisodeC
         try:
             fn()
         except Exception as e:  # noqa: BLE001
-            errors.append(f"closing the {what}: {type(e).__name__}: {e}")
+            errors.append(f"closing the {what}: {describe(e)}")

@@ -18,9 +18,10 @@ Contract:
   hands the proxy the session's `staleness_limit`, so the proxy refuses the stale turn
   itself (once the driver has told it the version: `POST /admin/policy_version`).
 - A cancelled episode (scheduler timeout, staleness, close) kills its actor and starts a
-  fresh one when actors run one episode each (a blocked harness thread cannot be interrupted
-  otherwise); with `episodes_per_worker > 1` only the task is cancelled. The sandbox of a
-  killed episode is left to the backend's reaper (containers carry the run's label).
+  fresh one when actors run one episode each; with `episodes_per_worker > 1` the task is
+  cancelled, and a worker whose `run` takes a `cancel` has its harness tree killed and its
+  sandbox closed. The sandbox of a killed actor's episode is left to the backend's reaper
+  (containers carry the run's label).
 - `EngineActor` wraps any engine server factory (e.g. `functools.partial(EngineServer,
   model="tiny-llama", port=0)`, passed in by the composition root so that gym imports no
   trainer) and exposes its URL; a server bound to 0.0.0.0 is reported at the node's IP.
@@ -137,11 +138,27 @@ class _EpisodeActor:
             if inspect.iscoroutinefunction(self.worker.run):
                 traj = await self.worker.run(slot)
             else:
-                traj = await asyncio.to_thread(self.worker.run, slot)
+                traj = await self._in_thread(slot)
         except StaleEpisode as e:
             return {"stale": str(e)}
         traj.metadata["placement"] = {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid()}
         return {"trajectory": traj.to_dict()}
+
+
+    async def _in_thread(self, slot: RemoteSlot) -> Trajectory:
+        """A sync worker's episode in a thread; cancelled (`ray.cancel`), a worker whose `run`
+        takes a `cancel` gets it set (harness tree killed, sandbox closed) and is waited for."""
+        from harnessrl.adapters.cancel import Cancel
+
+        cancel = Cancel()
+        takes = "cancel" in inspect.signature(self.worker.run).parameters
+        fut = asyncio.ensure_future(asyncio.to_thread(self.worker.run, slot, *((cancel,) if takes else ())))
+        try:
+            return await asyncio.shield(fut)
+        except asyncio.CancelledError:
+            await asyncio.to_thread(cancel.set, "the driver cancelled the episode")
+            await asyncio.wait({fut}, timeout=120)
+            raise
 
 
 class RayEpisodes:
@@ -259,16 +276,17 @@ class RolloutWorker:
         self.adapter = get_adapter(config.harness)
         self.backend = make_backend(config.sandbox)
 
-    def run(self, slot: Any) -> Trajectory:
+    def run(self, slot: Any, cancel: Any = None) -> Trajectory:
         """One episode; its proxy session carries `start_version` (the engine priority) and,
         under `requeue`, `staleness_limit`: a session the proxy aborts as stale raises
-        `StaleEpisode`, so the driver reruns the task, as for local episodes."""
+        `StaleEpisode`, so the driver reruns the task, as for local episodes. `cancel` (an
+        `adapters.cancel.Cancel`) abandons it: harness tree killed, sandbox closed."""
         from harnessrl.gym.episode import run_episode
 
         limit = slot.staleness if slot.over_staleness == "requeue" else None
         res = run_episode(self.tasks[slot.task_id], self.adapter, lambda spec, mounts: self.backend.create(spec, mounts),
                           self.proxy, self.config.served_model_name, self.config.episode,
-                          session_meta=session_meta(slot.start_version, limit))
+                          session_meta=session_meta(slot.start_version, limit), cancel=cancel)
         return raise_if_aborted_stale(res.trajectory, limit)
 
 

@@ -47,6 +47,7 @@ from typing import Awaitable, Callable, Iterable, Literal
 
 from pydantic import BaseModel, Field
 
+from harnessrl.gym.failures import describe
 from harnessrl.gym.trajectory import Trajectory
 
 
@@ -277,50 +278,52 @@ class RolloutScheduler:
         self._free += 1
         group.running -= 1
         try:
-            self._record(group, slot, t0, task)
+            traj = self._record(group, slot, task)
+            if traj is not None:
+                traj.metadata.setdefault("start_version", slot.start_version)
         except Exception as e:  # noqa: BLE001 - the bookkeeping itself failed: still one record
-            group.trajectories[slot.index] = self._failed(
-                group, slot, f"scheduler bookkeeping: {type(e).__name__}: {e}")
+            traj = self._failed(group, slot, f"scheduler bookkeeping: {describe(e)}")
+        if traj is not None:
+            self.stats.completed += 1
+            self.stats.env_latency_s.append(time.monotonic() - t0)
+            group.trajectories[slot.index] = traj
         if len(group.trajectories) == self.config.group_size and not group.done.is_set():
             group.done.set()
             self._ready.append(group)
         self._kick()
 
-    def _record(self, group: _Group, slot: EpisodeSlot, t0: float, task: asyncio.Task) -> None:
+    def _record(self, group: _Group, slot: EpisodeSlot, task: asyncio.Task) -> Trajectory | None:
+        """The record the episode's task ended with; None when there is none to keep (a
+        rerun, a shutdown, a stop signal)."""
         if task.cancelled():
             if self._closing:
-                return  # shutting down: nothing more is consumed
-            traj = self._failed(group, slot, "CancelledError: the episode cancelled itself")
-        elif (exc := task.exception()) is not None:
-            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
-                return  # the run is stopping: it propagates out of the event loop
-            if isinstance(exc, StaleEpisode):
-                self.stats.requeued_turn += 1
-                if slot.attempt < self.config.max_requeues:
-                    self._retry.append((group, slot.index, slot.attempt + 1))
-                    return
-                self.stats.dropped += 1
-                group.trajectories[slot.index] = Trajectory(
-                    session_id=f"g{group.group_id}-{slot.index}", segments=[], status="infra_error",
-                    termination="stale", task_id=group.task_id)
-                return
-            if isinstance(exc, (TimeoutError, asyncio.TimeoutError)):
-                self.stats.timeouts += 1
-                traj = Trajectory(session_id=f"g{group.group_id}-{slot.index}", segments=[], status="truncated",
-                                  termination="timeout", task_id=group.task_id)
-                traj.metadata["masked"] = True
-            else:
-                raised = exc.__cause__ if isinstance(exc, _EpisodeRaised) else exc
-                traj = self._failed(group, slot, f"{type(raised).__name__}: {raised}")
-        else:
+                return None  # shutting down: nothing more is consumed
+            return self._failed(group, slot, "CancelledError: the episode cancelled itself")
+        exc = task.exception()
+        if exc is None:
             traj = task.result()
-            if not isinstance(traj, Trajectory):
-                traj = self._failed(group, slot, f"TypeError: the episode returned {type(traj).__name__}, "
-                                                 "not a Trajectory")
-        traj.metadata.setdefault("start_version", slot.start_version)
-        self.stats.completed += 1
-        self.stats.env_latency_s.append(time.monotonic() - t0)
-        group.trajectories[slot.index] = traj
+            if isinstance(traj, Trajectory):
+                return traj
+            return self._failed(group, slot, f"TypeError: the episode returned {type(traj).__name__}, "
+                                             "not a Trajectory")
+        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            return None  # the run is stopping: it propagates out of the event loop
+        if isinstance(exc, StaleEpisode):
+            self.stats.requeued_turn += 1
+            if slot.attempt < self.config.max_requeues:
+                self._retry.append((group, slot.index, slot.attempt + 1))
+                return None
+            self.stats.dropped += 1
+            return Trajectory(session_id=f"g{group.group_id}-{slot.index}", segments=[], status="infra_error",
+                              termination="stale", task_id=group.task_id)
+        if isinstance(exc, (TimeoutError, asyncio.TimeoutError)):
+            self.stats.timeouts += 1
+            traj = Trajectory(session_id=f"g{group.group_id}-{slot.index}", segments=[], status="truncated",
+                              termination="timeout", task_id=group.task_id)
+            traj.metadata["masked"] = True
+            return traj
+        raised = exc.__cause__ if isinstance(exc, _EpisodeRaised) else exc
+        return self._failed(group, slot, describe(raised))
 
     def _failed(self, group: _Group, slot: EpisodeSlot, error: str) -> Trajectory:
         """The record of an episode that raised: masked (`infra_error`), the exception named."""
@@ -359,8 +362,8 @@ class RolloutScheduler:
         async with self._cond:
             while True:
                 if self._failure is not None:
-                    raise RuntimeError(f"the scheduler's launch loop failed: {type(self._failure).__name__}: "
-                                       f"{self._failure}") from self._failure
+                    failure = self._failure
+                    raise RuntimeError(f"the scheduler's launch loop failed: {describe(failure)}") from failure
                 # Under `wait`, every group that started at <= V - η must be in this batch.
                 must = [g for g in self._groups.values()
                         if c.over_staleness == "wait" and g.start_version <= V - c.staleness and g not in batch]

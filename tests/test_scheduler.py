@@ -231,3 +231,133 @@ def test_sim_engine_gives_free_slots_to_the_oldest_episode_first(priority: bool,
         return done
 
     assert asyncio.run(main()) == expected
+
+
+# -- failures: every episode ends in exactly one record --------------------------------------
+class _Boom(BaseException):
+    """A BaseException that is neither an Exception nor a stop signal."""
+
+
+class _Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("cannot print me")
+
+
+_RAISED = st.sampled_from([ValueError, KeyError, RuntimeError, OSError, ZeroDivisionError, MemoryError, TimeoutError,
+                           asyncio.CancelledError, GeneratorExit, StopAsyncIteration, _Boom, _Unprintable])
+#: Where the episode function fails: before its first await, after one, by returning
+#: something that is not a Trajectory, or by returning a record that breaks the scheduler's
+#: own bookkeeping (metadata that is not a dict).
+_STAGES = st.sampled_from(["before_await", "after_await", "not_a_trajectory", "breaks_bookkeeping"])
+
+
+def _faulty_episode(plan: list, group_size: int):
+    async def episode(slot):
+        fault = plan[(slot.group_id * group_size + slot.index) % len(plan)]
+        if fault is not None:
+            stage, exc, msg = fault
+            if stage == "before_await":
+                raise exc(msg)
+            await asyncio.sleep(0)
+            if stage == "after_await":
+                raise exc(msg)
+            if stage == "not_a_trajectory":
+                return {"session_id": "x"}
+        await asyncio.sleep(0.001)
+        seg = Segment([5, 6], [0, 1], [0.0, -0.1], [-1, slot.version])
+        traj = Trajectory(session_id=f"{slot.group_id}-{slot.index}", segments=[seg], reward=float(slot.index % 2),
+                          status="ok", task_id=slot.task_id)
+        if fault is not None and fault[0] == "breaks_bookkeeping":
+            traj.metadata = None
+        return traj
+
+    return episode
+
+
+def _expected_error(fault) -> str:
+    stage, exc, _ = fault
+    if stage == "not_a_trajectory":
+        return "TypeError: the episode returned dict"
+    if stage == "breaks_bookkeeping":
+        return "scheduler bookkeeping: AttributeError"
+    return exc.__name__
+
+
+@pytest.mark.timeout(600)
+@settings(max_examples=80, deadline=None)
+@given(plan=st.lists(st.one_of(st.none(), st.tuples(_STAGES, _RAISED, st.text(max_size=30))), min_size=1, max_size=8),
+       pool=st.integers(1, 4), group_size=st.integers(1, 3))
+def test_every_episode_ends_in_exactly_one_record_whatever_raises(plan, pool, group_size) -> None:
+    """Arbitrary exceptions (BaseExceptions too) at every stage of the episode function and in
+    the scheduler's own bookkeeping: next_batch returns every group, every slot is freed,
+    each episode has exactly one record, and a failed one is a masked infra_error that names
+    its exception; the trainer's sample builder takes the batch and masks exactly those."""
+    from harnessrl.trainers.samples import SampleConfig, build_samples
+
+    n_groups = len(plan)
+
+    async def main():
+        cfg = SchedulerConfig(env_pool_size=pool, group_size=group_size, groups_per_step=n_groups, staleness=0)
+        s = RolloutScheduler(cfg, _faulty_episode(plan, group_size), iter([f"t{i}" for i in range(n_groups)]))
+        await s.start()
+        batch = await s.next_batch()
+        state = (s._free, len(s._episodes), s.stats.as_dict())
+        await s.close()
+        return batch, state
+
+    batch, (free, running, stats) = asyncio.run(main())
+    assert free == pool and running == 0
+    assert len(batch) == n_groups * group_size
+    keys = [(t.metadata["group_id"], t.task_id, t.session_id) for t in batch]
+    assert len(set(keys)) == len(batch)
+    failed = 0
+    for t in batch:
+        gid = t.metadata["group_id"]
+        index = int(t.session_id.rsplit("-", 1)[1])
+        fault = plan[(gid * group_size + index) % len(plan)]
+        if fault is None:
+            assert (t.status, t.trainable) == ("ok", True)
+            continue
+        failed += 1
+        assert (t.status, t.termination, t.reward, t.trainable) == ("infra_error", "infra", None, False)
+        assert t.metadata["masked"] is True and t.metadata["error"].startswith(_expected_error(fault))
+    assert stats["errors"] == failed and stats["completed"] == len(batch) == stats["started"]
+    samples = build_samples(batch, SampleConfig(normalize_std=False))
+    assert samples.masked_infra == failed
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # asyncio leaves the loop mid-step
+@pytest.mark.parametrize("signal", [KeyboardInterrupt, SystemExit])
+def test_a_stop_signal_in_an_episode_stops_the_run(signal) -> None:
+    async def main():
+        async def episode(slot):
+            await asyncio.sleep(0)
+            raise signal()
+
+        s = RolloutScheduler(SchedulerConfig(env_pool_size=1, group_size=1, groups_per_step=1), episode, iter(["a"]))
+        await s.start()
+        await s.next_batch()
+
+    with pytest.raises(signal):
+        asyncio.run(main())
+
+
+def test_a_failing_task_source_makes_next_batch_raise_not_wait() -> None:
+    def tasks():
+        yield "a"
+        raise OSError("the task file vanished")
+
+    async def main():
+        async def episode(slot):
+            seg = Segment([5, 6], [0, 1], [0.0, -0.1], [-1, 0])
+            return Trajectory(session_id=f"{slot.group_id}", segments=[seg], reward=1.0, status="ok", task_id="a")
+
+        s = RolloutScheduler(SchedulerConfig(env_pool_size=2, group_size=1, groups_per_step=2), episode, tasks())
+        await s.start()
+        try:
+            await s.next_batch()
+        finally:
+            await s.close()
+
+    with pytest.raises(RuntimeError, match="launch loop failed: OSError: the task file vanished"):
+        asyncio.run(main())
