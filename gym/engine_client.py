@@ -79,7 +79,8 @@ async def _bounded(aw, limit: float | None, phase: str, url: str):
     try:
         return await asyncio.wait_for(aw, limit)
     except asyncio.TimeoutError:
-        raise EngineTimeout(f"engine at {url} timed out: no {phase.replace('_', ' ')} within {limit:g} s "
+        what = {"total": "complete reply", "first_byte": "first chunk", "idle": "next chunk"}.get(phase, phase)
+        raise EngineTimeout(f"engine at {url} timed out: no {what} within {limit:g} s "
                             f"(EngineTimeouts.{phase}_s)", phase) from None
 
 
@@ -131,6 +132,7 @@ class EngineClient:
         """`timeout` bounds control requests (httpx semantics); `timeouts` bound /generate
         (default: `EngineTimeouts()` with `total_s` no larger than `timeout`)."""
         self.base_url = base_url.rstrip("/")
+        self.timeout = timeout
         self.timeouts = timeouts or EngineTimeouts(total_s=min(EngineTimeouts.total_s, timeout))
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = httpx.AsyncClient(
@@ -140,8 +142,8 @@ class EngineClient:
     # ---- plumbing -------------------------------------------------------------------
     async def _request(self, method: str, path: str, json_body: Any = None) -> httpx.Response:
         url = self.base_url + path
-        try:
-            resp = await self._http.request(method, path, json=json_body)
+        try:  # bounded whatever the transport (the proxy's own enforces only the connect bound)
+            resp = await _bounded(self._http.request(method, path, json=json_body), self.timeout, "total", url)
         except httpx.HTTPError as e:
             raise EngineError(f"engine at {url} unreachable: {type(e).__name__}: {e}") from e
         if resp.status_code >= 400:

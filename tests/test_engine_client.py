@@ -168,3 +168,131 @@ def test_an_abort_answered_as_an_error_status_is_an_abort_result():
 
     res = asyncio.run(go())
     assert res.finish_reason == "abort" and res.output_ids == [] and res.prompt_tokens == 2
+
+
+# ---- timeouts against a server that stops answering ---------------------------------------
+
+class Stalling:
+    """A real TCP server on loopback that reads each request and then answers nothing
+    ("silent"), or sends the headers and one stream chunk and then nothing ("one_chunk"),
+    like an engine stopped with SIGSTOP mid-request; or ("full_backlog") never accepts, with
+    its accept queue full, so that connecting hangs."""
+
+    def __init__(self, mode: str):
+        import threading
+
+        self.mode = mode
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.conns: list[socket.socket] = []
+        self.stop = threading.Event()
+        if mode == "full_backlog":
+            self.sock.listen(0)
+            filler = socket.create_connection(self.sock.getsockname())  # takes the one queue slot
+            self.conns.append(filler)
+            self.thread = None
+        else:
+            self.sock.listen(16)
+            self.thread = threading.Thread(target=self._serve, daemon=True)
+            self.thread.start()
+
+    def _serve(self) -> None:
+        self.sock.settimeout(0.1)
+        while not self.stop.is_set():
+            try:
+                c, _ = self.sock.accept()
+            except OSError:
+                continue
+            self.conns.append(c)
+            c.recv(65536)
+            if self.mode == "one_chunk":
+                chunk = b'data: {"text": "a", "output_ids": [7], "meta_info": {"finish_reason": null, ' \
+                        b'"completion_tokens": 1, "output_token_logprobs": [[-0.5, 7, null]]}}\n\n'
+                c.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+                          + f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
+
+    def close(self) -> None:
+        self.stop.set()
+        if self.thread is not None:
+            self.thread.join(5)
+        for c in self.conns:
+            c.close()
+        self.sock.close()
+
+
+def _timeout_client(kind: str, url: str, timeouts) -> EngineClient:
+    if kind == "proxy_transport":  # the proxy's own lean transport (gym.proxy.engine_http)
+        from harnessrl.gym.proxy.engine_http import make_engine_client
+
+        return make_engine_client(url, timeouts=timeouts)
+    return EngineClient(url, timeouts=timeouts)
+
+
+@pytest.mark.parametrize("kind", ["httpx", "proxy_transport"])
+@pytest.mark.parametrize("mode,stream,phase", [
+    ("silent", False, "total"),       # a non-streamed reply comes whole: only the total bounds it
+    ("silent", True, "first_byte"),   # streamed: no first chunk
+    ("one_chunk", True, "idle"),      # streamed: a chunk, then silence
+    ("full_backlog", False, "connect"),
+])
+def test_generate_times_out_per_phase_against_a_server_that_stops_answering(kind, mode, stream, phase):
+    from harnessrl.gym.engine_client import EngineTimeout, EngineTimeouts
+
+    server = Stalling(mode)
+    limits = EngineTimeouts(connect_s=0.5, first_byte_s=0.5, idle_s=0.5, total_s=30.0 if stream else 1.0)
+
+    async def go():
+        async with _timeout_client(kind, server.url, limits) as c:
+            got = []
+            with pytest.raises(EngineTimeout) as e:
+                if stream:
+                    async for ch in c.generate_stream([1, 2], max_new_tokens=4):
+                        got.append(ch.output_ids)
+                else:
+                    await c.generate([1, 2], max_new_tokens=4)
+            healthy = await c.health()  # a stopped engine is not healthy (and does not hang the probe)
+            return e.value, got, healthy
+
+    try:
+        err, got, healthy = asyncio.run(go())
+    finally:
+        server.close()
+    assert err.phase == phase and server.url in str(err) and isinstance(err, EngineError)
+    assert got == ([[7]] if mode == "one_chunk" else [])
+    assert healthy is False
+
+
+def test_the_total_bound_caps_a_stream_that_keeps_sending():
+    """A stream whose chunks keep coming within the idle bound still ends at the total."""
+    from harnessrl.gym.engine_client import EngineTimeout, EngineTimeouts
+
+    app = FastAPI()
+
+    @app.post("/generate")
+    async def generate(request: Request):
+        async def chunks():
+            for k in range(1, 10**6):
+                await asyncio.sleep(0.05)
+                meta = {"finish_reason": None, "completion_tokens": k,
+                        "output_token_logprobs": [[-0.1, 5, None]] * k}
+                yield f"data: {json.dumps({'text': None, 'meta_info': meta})}\n\n".encode()
+        return StreamingResponse(chunks(), media_type="text/event-stream")
+
+    async def go(url):
+        async with EngineClient(url, timeouts=EngineTimeouts(first_byte_s=5, idle_s=5, total_s=1.0)) as c:
+            n = 0
+            with pytest.raises(EngineTimeout) as e:
+                async for ch in c.generate_stream([1], max_new_tokens=10**6):
+                    n += len(ch.output_ids)
+            return e.value, n
+
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from proxy_helpers import ServedApp
+
+    with ServedApp(app) as served:  # a real server: httpx's ASGI transport would buffer the stream
+        err, n = asyncio.run(go(served.url))
+    assert err.phase == "total" and n >= 1

@@ -162,7 +162,8 @@ class ProxyCore:
 
     async def start(self) -> None:
         c = self.config
-        self.engine = make_engine_client(c.engine_url, timeouts=EngineTimeouts(
+        # control requests (model info, health) get the first-byte bound: a stopped engine fails them too
+        self.engine = make_engine_client(c.engine_url, timeout=c.engine_first_byte_timeout_s or 600.0, timeouts=EngineTimeouts(
             c.engine_connect_timeout_s, c.engine_first_byte_timeout_s, c.engine_idle_timeout_s,
             c.engine_total_timeout_s))
         self.gate = PauseGate()
