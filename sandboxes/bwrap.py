@@ -17,8 +17,10 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
+import stat
 import subprocess
 from dataclasses import dataclass, field
+from pathlib import Path
 
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 SYSTEM_DIRS = ("/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
@@ -90,34 +92,75 @@ class Launch:
         os.close(self.info_read)
 
 
-#: Where, inside the launch's private mount namespace, bind sources are staged on a tmpfs
-#: (an empty directory made by the backend; each launch covers it with its own tmpfs).
-STAGE_ROOT = "/run/harnessrl-bwrap-stage"
+#: Staging mountpoints live here (empty dirs and files on the host; bind mounts only ever in a
+#: launch's private mount namespace), one dir per sandbox, named by the backend.
+STAGE_ROOT = Path("/run/harnessrl-bwrap-stage")
 
 
-def prepare(bwrap_args: list[str], binds: list[tuple[str, str, str]], command: list[str],
-            env: dict[str, str], identity: Identity, cgroup_procs: list[str] = (),
-            fsize: int | None = None) -> Launch:
+def reachable(path: str, identity: Identity) -> bool:
+    """Whether `identity` may look `path` up (search permission on every ancestor)."""
+    for d in reversed(Path(os.path.realpath(path)).parents):
+        try:
+            st = os.stat(d)
+        except OSError:
+            return False
+        if st.st_uid == identity.uid:
+            bit = stat.S_IXUSR
+        elif st.st_gid == identity.gid:
+            bit = stat.S_IXGRP
+        else:
+            bit = stat.S_IXOTH
+        if not st.st_mode & bit:
+            return False
+    return True
+
+
+class Binds:
+    """One sandbox's bind mounts (flag `--bind`/`--ro-bind`, host source, sandbox target).
+
+    Dropping root, a source the sandbox uid cannot look up (say under a 0700 /root or a
+    pytest tmp dir) gets a staging point: each launch bind-mounts the source there as root,
+    in its private mount namespace, and bwrap binds the staging point instead."""
+
+    def __init__(self, identity: Identity, name: str, binds: list[tuple[str, str, str]]):
+        self.dir: Path | None = None
+        self.entries: list[tuple[str, str, str, str | None]] = []
+        for i, (flag, src, dst) in enumerate(binds):
+            point = None
+            if identity.drops and not reachable(src, identity):
+                if self.dir is None:
+                    self.dir = STAGE_ROOT / name
+                    self.dir.mkdir(mode=0o755, parents=True, exist_ok=True)
+                pp = self.dir / str(i)
+                pp.mkdir(exist_ok=True) if os.path.isdir(src) else pp.touch()
+                point = str(pp)
+            self.entries.append((flag, src, dst, point))
+
+    def remove(self) -> None:
+        if self.dir is not None:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    @staticmethod
+    def reap(prefix: str, keep: set[str]) -> None:
+        """Remove staging dirs named `prefix*` except those in `keep` (left by a crashed run)."""
+        for d in STAGE_ROOT.glob(prefix + "*") if STAGE_ROOT.is_dir() else ():
+            if d.name not in keep:
+                shutil.rmtree(d, ignore_errors=True)
+
+
+def prepare(bwrap_args: list[str], binds: Binds, command: list[str], env: dict[str, str],
+            identity: Identity, cgroup_procs: list[str] = (), fsize: int | None = None) -> Launch:
     """The launch chain for `bwrap <bwrap_args> <binds> -- <command>`; bwrap reads its options
-    (host paths, env values), not the command, from a memfd.
-
-    `binds`: (flag, host source, sandbox target), flag `--bind` or `--ro-bind`. When dropping
-    root, each source is first bind-mounted (as root, in the private mount namespace) onto
-    a staging point whose parents the sandbox uid can reach, and bwrap binds that instead.
-    `fsize`: RLIMIT_FSIZE (bytes) for every process of the command."""
+    (host paths, env values), not the command, from a memfd. `fsize`: RLIMIT_FSIZE (bytes)
+    of every process of the command."""
     memfd = info_r = info_w = None
     lines = [f"echo $$ > {shlex.quote(f)}" for f in cgroup_procs]
     args = list(bwrap_args)
-    if identity.drops and binds:
-        lines.append(shlex.join([_tool("mount"), "-t", "tmpfs", "-o", "mode=0755,size=1m,nosuid,nodev",
-                                 "harnessrl-stage", STAGE_ROOT]))
-    for i, (flag, src, dst) in enumerate(binds):
-        if identity.drops:
-            point = f"{STAGE_ROOT}/{i}"
-            lines.append(shlex.join(["mkdir" if os.path.isdir(src) else "touch", "--", point]))
+    for flag, src, dst, point in binds.entries:
+        if point is not None:
             lines.append(shlex.join([_tool("mount"), "--rbind", "--", src, point]))
-            src = point
-        args += [flag, src, dst]
+        args += [flag, point or src, dst]
+    private_ns = any(e[3] is not None for e in binds.entries)
     try:
         memfd = os.memfd_create("bwrap-args", os.MFD_CLOEXEC)  # pass_fds hands it to the child only
         os.write(memfd, b"".join(a.encode() + b"\0" for a in args))
@@ -131,7 +174,7 @@ def prepare(bwrap_args: list[str], binds: list[tuple[str, str, str]], command: l
             tail = [_tool("prlimit"), f"--fsize={fsize}", "--", *tail]
         script = "set -e\n" + "".join(line + "\n" for line in lines) + "exec " + shlex.join(tail)
         argv = [_tool("sh"), "-c", script]
-        if identity.drops:
+        if private_ns:
             argv = [_tool("unshare"), "--mount", "--propagation", "private", "--", *argv]
         launch = Launch(argv, dict(env), (memfd, info_w), info_r, [memfd, info_w])
         memfd = info_r = info_w = None
@@ -140,13 +183,6 @@ def prepare(bwrap_args: list[str], binds: list[tuple[str, str, str]], command: l
         for fd in (memfd, info_r, info_w):
             if fd is not None:
                 os.close(fd)
-
-
-def ensure_stage_root() -> None:
-    """The (empty) staging mountpoint exists, reachable by any uid (root only; else a no-op)."""
-    if os.geteuid() == 0:
-        os.makedirs(STAGE_ROOT, mode=0o755, exist_ok=True)
-        os.chmod(STAGE_ROOT, 0o755)
 
 
 def userns_hint() -> str:
@@ -162,8 +198,7 @@ def probe(identity: Identity) -> str | None:
     args = ["--unshare-all", "--die-with-parent", *system_binds(), "--proc", "/proc", "--dev", "/dev",
             "--uid", str(INSIDE_UID), "--gid", str(INSIDE_UID), "--clearenv"]
     try:
-        ensure_stage_root()
-        launch = prepare(args, [("--ro-bind", "/usr", "/opt/probe")], ["true"], dict(BASE_ENV), identity)
+        launch = prepare(args, Binds(identity, "probe", []), ["true"], dict(BASE_ENV), identity)
     except FileNotFoundError as e:
         return str(e)
     try:

@@ -34,8 +34,7 @@ from pydantic import BaseModel, Field
 
 from harnessrl.sandboxes.base import (ExecResult, RepoSpec, SandboxDied, SandboxError,
                                       SandboxUnavailable)
-from harnessrl.sandboxes.bwrap import (BASE_ENV, INSIDE_UID, Identity, ensure_stage_root, prepare, probe,
-                                       system_binds)
+from harnessrl.sandboxes.bwrap import BASE_ENV, INSIDE_UID, Binds, Identity, prepare, probe, system_binds
 from harnessrl.sandboxes.limits import Cgroup, LoopDisk, umount
 from harnessrl.sandboxes.repo import DIFF_SCRIPT, FINALIZE_SCRIPT, RESET_SCRIPT, materialize, spec_key
 
@@ -120,7 +119,6 @@ class LocalBackend:
         problem = probe(self.identity)
         if problem is not None:
             raise SandboxUnavailable(f"bubblewrap cannot run here: {problem}")
-        ensure_stage_root()
         self.root = Path(self.config.root)
         for sub in ("cache", "boxes", "disks"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
@@ -138,6 +136,7 @@ class LocalBackend:
             if (cdir / "ready").exists():
                 return cdir
             tmp = Path(tempfile.mkdtemp(prefix=f"{cdir.name}.", dir=self.root / "cache"))
+            builder = None
             try:
                 sha = materialize(spec, tmp / "repo")
                 (tmp / "opt").mkdir()
@@ -154,6 +153,8 @@ class LocalBackend:
                 shutil.rmtree(tmp / "tmp", ignore_errors=True)
                 os.rename(tmp, cdir)  # keeps home/ as set-up left it: each sandbox starts from it
             finally:
+                if builder is not None:
+                    builder._binds.remove()
                 shutil.rmtree(tmp, ignore_errors=True)
         return cdir
 
@@ -171,6 +172,7 @@ class LocalBackend:
             if image.stem not in boxes:
                 image.unlink(missing_ok=True)
         Cgroup.reap(self._cgroup_name(""), keep={self._cgroup_name(b) for b in boxes})
+        Binds.reap(self._cgroup_name(""), keep={self._cgroup_name(b) for b in boxes})
         return removed
 
     def _cgroup_name(self, box: str) -> str:
@@ -219,12 +221,13 @@ class LocalSandbox:
         for d in (box / "tmp", box / "home"):
             d.mkdir(exist_ok=True)
         _own(backend.identity, box, box / "tmp", box / "home")
-        self._binds = [("--bind", str(box / "tmp"), "/tmp"), ("--bind", str(box / "home"), HOME),
-                       ("--bind", str(box / "repo"), spec.workdir),
-                       ("--bind" if pristine_rw else "--ro-bind", str(opt), PRISTINE_PARENT)]
+        binds = [("--bind", str(box / "tmp"), "/tmp"), ("--bind", str(box / "home"), HOME),
+                 ("--bind", str(box / "repo"), spec.workdir),
+                 ("--bind" if pristine_rw else "--ro-bind", str(opt), PRISTINE_PARENT)]
         for m in mounts:
             host, target, ro = (m.host, m.target, m.read_only) if hasattr(m, "host") else m
-            self._binds.append(("--ro-bind" if ro else "--bind", str(host), str(target)))
+            binds.append(("--ro-bind" if ro else "--bind", str(host), str(target)))
+        self._binds = Binds(backend.identity, backend._cgroup_name(self.id), binds)
 
     @property
     def limits_enforced(self) -> bool:
@@ -257,6 +260,7 @@ class LocalSandbox:
             self.cgroup.remove()
         if self.disk:
             self.disk.remove()
+        self._binds.remove()
         shutil.rmtree(self.box, ignore_errors=True)
 
     def _bwrap_args(self, env: dict[str, str] | None, workdir: str | None) -> list[str]:

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
+import tempfile
 import threading
 from pathlib import Path
 
@@ -210,3 +212,31 @@ def test_host_side_cleans_up_whatever_the_agent_left(backend, spec):
     sb.close()
     assert not box.exists() and not image.exists()
     assert os.path.exists("/etc/passwd")
+
+
+@ROOT_ONLY
+def test_sources_the_sandbox_uid_cannot_reach_are_staged_and_the_stage_goes_at_close(spec, tmp_path):
+    from harnessrl.sandboxes.bwrap import STAGE_ROOT
+    from harnessrl.sandboxes.local import LocalBackend, LocalConfig
+    reachable_root = Path(tempfile.mkdtemp(prefix="harnessrl-sec-", dir="/var/tmp"))
+    try:
+        reachable_root.chmod(0o755)
+        backend = LocalBackend(LocalConfig(root=str(reachable_root), sandbox_uid=64123, sandbox_gid=64123))
+        hidden = tmp_path / "private" / "data"  # under pytest's 0700 dirs: uid 64123 cannot look it up
+        hidden.mkdir(parents=True)
+        (tmp_path / "private").chmod(0o700)
+        hidden.chmod(0o777)
+        sb = backend.create(spec, mounts=[(str(hidden), "/run/data", False)])
+        try:
+            staged = [e for e in sb._binds.entries if e[3] is not None]
+            assert [e[1] for e in staged] == [str(hidden)]  # the box itself binds directly
+            assert sb.exec("echo hi > /run/data/f && echo ok").output == "ok\n"
+            assert (hidden / "f").stat().st_uid == 64123
+            stage_dir = sb._binds.dir
+            assert stage_dir is not None and stage_dir.parent == STAGE_ROOT
+        finally:
+            sb.close()
+        assert not stage_dir.exists()
+        assert not any(STAGE_ROOT.glob(backend._cgroup_name("") + "*"))  # the builder's went too
+    finally:
+        shutil.rmtree(reachable_root, ignore_errors=True)

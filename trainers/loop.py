@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from harnessrl.gym.episode import EpisodeConfig
 from harnessrl.gym.rollout import Rollout, RolloutConfig, report
@@ -70,6 +70,15 @@ class TrainConfig(BaseModel):
     """Also write TensorBoard event files to out_dir/tb."""
     progress: bool = True
     """Show a progress bar."""
+
+    @model_validator(mode="after")
+    def _trainable_sampling(self) -> "TrainConfig":
+        r = self.rollout
+        if r.temperature == 0 or r.top_k == 1:  # under "honor" a greedy harness is refused at its first step
+            name = "rollout.temperature: 0" if r.temperature == 0 else "rollout.top_k: 1"
+            raise ValueError(f"{name} is greedy sampling, a point mass with no importance ratio: the trainer "
+                             "would refuse every episode; train at a temperature > 0 with top_k -1 or >= 2")
+        return self
 
 
 class ConfigError(ValueError):
