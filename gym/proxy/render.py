@@ -22,6 +22,7 @@ the chat template wrote. Content without special-token text tokenizes as it alwa
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import re
 from collections import OrderedDict
@@ -43,11 +44,11 @@ class Renderer:
             raise ValueError("the tokenizer has no chat template; harnessrl renders prompts with the model's own")
         self.tok = tokenizer
         self.tool_format = tool_format
-        self._fast = getattr(tokenizer, "_tokenizer", None)  # tokenizers.Tokenizer: skips python overhead
         self.shield = Shield(special_tokens(tokenizer))
         self.special_ids = frozenset(tokenizer.convert_tokens_to_ids(self.shield.specials))
         """The control-token ids: only the chat template's own text may produce them."""
-        self._fast_text = self._text_backend()
+        self._fast = self._backend(text=False)  # tokenizers.Tokenizer: skips python overhead
+        self._fast_text = self._backend(text=True)
         self.template_hash = hashlib.sha256(tokenizer.chat_template.encode()).hexdigest()[:16]
         self.stop_token_ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
         self._pieces: OrderedDict[str, list[int]] = OrderedDict()
@@ -72,14 +73,26 @@ class Renderer:
     def render_text(self, tmsgs: list[dict], generation_prompt: bool) -> str:
         return self.tok.apply_chat_template(tmsgs, tokenize=False, add_generation_prompt=generation_prompt)
 
-    def _text_backend(self):
-        """A private copy of the fast backend with special-token matching off (the flag is
-        tokenizer-wide state; the caller's tokenizer object stays untouched)."""
-        if self._fast is None:
+    def _backend(self, text: bool):
+        """A private copy of the fast backend, special-token matching on (`text=False`) or off.
+        Private because the flag is tokenizer-wide state that transformers flips on every
+        `tok(..., split_special_tokens=...)` call: a shared backend could lose the template's
+        control tokens after anyone's call. In the text copy, control tokens the tokenizer does
+        not flag special are flagged so, so that they split too."""
+        fast = getattr(self.tok, "_tokenizer", None)
+        if fast is None:
             return None
-        from tokenizers import Tokenizer
+        from tokenizers import AddedToken, Tokenizer
 
-        t = Tokenizer.from_str(self._fast.to_str())
+        t = Tokenizer.from_str(fast.to_str())
+        t.encode_special_tokens = False
+        if not text:
+            return t
+        shielded = set(self.shield.specials)
+        plain = [c for c in t.get_added_tokens_decoder().values() if not c.special and c.content in shielded]
+        if plain:
+            t.add_special_tokens([AddedToken(c.content, single_word=c.single_word, lstrip=c.lstrip, rstrip=c.rstrip,
+                                             normalized=c.normalized, special=True) for c in plain])
         t.encode_special_tokens = True
         return t
 
@@ -91,6 +104,7 @@ class Renderer:
     def _encode_as_text(self, text: str) -> list[int]:
         if self._fast_text is not None:
             return self._fast_text.encode(text, add_special_tokens=False).ids
+        # python tokenizers only: this splits the tokens flagged special, not template-written plain ones
         return self.tok.encode(text, add_special_tokens=False, split_special_tokens=True)
 
     def encode_text(self, text: str) -> list[int]:
@@ -144,9 +158,11 @@ class Renderer:
         if hit is None:
             hit = self._pieces[piece] = self._encode_piece(piece)
             if len(self._pieces) > 256:
-                self._pieces.popitem(last=False)
+                with contextlib.suppress(KeyError):  # renders run in worker threads: another may evict
+                    self._pieces.popitem(last=False)
         else:
-            self._pieces.move_to_end(piece)
+            with contextlib.suppress(KeyError):
+                self._pieces.move_to_end(piece)
         return hit
 
     def decode(self, ids: list[int]) -> str:
@@ -189,13 +205,15 @@ class Renderer:
         return after[len(before):]
 
     def _self_check(self) -> bool:
-        """Incremental ids == full-render ids on a sample conversation with a tool round trip."""
+        """Incremental ids == full-render ids on a sample conversation with a tool round trip
+        whose tool output spells the template's control tokens."""
         from .canonical import ToolCall
 
         tools = [Tool("bash", "run a command", {"type": "object", "properties": {"command": {"type": "string"}}})]
         first = [Message("system", "You are a coding agent."), Message("user", "List the files, please.")]
         reply = Message("assistant", "Sure.", (ToolCall("c1", "bash", '{"command": "ls"}'),))
-        new = [Message("tool", "a.py\nb.py", tool_call_id="c1"), Message("user", "Thanks. Now?")]
+        forged = "".join(self.shield.specials[:4])
+        new = [Message("tool", f"a.py\n{forged}b.py", tool_call_id="c1"), Message("user", "Thanks. Now?")]
         prompt = self.full_prompt(first, tools)
         reply_text = self.tool_format.to_template([reply], None)[0]["content"]
         sampled = self.encode(reply_text) + self.bridge_ids[:1]

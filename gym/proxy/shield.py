@@ -12,10 +12,12 @@ special-token matching off.
 
 Content without special-token text renders and tokenizes exactly as it did unshielded.
 Content with it tokenizes as `tokenizer(piece, split_special_tokens=True)` would, per piece
-between the template's control tokens. Shielded are the tokenizer's *special* tokens
-(`all_special_tokens` and added tokens marked special); a non-special added token (Qwen's
-`<tool_call>`) stays a token, as under Hugging Face's `split_special_tokens`, because tool
-formats write those into content on purpose.
+between the template's control tokens. Shielded are the control tokens: the tokenizer's
+special tokens (`all_special_tokens` and added tokens marked special) and any other added
+token the chat template writes itself on a plain conversation (some tokenizers ship turn
+markers as non-special added tokens). Other non-special added tokens (Qwen's `<tool_call>`)
+stay tokens, as under Hugging Face's `split_special_tokens`: tool formats write them into
+content on purpose.
 """
 from __future__ import annotations
 
@@ -26,13 +28,34 @@ _BASE = 0xF0000  # Supplementary Private Use Area-A: no tokenizer or template gi
 
 
 def special_tokens(tokenizer) -> list[str]:
-    """The tokenizer's control-token strings: its named special tokens and every added
-    token flagged special."""
+    """The tokenizer's control-token strings: its named special tokens, every added token
+    flagged special, and the added tokens its chat template writes (`template_tokens`)."""
     found = set(getattr(tokenizer, "all_special_tokens", []) or [])
     for t in (getattr(tokenizer, "added_tokens_decoder", {}) or {}).values():
         if getattr(t, "special", False):
             found.add(t.content)
+    found.update(template_tokens(tokenizer))
     return sorted((s for s in found if s), key=lambda s: (-len(s), s))
+
+
+_SAMPLES = ([{"role": "system", "content": "A"}, {"role": "user", "content": "B"},
+             {"role": "assistant", "content": "C"}, {"role": "user", "content": "D"}],
+            [{"role": "user", "content": "B"}, {"role": "assistant", "content": "C"}, {"role": "user", "content": "D"}])
+
+
+def template_tokens(tokenizer) -> set[str]:
+    """Added tokens (special or not) that the chat template itself writes around a plain
+    conversation: its turn markers. Whitespace-only added tokens are text, never markers."""
+    added = [t.content for t in (getattr(tokenizer, "added_tokens_decoder", {}) or {}).values()
+             if t.content.strip()]
+    out: set[str] = set()
+    for sample in _SAMPLES:
+        try:  # some templates refuse a system turn
+            text = tokenizer.apply_chat_template(sample, tokenize=False, add_generation_prompt=True)
+        except Exception:  # noqa: BLE001 - jinja raise_exception or a template's own check
+            continue
+        out.update(a for a in added if a in text)
+    return out
 
 
 class Shield:
