@@ -104,3 +104,13 @@ def test_a_call_whose_completion_is_elsewhere_is_refused():
     traj.calls[1].completion_ids = [99, 98, 97]
     with pytest.raises(RecordError, match=r"field 'calls\[1\].completion_ids'"):
         build_samples([traj], SampleConfig(baseline="none"))
+
+
+@pytest.mark.parametrize("field, value", [("temperature", 0.0), ("top_k", 1)])
+def test_a_train_config_with_greedy_run_sampling_is_refused(field, value):
+    from harnessrl.gym.rollout import RolloutConfig
+    from harnessrl.trainers.loop import TrainConfig
+
+    with pytest.raises(ValueError, match=rf"rollout\.{field}: {int(value)} is greedy sampling"):
+        TrainConfig(rollout=RolloutConfig(**{field: value}))
+    assert TrainConfig(rollout=RolloutConfig(temperature=0.7, top_p=0.9, top_k=40)).rollout.top_k == 40
