@@ -126,8 +126,8 @@ def test_token_exact_check_catches_a_tampered_record():
     from harnessrl.gym.trajectory import CallRecord, Segment, Trajectory
 
     sampled = [ScriptedCall([1, 5, 6], [7, 2], "x", None, 0), ScriptedCall([1, 5, 6, 7, 2, 9], [8, 2], "y", None, 1)]
-    calls = [CallRecord("a", "s", 0, "openai-chat", [1, 5, 6], [7, 2], [-0.1] * 2, [0] * 2, "stop", 0),
-             CallRecord("b", "s", 1, "openai-chat", [1, 5, 6, 7, 2, 9], [8, 2], [-0.1] * 2, [0] * 2, "stop", 0)]
+    calls = [CallRecord("a", "s", 0, "openai-chat", 0, [1, 5, 6], [7, 2], [-0.1] * 2, [0] * 2, "stop", 0),
+             CallRecord("b", "s", 1, "openai-chat", 5, [9], [8, 2], [-0.1] * 2, [0] * 2, "stop", 0)]
     seg = Segment([1, 5, 6, 7, 2, 9, 8, 2], [0, 0, 0, 1, 1, 0, 1, 1], [0.0] * 3 + [-0.1] * 2 + [0.0] + [-0.1] * 2,
                   [-1, -1, -1, 0, 0, -1, 0, 0], call_ids=["a", "b"])
     traj = Trajectory("s", [seg], calls=calls)

@@ -109,7 +109,7 @@ def test_generator_utilization_is_the_union_of_generation_spans() -> None:
     from harnessrl.gym.trajectory import CallRecord, Trajectory
 
     def call(end: float, gen: float) -> CallRecord:
-        return CallRecord("c", "s", 0, "openai-chat", [1], [2], [0.0], [0], "stop", 0, 0.0, gen, None, end)
+        return CallRecord("c", "s", 0, "openai-chat", 0, [1], [2], [0.0], [0], "stop", 0, 0.0, gen, None, end)
 
     # spans [0,2], [1,3] (overlap), [6,8]: busy 3 + 2 = 5 over the window [0,8]
     t = Trajectory("s", [], calls=[call(2, 2), call(3, 2), call(8, 2)])
