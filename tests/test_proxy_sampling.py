@@ -141,3 +141,26 @@ def test_a_zero_top_k_is_not_a_run_value():
         ProxyConfig(engine_url="http://127.0.0.1:1", top_k=0)
     with pytest.raises(ValueError, match="sampling_policy"):
         ProxyConfig(engine_url="http://127.0.0.1:1", sampling_policy="harness")
+
+
+def test_the_logprob_space_probe_of_a_silent_engine_is_bounded():
+    """An engine that accepts the connection and never answers (a stopped one) fails the
+    probe with the first-byte timeout, like a generation would, instead of holding the call."""
+    import asyncio
+    import socket
+
+    from harnessrl.gym.engine_client import EngineClient, EngineTimeout, EngineTimeouts
+    from harnessrl.gym.proxy.sampling import SamplingPolicy
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(4)
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+
+        async def probe():
+            async with EngineClient(url, timeouts=EngineTimeouts(first_byte_s=0.2)) as client:
+                return await SamplingPolicy(ProxyConfig(engine_url=url)).space(client)
+
+        with pytest.raises(EngineTimeout, match="get_model_info") as e:
+            asyncio.run(probe())
+        assert e.value.phase == "first_byte"

@@ -22,10 +22,11 @@ recorded as 0: greedy data, which trainers refuse.
 """
 from __future__ import annotations
 
+import asyncio
 import math
 from typing import Any
 
-from ..engine_client import EngineClient, EngineError
+from ..engine_client import EngineClient, EngineError, EngineTimeout
 from .canonical import ChatRequest
 from .config import ProxyConfig
 
@@ -79,8 +80,14 @@ class SamplingPolicy:
     async def space(self, engine: EngineClient) -> str:
         """The engine's logprob space, asked once; EngineError if the engine cannot be reached."""
         if self._space is None:
+            # bounded like a generation's first byte: a stopped engine must fail the call, not hold it
+            limit = getattr(getattr(engine, "timeouts", None), "first_byte_s", None)
             try:
-                info = await engine.model_info()
+                try:
+                    info = await asyncio.wait_for(engine.model_info(), limit)
+                except asyncio.TimeoutError:
+                    raise EngineTimeout(f"engine at {engine.base_url} timed out: no /get_model_info reply within "
+                                        f"{limit:g} s (EngineTimeouts.first_byte_s)", "first_byte") from None
                 reported = info.get("logprob_space")
             except EngineError as e:
                 if e.status_code is None or e.status_code >= 500:
