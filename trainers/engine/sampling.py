@@ -91,20 +91,21 @@ def sample(logits: torch.Tensor, rows: list[RowParams], default_gen: torch.Gener
     """Pick one token per row of `logits` [B, V]; return ids, their logprobs in `space`, and
     top-n lists in the same space (tokens outside the kept set are left out of those)."""
     logits = logits.float()
-    temperature = torch.tensor([r.temperature for r in rows], dtype=logits.dtype)
-    table = processed_logprobs(logits, temperature, torch.tensor([r.top_p for r in rows], dtype=logits.dtype),
-                               torch.tensor([r.top_k for r in rows], dtype=torch.long))
-    greedy = logits.argmax(dim=-1)
+    greedy = torch.tensor([r.temperature <= 0 for r in rows])
+    # A greedy row takes the argmax and reports SGLang's temperature-1 score: scored unfiltered at 1.
+    temperature = torch.tensor([1.0 if r.temperature <= 0 else r.temperature for r in rows], dtype=logits.dtype)
+    top_p = torch.tensor([1.0 if r.temperature <= 0 else r.top_p for r in rows], dtype=logits.dtype)
+    top_k = torch.tensor([-1 if r.temperature <= 0 else r.top_k for r in rows], dtype=torch.long)
+    table = processed_logprobs(logits, temperature, top_p, top_k)
+    argmax = logits.argmax(dim=-1)
     ids: list[int] = []
     for i, r in enumerate(rows):
-        if r.temperature <= 0:
-            ids.append(int(greedy[i]))
+        if greedy[i]:
+            ids.append(int(argmax[i]))
         else:
             ids.append(int(torch.multinomial(table[i].exp(), 1, generator=r.generator or default_gen)))
-    greedy_rows = temperature <= 0
-    if space == "tempered" or bool(greedy_rows.any()):  # SGLang's: temperature applied, filters not; greedy at 1
-        tempered = torch.log_softmax(logits / torch.where(greedy_rows, 1.0, temperature)[:, None], dim=-1)
-        table = tempered if space == "tempered" else torch.where(greedy_rows[:, None], tempered, table)
+    if space == "tempered":  # SGLang's default: temperature applied, top-p/top-k not
+        table = torch.log_softmax(logits / temperature[:, None], dim=-1)
     chosen = table[torch.arange(len(rows)), torch.tensor(ids)].tolist()
     tops: list[list[tuple[float, int]]] = []
     if top_logprobs_num > 0:
