@@ -15,6 +15,13 @@ sampled it): the number of policy updates between sampling it and training on it
 whatever the publish cadence. In the main loop's step-then-publish rhythm this is the
 same as counting publishes.
 
+The behaviour policy is in the record, not in a trainer's config: every sampled token's
+`Sample.temperature` / `top_p` / `top_k` (from its call's `flags["sampling"]`, read by
+`trainers.behaviour`) name the distribution its engine logprob belongs to, and a trainer
+must recompute that logprob in exactly that distribution
+(`trainers.engine.sampling.processed_logprobs`, as `batching.token_logprobs` does), or
+refuse the batch. `build_samples` already refuses greedy and unrecorded calls.
+
 Implementations satisfy the Protocols structurally; they do not inherit from them.
 """
 from __future__ import annotations
@@ -97,8 +104,9 @@ class Trainer(Protocol):
         ...
 
     def step(self, batch: list[Trajectory]) -> StepMetrics:
-        """Validate `batch`, build samples, apply one update; raises ValueError naming
-        the session, segment and field of a malformed record."""
+        """Validate `batch`, build samples, apply one update, scoring each token in its
+        recorded sampling distribution (module doc); raises ValueError naming the session,
+        segment and field of a malformed, greedy or unrecorded record."""
         ...
 
     def publish(self, out_dir: str | Path) -> int:
