@@ -1,59 +1,82 @@
-"""Hidden-test rewards: score an episode's sandbox after the harness has ended.
+"""Hidden-test rewards: score an episode's sandbox after the harness has ended, in a clean room.
 
-Contract: reward 1.0 iff every FAIL_TO_PASS and PASS_TO_PASS test passes once (a) every
-test file the agent could have tampered with is restored to the base commit and (b) the
-hidden `test_patch` is applied; 0.0 otherwise. An infrastructure failure (the sandbox
-died, set-up failed, the test run itself timed out, no JUnit report came back) gives
-`reward=None` with status "infra_error", never 0, so a broken machine is never taught to
-the policy as a bad answer.
+Contract: reward 1.0 iff every FAIL_TO_PASS and PASS_TO_PASS test passes when the hidden tests
+run on *base + the agent's diff + the hidden test patch*, with the runner, its configuration
+and its plugins coming from the grader. In order:
+1. the agent's change is read as one diff against base (every file, untracked and ignored
+   ones included; `sandbox.diff()`), and sorted by `reward_diff.triage`: test infrastructure
+   is reverted, build artefacts dropped, runner shadows / site hooks / code reaching into the
+   test framework make the episode `tampered` (reward 0.0, status ok, no test run);
+2. `sandbox.reset()` kills every process the agent started and puts the tree, /tmp, home
+   (and, on docker, /dev/shm, /dev/mqueue) back to base: nothing the agent left outside the
+   diff takes part;
+3. in a fresh, unguessable directory, the hidden test patch is applied (it must apply on the
+   pristine base, else infra), then the kept part of the agent's diff (if that fails, the
+   agent's 0), and `grade_runner.py` runs the tests under `python3 -I`, recording outcomes
+   per node id and checking the framework's integrity (a violation: tampered, 0).
+A failure is classified by cause. The sandbox dying, a hidden patch that does not apply on a
+clean base, a test command the grader cannot own, an error of the grader itself: `reward=None`,
+status "infra_error" (masked, reason recorded). The agent's code hanging the tests (timeout),
+killing the runner or leaving no report (decided by re-running the hidden tests on the
+pristine base: if that run completes, the failure was the agent's), an unreadable or
+unresettable tree: reward 0.0, status ok, reason recorded. `score` never raises.
 
-The hidden tests reach the sandbox only here, as a file written with `write_file` and then
-`git apply`-ed; node ids travel in a file too, so no patch or id list is ever on a command
-line. Results come from pytest's JUnit XML, matched to node ids the way pytest names them.
+The hidden tests reach the sandbox only here, as files written with `write_file` after the
+reset (no agent process is alive to see them); node ids travel in a file too.
 """
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import time
 import uuid
 import xml.etree.ElementTree as ET
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from harnessrl.gym.reward_diff import SECTIONED_CONFIG_NAMES, is_test_path, pytest_section, split_patch, triage
 from harnessrl.gym.tasks import Task
-from harnessrl.sandboxes.base import Sandbox, SandboxError
+from harnessrl.sandboxes.base import Sandbox, SandboxDied, SandboxError
+
+__all__ = ["RewardConfig", "RewardResult", "TestOutcome", "score", "patch_files", "is_test_path",
+           "nodeid_key", "parse_junit", "runner_command"]
 
 TestStatus = Literal["passed", "failed", "error", "skipped", "missing"]
 _WORST_FIRST = ("error", "failed", "skipped", "missing", "passed")
+_RUNNER = Path(__file__).with_name("grade_runner.py").read_text()
 
-# Runs inside the sandbox. `prepare`: put the listed files back to base (deleting ones that
-# did not exist there), then `git apply` the hidden tests; `run`: exec the test command with
-# the node ids appended. One exec each, since every exec is a round trip to the sandbox.
-_EVAL_SCRIPT = r'''
-import os, shutil, subprocess, sys
-mode, base, listing = sys.argv[1], sys.argv[2], sys.argv[3]
-paths = [p for p in open(listing, encoding="utf-8").read().split("\n") if p]
-if mode == "prepare":
-    for p in paths:
-        known = subprocess.run(["git", "cat-file", "-e", f"{base}:{p}"], capture_output=True).returncode == 0
-        if known:
-            subprocess.run(["git", "checkout", base, "--", p], check=True)
-        elif os.path.isdir(p) and not os.path.islink(p):
-            shutil.rmtree(p)
-        elif os.path.lexists(p):
-            os.remove(p)
-    patch = sys.argv[4]
-    if os.path.getsize(patch):
-        done = subprocess.run(["git", "apply", "--whitespace=nowarn", patch], capture_output=True, text=True)
+# Runs inside the sandbox after reset, as `python3 -I -c _PREPARE <eval dir> <base commit>`:
+# unpack the bundle the grader wrote beside the eval dir into it, check HEAD is the task's base, apply the hidden tests
+# (exit 3: they do not apply on a clean base, infra), then the agent's kept diff (exit 4: the
+# agent's). One exec, since every exec is a round trip to the sandbox.
+_PREPARE = r'''
+import json, os, subprocess, sys
+d, base = sys.argv[1], sys.argv[2]
+with open(d + ".json", encoding="utf-8") as f:
+    bundle = json.load(f)
+os.remove(d + ".json")
+os.mkdir(d, 0o700)
+for name, text in bundle.items():
+    with open(os.path.join(d, name), "w", encoding="utf-8", errors="surrogateescape") as f:
+        f.write(text)
+git = ["git", "-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false"]
+def out(*args):
+    return subprocess.run([*git, *args], capture_output=True, text=True)
+head, want = out("rev-parse", "HEAD").stdout.strip(), out("rev-parse", "--verify", "-q", base + "^{commit}").stdout.strip()
+if not want or head != want:
+    print(f"sandbox HEAD {head!r} is not the task's base commit {base!r} ({want!r})")
+    sys.exit(2)
+for name, code, what in (("test.patch", 3, "hidden test patch"), ("agent.patch", 4, "agent's diff")):
+    path = os.path.join(d, name)
+    if os.path.getsize(path):
+        done = out("apply", "--whitespace=nowarn", path)
         if done.returncode:
-            sys.exit("hidden test patch did not apply: " + done.stderr.strip()[-400:])
-    sys.exit(0)
-junit, cmd = sys.argv[4], sys.argv[5:]
-if os.path.exists(junit):
-    os.remove(junit)
-os.execvp(cmd[0], cmd + ["--junitxml=" + junit] + paths)
+            print(f"{what} did not apply: " + done.stderr.strip()[-400:])
+            sys.exit(code)
+print(head)
 '''
 
 
@@ -61,11 +84,17 @@ class RewardConfig(BaseModel, extra="forbid", use_attribute_docstrings=True):
     """How hidden tests are run after an episode."""
 
     test_timeout_s: float = 600.0
-    """Wall-clock limit of the hidden test run; exceeding it is an infra_error."""
+    """Wall-clock limit of the hidden test run; exceeding it scores 0 (the code under test hung)."""
     command_timeout_s: float = 60.0
-    """Limit for each bookkeeping command (git rev-parse, restore, git apply)."""
+    """Limit for each bookkeeping command (git rev-parse, git apply)."""
     output_tail_chars: int = 4000
     """How much of the test run's output is kept in the result."""
+    runner_paths: list[str] = Field(default_factory=list)
+    """Directories inside the sandbox that hold pytest when the sandbox's python lacks it (a
+    read-only mount the grader lends); appended to sys.path before the runner is imported."""
+    check_cause: bool = True
+    """When the run leaves no complete report, re-run the hidden tests on the pristine base to
+    tell the agent's failure (base completes: reward 0) from the infrastructure's (masked)."""
 
 
 class TestOutcome(BaseModel):
@@ -85,11 +114,18 @@ class RewardResult(BaseModel):
     """1.0 all listed tests pass, 0.0 otherwise, None on infra_error."""
     status: Literal["ok", "infra_error"]
     reason: str = ""
+    tampered: bool = False
+    """The agent changed the test machinery or reached into it: reward 0.0, status ok, and
+    `reason` starts with "tampered: "."""
+    cause: Literal["", "agent", "infra"] = ""
+    """Whose failure it was when the hidden tests gave no verdict ("" when they did)."""
     tests: list[TestOutcome] = Field(default_factory=list)
     agent_diff: str = ""
     """The agent's changes against base, taken before anything was restored."""
     restored_files: list[str] = Field(default_factory=list)
-    """Test files put back to base (or removed) before the hidden tests ran."""
+    """Test infrastructure the agent changed, left at base for grading."""
+    dropped_files: list[str] = Field(default_factory=list)
+    """Build artefacts (bytecode, egg-info, site-packages) and stdlib shadows not graded."""
     head_moved: bool = False
     """The agent committed or checked out something; scoring used the working tree anyway."""
     test_output: str = ""
@@ -105,15 +141,6 @@ def patch_files(patch: str) -> list[str]:
         seen.setdefault(a, None)
         seen.setdefault(b, None)
     return list(seen)
-
-
-def is_test_path(path: str) -> bool:
-    """Files that decide how tests run or what they assert: agents may not change them."""
-    parts = path.split("/")
-    name = parts[-1]
-    return (name.startswith("test_") and name.endswith(".py")) or name.endswith("_test.py") \
-        or name in ("conftest.py", "pytest.ini", "tox.ini") \
-        or any(p in ("tests", "test", "testing") for p in parts[:-1])
 
 
 def nodeid_key(nodeid: str) -> tuple[str, str]:
@@ -144,83 +171,225 @@ def parse_junit(xml_text: str | bytes) -> dict[tuple[str, str], tuple[TestStatus
     return results
 
 
+def runner_command(test_command: str) -> tuple[str, list[str], dict[str, str]]:
+    """(python, pytest args, env) of a pytest command line (`[VAR=v ...] python3 -m pytest ARGS`
+    or `pytest ARGS`); ValueError for anything the grader cannot run itself."""
+    argv = shlex.split(test_command)
+    env: dict[str, str] = {}
+    while argv and re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", argv[0]):
+        key, value = argv.pop(0).split("=", 1)
+        env[key] = value
+    if argv[:1] in (["pytest"], ["py.test"]):
+        return "python3", argv[1:], env
+    if len(argv) >= 3 and re.fullmatch(r"(\S*/)?python(\d(\.\d+)?)?", argv[0]) and argv[1:3] == ["-m", "pytest"]:
+        return argv[0], argv[3:], env
+    raise ValueError(f"test_command {test_command!r} is not a pytest invocation the grader can run "
+                     "itself ([VAR=value ...] python3 -m pytest ARGS, or pytest ARGS)")
+
+
+def node_statuses(records: list[dict], nodes: list[str]) -> dict[str, tuple[TestStatus, str]]:
+    """node id -> (status, message) from grade_runner's report lines, JUnit's way: a failing
+    setup or teardown is an error, a failing call a failure; worst status wins."""
+    seen: dict[str, tuple[TestStatus, str]] = {}
+    for r in records:
+        if "report" not in r:
+            continue
+        o, when = r.get("outcome"), r.get("when")
+        status: TestStatus = "passed" if o == "passed" else "skipped" if o == "skipped" \
+            else "failed" if when == "call" else "error"
+        prev = seen.get(r["report"])
+        if prev is None or _WORST_FIRST.index(status) < _WORST_FIRST.index(prev[0]):
+            seen[r["report"]] = (status, str(r.get("message", ""))[:300])
+    collect = next((str(r.get("message", "")) for r in records if "collect_error" in r), "")
+    why = f"not run: {collect.strip().splitlines()[-1][:300]}" if collect.strip() else "not run"
+    return {n: seen.get(n, ("missing", why)) for n in nodes}
+
+
 # --- scoring -------------------------------------------------------------------------------
 
-class _Infra(Exception):
-    """Internal: abort scoring with an infra_error reason."""
+class _Verdict(Exception):
+    """Internal: end scoring with this reward (None: infra_error) and reason."""
+
+    def __init__(self, reward: float | None, reason: str, cause: str = "", tampered: bool = False):
+        super().__init__(reason)
+        self.reward, self.reason, self.cause, self.tampered = reward, reason, cause, tampered
 
 
-def _run(sandbox: Sandbox, command: str, timeout: float, what: str):
-    result = sandbox.exec(command, timeout=timeout, workdir=sandbox.workdir)
-    if result.timed_out:
-        raise _Infra(f"{what} timed out after {timeout:g}s")
-    if result.exit_code != 0:
-        raise _Infra(f"{what} failed (exit {result.exit_code}): {result.output.strip()[-500:]}")
-    return result
+def _infra(reason: str) -> _Verdict:
+    return _Verdict(None, reason, "infra")
+
+
+def _agent(reason: str) -> _Verdict:
+    return _Verdict(0.0, reason, "agent")
+
+
+def _tampered(reasons: list[str]) -> _Verdict:
+    return _Verdict(0.0, "tampered: " + "; ".join(reasons)[:1500], "agent", tampered=True)
+
+
+def _answers(sandbox: Sandbox) -> bool:
+    """The sandbox still runs commands (so a failed step was the state the agent left)."""
+    try:
+        return sandbox.alive() and sandbox.exec("true", timeout=30).exit_code == 0
+    except SandboxError:
+        return False
 
 
 def score(sandbox: Sandbox, task: Task, config: RewardConfig | None = None) -> RewardResult:
-    """Score the sandbox's current working tree against the task's hidden tests."""
+    """Score the agent's work in `sandbox` against the task's hidden tests; never raises.
+    The sandbox is reset on the way (it ends at base + kept diff + hidden tests)."""
     config = config or RewardConfig()
     started = time.monotonic()
     out = RewardResult(instance_id=task.instance_id, reward=None, status="infra_error")
     try:
         _score(sandbox, task, config, out)
-    except _Infra as e:
-        out.reward, out.status, out.reason = None, "infra_error", str(e)
+    except _Verdict as v:
+        out.reward, out.reason, out.cause, out.tampered = v.reward, v.reason, v.cause, v.tampered
     except SandboxError as e:  # SandboxDied included: the container is gone, not the agent's fault
-        out.reward, out.status, out.reason = None, "infra_error", f"{type(e).__name__}: {e}"
+        out.reward, out.reason, out.cause = None, f"{type(e).__name__}: {e}", "infra"
+    except Exception as e:  # a grader bug must mask the episode, never stall the caller
+        out.reward, out.reason, out.cause = None, f"grader error: {type(e).__name__}: {e}", "infra"
+    out.status = "infra_error" if out.reward is None else "ok"
     out.duration_s = time.monotonic() - started
     return out
 
 
 def _score(sandbox: Sandbox, task: Task, config: RewardConfig, out: RewardResult) -> None:
-    ids = [*task.FAIL_TO_PASS, *task.PASS_TO_PASS]
+    nodes = [*task.FAIL_TO_PASS, *task.PASS_TO_PASS]
     if not task.FAIL_TO_PASS:
-        raise _Infra(f"task {task.instance_id} lists no FAIL_TO_PASS tests; it cannot be scored")
+        raise _infra(f"task {task.instance_id} lists no FAIL_TO_PASS tests; it cannot be scored")
+    try:
+        python, args, env = runner_command(task.test_command)
+    except ValueError as e:
+        raise _infra(str(e)) from None
     if not sandbox.alive():
-        raise _Infra("sandbox is not alive")
-    out.agent_diff = sandbox.diff()
+        raise _infra("sandbox is not alive")
     quick = config.command_timeout_s
-    # A fresh, unguessable directory: nothing the agent planted can pose as our report.
-    eval_dir = f"/tmp/harnessrl-eval-{uuid.uuid4().hex}"
-    refs = _run(sandbox, "git rev-parse --verify --quiet " + shlex.quote(task.base_commit + "^{commit}")
-                + f" && git rev-parse HEAD && mkdir -p {eval_dir}", quick,
-                f"resolving base commit {task.base_commit} and HEAD").output.split()
-    base, head = refs[-2], refs[-1]
-    out.head_moved = head != base
-
-    touched = patch_files(out.agent_diff)
-    protected = dict.fromkeys([*patch_files(task.test_patch), *task.test_files(),
-                               *(p for p in touched if is_test_path(p))])
-    out.restored_files = [p for p in protected if p in touched]
-    sandbox.write_file(f"{eval_dir}/eval.py", _EVAL_SCRIPT.encode())
-    sandbox.write_file(f"{eval_dir}/restore.txt", "\n".join(protected).encode())
-    sandbox.write_file(f"{eval_dir}/test.patch", task.test_patch.encode())
-    sandbox.write_file(f"{eval_dir}/ids.txt", "\n".join(ids).encode())
-    _run(sandbox, f"python3 {eval_dir}/eval.py prepare {base} {eval_dir}/restore.txt {eval_dir}/test.patch",
-         quick, "restoring test files and applying the hidden tests")
-
-    junit = f"{eval_dir}/junit.xml"
-    run = sandbox.exec(f"python3 {eval_dir}/eval.py run {base} {eval_dir}/ids.txt {junit} {task.test_command}",
-                       timeout=config.test_timeout_s, workdir=sandbox.workdir)
+    # 1. The agent's work, read before anything changes it.
+    head = sandbox.exec("git -c core.fsmonitor=false rev-parse -q --verify HEAD", timeout=quick,
+                        workdir=sandbox.workdir)
+    out.agent_diff = _read_diff(sandbox)
+    try:
+        changes = split_patch(out.agent_diff)
+    except ValueError as e:
+        raise _agent(f"the agent's diff is unreadable: {e}") from None
+    protected = set(patch_files(task.test_patch)) | set(task.test_files())
+    sorted_ = triage(changes, protected)
+    out.restored_files, out.dropped_files = sorted_.reverted, sorted_.dropped
+    if sorted_.tampered:
+        raise _tampered(sorted_.tampered)
+    # 2. A pristine tree, no process of the agent's left; 3. base + hidden tests + kept diff.
+    pythonpath = [p for p in env.pop("PYTHONPATH", "").split(":") if p]
+    spec = {"repo": sandbox.workdir, "args": args, "ids": nodes, "env": env, "pythonpath": pythonpath,
+            "runner_paths": config.runner_paths}
+    base, eval_dir = _prepare(sandbox, task, config, sorted_.kept_patch(), spec, sections=[
+        c.path for c in sorted_.kept if c.path.rsplit("/", 1)[-1] in SECTIONED_CONFIG_NAMES])
+    out.head_moved = head.output.strip() != base
+    records, run = _run_tests(sandbox, config, python, eval_dir)
     out.test_output = run.output[-config.output_tail_chars:]
+    violations = [str(r["violation"]) for r in records if "violation" in r]
+    if violations:
+        raise _tampered(violations)
     if run.timed_out:
-        raise _Infra(f"hidden test run timed out after {config.test_timeout_s:g}s")
-    try:
-        report = sandbox.read_file(junit)
-    except FileNotFoundError:
-        raise _Infra(f"test run produced no JUnit report (exit {run.exit_code}): {run.output.strip()[-300:]}") from None
-    try:
-        results = parse_junit(report)
-    except ET.ParseError as e:
-        raise _Infra(f"unreadable JUnit report: {e}") from None
-    for kind, nodes in (("FAIL_TO_PASS", task.FAIL_TO_PASS), ("PASS_TO_PASS", task.PASS_TO_PASS)):
-        for node in nodes:
-            status, message = results.get(nodeid_key(node), ("missing", "not in the JUnit report"))
+        started = [r["start"] for r in records if "start" in r]
+        raise _agent(f"hidden test run timed out after {config.test_timeout_s:g}s"
+                     + (f" (in {started[-1]})" if started else " (before any test started)"))
+    if not any("done" in r for r in records):
+        _no_report(sandbox, task, config, python, spec, run)
+    results = node_statuses(records, nodes)
+    for kind, ids in (("FAIL_TO_PASS", task.FAIL_TO_PASS), ("PASS_TO_PASS", task.PASS_TO_PASS)):
+        for node in ids:
+            status, message = results[node]
             out.tests.append(TestOutcome(node_id=node, kind=kind, status=status, message=message))
     failed = [t.node_id for t in out.tests if t.status != "passed"]
-    out.status = "ok"
     out.reward = 0.0 if failed else 1.0
     out.reason = f"{len(failed)} of {len(out.tests)} tests not passing: {failed[:5]}" if failed \
         else f"all {len(out.tests)} tests pass"
+
+
+def _read_diff(sandbox: Sandbox) -> str:
+    try:
+        return sandbox.diff()
+    except SandboxDied:
+        raise
+    except SandboxError as e:
+        if _answers(sandbox):  # the sandbox works; the tree the agent left does not
+            raise _agent(f"the agent's changes could not be read: {e}") from None
+        raise
+
+
+def _prepare(sandbox: Sandbox, task: Task, config: RewardConfig, kept: str, spec: dict,
+             sections: list[str] = ()) -> tuple[str, str]:
+    """Reset, then base + hidden tests + `kept`, and the runner with its `spec` in a fresh
+    directory; return (base sha, that directory)."""
+    try:
+        sandbox.reset()
+    except SandboxDied:
+        raise
+    except SandboxError as e:
+        if "timed out" not in str(e) and _answers(sandbox):
+            raise _agent(f"the sandbox could not be reset to base from the state the agent left: {e}") from None
+        raise
+    before = {p: _read_text(sandbox, p) for p in sections}
+    eval_dir = f"/tmp/harnessrl-eval-{uuid.uuid4().hex}"  # fresh and unguessable
+    spec = {**spec, "out": f"{eval_dir}/results.jsonl"}
+    bundle = {"test.patch": task.test_patch, "agent.patch": kept, "runner.py": _RUNNER, "spec.json": json.dumps(spec)}
+    sandbox.write_file(f"{eval_dir}.json", json.dumps(bundle).encode(), mode=0o600)  # /tmp exists: one call
+    done = sandbox.exec(["python3", "-I", "-c", _PREPARE, eval_dir, task.base_commit],
+                        timeout=config.command_timeout_s, workdir=sandbox.workdir)
+    if done.timed_out:
+        raise _infra(f"preparing the hidden tests timed out after {config.command_timeout_s:g}s")
+    if done.exit_code == 4:
+        raise _agent(f"the agent's diff does not apply to a clean base: {done.output.strip()[-400:]}")
+    if done.exit_code != 0:
+        raise _infra(f"restoring test files and applying the hidden tests failed (exit {done.exit_code}): "
+                     f"{done.output.strip()[-500:]}")
+    changed = [p for p in sections if pytest_section(p, before[p]) != pytest_section(p, _read_text(sandbox, p))]
+    if changed:
+        raise _tampered([f"{p}: changes the pytest configuration" for p in changed])
+    return done.output.strip().splitlines()[-1], eval_dir
+
+
+def _run_tests(sandbox: Sandbox, config: RewardConfig, python: str, eval_dir: str):
+    """Run the hidden tests; then kill whatever they left running and read their report lines."""
+    run = sandbox.exec([python, "-I", "--check-hash-based-pycs", "always", f"{eval_dir}/runner.py",
+                        f"{eval_dir}/spec.json"], timeout=config.test_timeout_s, workdir=sandbox.workdir)
+    # A process the code under test detached (setsid) must not touch the report once the run
+    # is over: everything but the sandbox's init dies before it is read.
+    sandbox.exec("kill -9 -1 2>/dev/null; true", timeout=config.command_timeout_s)
+    try:
+        text = sandbox.read_file(f"{eval_dir}/results.jsonl").decode("utf-8", "replace")
+    except SandboxDied:
+        raise
+    except (OSError, SandboxError):  # gone, a directory now, unreadable: no report
+        text = ""
+    records = []
+    for line in text.splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return records, run
+
+
+def _no_report(sandbox: Sandbox, task: Task, config: RewardConfig, python: str, spec: dict, run) -> None:
+    """Whose failure is a run without a complete report? Re-run on the pristine base to see."""
+    what = (f"the hidden test run left no complete report (exit {run.exit_code}): "
+            f"{run.output.strip()[-300:]}")
+    if not config.check_cause:
+        raise _agent(what)
+    _, eval_dir = _prepare(sandbox, task, config, "", spec)
+    records, base_run = _run_tests(sandbox, config, python, eval_dir)
+    if any("done" in r for r in records):
+        raise _agent(what + " -- on the pristine base the same run completes, so the agent's code ended it")
+    raise _infra(what + f" -- the pristine base gives none either (exit {base_run.exit_code}"
+                 f"{', timed out' if base_run.timed_out else ''}): {base_run.output.strip()[-300:]}")
+
+
+def _read_text(sandbox: Sandbox, path: str) -> str:
+    try:
+        return sandbox.read_file(path).decode("utf-8", "replace")
+    except (FileNotFoundError, IsADirectoryError):
+        return ""

@@ -2,9 +2,10 @@
 
 Contract: a container has no network (`network_mode=none`), CPU / memory / pids limits, every
 capability dropped, `no-new-privileges`, runs as `agent` (uid 1000), and a read-only root;
-only the repository (`spec.workdir`), `/tmp` and `/home/agent` are writable (anonymous volumes,
-seeded from the image, removed with the container). A command's process group ends with the
-command (so do its `&` jobs and any fork bomb); to keep a server running across commands,
+only the repository (`spec.workdir`), `/tmp`, `/home/agent` (anonymous volumes, seeded from
+the image, removed with the container) and a sized `/dev/shm` are writable; every file is capped
+by RLIMIT_FSIZE. Reset kills every process but PID 1 and empties /tmp, /dev/shm, /dev/mqueue
+and SysV IPC. A command's process group ends with the command (so do its `&` jobs and any fork bomb); to keep a server running across commands,
 start it with `setsid -f` and wait in that command until it is up. Containers carry
 `harnessrl.managed=1` and a run id, so `reap()` removes what a crashed run left. Reset goes
 through PID 1 (sandbox_init.py), not `docker exec`. Files cross as tar streams
@@ -50,13 +51,18 @@ pid=$!
 kill -9 -- "-$pid" 2>/dev/null; kill -9 -- "-$pid" 2>/dev/null
 exit "$rc"
 """
-# Before reset: kill every process but PID 1 (left-over servers of the last episode), empty
-# /tmp and put home back as the image had it (so nothing, e.g. applied hidden tests, reaches
-# the next episode, while what set-up installed there, e.g. `pip install --user`, stays).
-_CLEAN_PROCS_AND_SCRATCH = f"""kill -9 -1 2>/dev/null || true
+# Before reset: kill every process but PID 1 (left-over servers of the last episode; repeated,
+# so a child forked while the first sweep ran dies too), make the agent's scratch writable
+# again, empty /tmp, /dev/shm, /dev/mqueue and SysV IPC, and put home back as the image had it
+# (so nothing, e.g. applied hidden tests or a copy of them, reaches the next episode, while
+# what set-up installed there, e.g. `pip install --user`, stays).
+_CLEAN_PROCS_AND_SCRATCH = f"""n=0
+while kill -9 -1 2>/dev/null && [ $n -lt 50 ]; do n=$((n + 1)); done
 shopt -s nullglob dotglob
-scratch=(/tmp/* {HOME}/*)
+chmod -R u+rwX /tmp {HOME} /dev/shm 2>/dev/null || true
+scratch=(/tmp/* {HOME}/* /dev/shm/* /dev/mqueue/*)
 [ ${{#scratch[@]}} -eq 0 ] || rm -rf "${{scratch[@]}}" 2>/dev/null || true
+ipcrm --all 2>/dev/null || true
 [ ! -d {HOME_PRISTINE} ] || cp -a {HOME_PRISTINE}/. {HOME}/
 shopt -u nullglob dotglob
 """
@@ -82,6 +88,15 @@ class DockerConfig(BaseModel):
     """Most bytes of command output kept per exec (the rest is dropped and noted)."""
     kill_grace_s: float = 5.0
     """Seconds past an exec's timeout before the host kills it from outside."""
+    shm_size: str = "64m"
+    """Size of /dev/shm (a tmpfs, emptied on reset)."""
+    file_size_limit: int | None = Field(default=1 << 30, gt=0)
+    """RLIMIT_FSIZE in bytes for every process (a write past it fails with EFBIG / SIGXFSZ);
+    None: unlimited. The repository, /tmp and home volumes have no total quota on this engine
+    (overlay2 on ext4 offers none; storage_opt size needs xfs with pquota, and a tmpfs /tmp
+    would not take put_archive), so this per-file limit and `shm_size` are what is enforced."""
+    diff_limit: int = Field(default=256 << 20, gt=0)
+    """Most bytes of the agent's diff read back (past it the diff is cut and noted)."""
 
 
 def _client():
@@ -132,6 +147,9 @@ class DockerBackend:
             network_mode="none", read_only=True, cap_drop=["ALL"], security_opt=["no-new-privileges"],
             mem_limit=c.memory, memswap_limit=c.memory, pids_limit=c.pids_limit,
             nano_cpus=int(c.cpus * 1e9), environment={"HOME": HOME, **(env or {})},
+            shm_size=c.shm_size,
+            ulimits=[docker.types.Ulimit(name="fsize", soft=c.file_size_limit, hard=c.file_size_limit)]
+            if c.file_size_limit else None,
             mounts=[docker.types.Mount(p, None, type="volume") for p in (spec.workdir, "/tmp", HOME)]
             + [_mount_spec(m) for m in mounts],
             labels={MANAGED_LABEL: "1", RUN_LABEL: self.run_id, "harnessrl.repo_id": spec.repo_id,
@@ -211,7 +229,8 @@ class DockerSandbox:
                            + (f": {err}" if err else ""))
 
     def _run(self, argv: list[str], timeout: float, env: dict[str, str] | None,
-             workdir: str | None, demux: bool = True) -> tuple[int, bytes, bytes, bool, float]:
+             workdir: str | None, demux: bool = True, limit: int | None = None
+             ) -> tuple[int, bytes, bytes, bool, float]:
         """Run argv; return (exit code, stdout, stderr, timed_out, seconds). demux=False:
         stdout and stderr interleaved as they came, all in the stdout slot."""
         import docker.errors
@@ -231,14 +250,15 @@ class DockerSandbox:
                 raise self._died("cannot exec", e) from e
             raise SandboxError(f"exec failed in {self.id[:12]}: {e}") from e
         out, err, size = bytearray(), bytearray(), [0]
+        limit = limit or self.config.output_limit
 
         def pump() -> None:
             try:
                 for item in stream:
                     o, e = item if demux else (item, None)
                     for buf, chunk in ((out, o), (err, e)):
-                        if chunk and size[0] < self.config.output_limit:
-                            buf += chunk[: self.config.output_limit - size[0]]
+                        if chunk and size[0] < limit:
+                            buf += chunk[: limit - size[0]]
                             size[0] += len(chunk)
             except Exception:
                 pass  # the connection broke: the exit code below tells what happened
@@ -255,8 +275,8 @@ class DockerSandbox:
         code = self._api.exec_inspect(eid).get("ExitCode")
         if not self.alive():
             raise self._died("it stopped while a command ran")
-        if size[0] > self.config.output_limit:
-            out += f"\n[harnessrl: output truncated at {self.config.output_limit} bytes]\n".encode()
+        if size[0] > limit:
+            out += f"\n[harnessrl: output truncated at {limit} bytes]\n".encode()
         timed_out = forced or (code in (124, 137) and dur >= timeout)
         return (-1 if timed_out or code is None else code), bytes(out), bytes(err), timed_out, dur
 
@@ -267,16 +287,17 @@ class DockerSandbox:
         text = out.decode("utf-8", "replace")
         return ExecResult(exit_code=code, output=text, timed_out=timed_out, duration_s=dur)
 
-    def _script(self, script: str, *args: str, timeout: float = 120.0) -> bytes:
+    def _script(self, script: str, *args: str, timeout: float = 120.0, limit: int | None = None) -> bytes:
         code, out, err, timed_out, _ = self._run(["bash", "-c", script, "harnessrl", *args],
-                                                 timeout, None, "/")
+                                                 timeout, None, "/", limit=limit)
         if code != 0:
             raise SandboxError(f"sandbox script failed (exit {code}{', timed out' if timed_out else ''}): "
                                f"{err.decode('utf-8', 'replace')[-2000:]}")
         return out
 
     def diff(self) -> str:
-        return self._script(DIFF_SCRIPT, self.workdir, self.base_sha).decode("utf-8", "replace")
+        return self._script(DIFF_SCRIPT, self.workdir, self.base_sha, PRISTINE_DIR,
+                            limit=self.config.diff_limit).decode("utf-8", "replace")
 
     def reset(self) -> None:
         """Through PID 1's attach channel (no `docker exec`): `kill -9 -1` in the reset script

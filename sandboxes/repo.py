@@ -22,7 +22,7 @@ from pathlib import Path
 from harnessrl.sandboxes.base import RepoSpec, SandboxError
 
 #: Bump when materialize/finalize change what a built checkout contains (rebuilds caches).
-LAYOUT_VERSION = "5"
+LAYOUT_VERSION = "6"
 _SHA = re.compile(r"^[0-9a-f]{40}$")
 
 
@@ -121,8 +121,11 @@ def image_name(spec: RepoSpec) -> str:
 # --- scripts run inside the sandbox: bash -c SCRIPT harnessrl <workdir> <base sha> [pristine] ---
 
 #: After setup commands: everything they left untracked (or ignored) is part of the base state:
-#: reset keeps it (`git clean -e`), diff ignores it (info/exclude). Then snapshot .git's
-#: config/info/hooks into the pristine dir so reset can undo an agent's tampering with them.
+#: reset keeps it (`git clean -e`), diff ignores it (info/exclude). Then the pristine dir ($3,
+#: read-only to the agent) takes base's objects (the repository borrows them through
+#: objects/info/alternates) and a copy of .git's config/info/hooks and refs: reset rebuilds .git
+#: from it and diff reads base from it, so nothing the agent does to .git (deleting it, forging
+#: its index, replace refs, alternates, commondir) changes what base is.
 FINALIZE_SCRIPT = r"""
 set -euo pipefail
 cd "$1"
@@ -130,31 +133,32 @@ git ls-files --others --directory --no-empty-directory | sed 's|^|/|' > .git/inf
 cat .git/info/harnessrl-keep >> .git/info/exclude
 git update-ref refs/heads/main "$2"
 git config gc.auto 0
-# Everything of the base state in packs, nothing loose: reset then deletes any loose object or
-# new pack (an earlier episode's commits), so no episode can dig out another's work.
+# Everything of the base state in packs, nothing loose.
 git repack -a -d -q && git prune --expire=now && rm -rf .git/logs
-rm -rf "$3" && mkdir -p "$3" && cp -a .git/config .git/info .git/hooks "$3"/
-ls .git/objects/pack > "$3"/packs
+rm -rf "$3" && mkdir -p "$3"/objects && cp -a .git/config .git/info .git/hooks "$3"/
+mv .git/objects/pack "$3"/objects/pack && mkdir -p .git/objects/pack .git/objects/info
+echo "$3/objects" > .git/objects/info/alternates
 mkdir -p "$3"/refs/heads "$3"/refs/tags && echo "$2" > "$3"/refs/heads/main
 """
 
-#: Back to base: restore .git metadata first (so no planted config runs), drop every ref but
-#: main, reflogs and objects made since base, reset the tree, remove untracked files except
-#: what set-up left.
+#: Back to base: make everything the agent owns writable again (a `chmod -R a-w` must not
+#: block reset), rebuild .git from the pristine copy (no index: every file is rewritten, so no
+#: forged index entry or skip-worktree bit keeps a change alive), reset the tree, remove
+#: untracked files except what set-up left.
 RESET_SCRIPT = r"""
 set -euo pipefail
 shopt -s nullglob dotglob
 cd "$1"
 pristine="${3:-}"
-# Few processes on purpose: this runs between every two episodes of a warm pool.
-if [ -d "$pristine/refs" ]; then  # refs: only main, at base (the agent's branches, tags, stash go)
-  rm -rf .git/*.lock .git/logs .git/FETCH_HEAD .git/MERGE_HEAD .git/CHERRY_PICK_HEAD \
-    .git/rebase-merge .git/rebase-apply .git/objects/info/alternates .git/packed-refs .git/refs \
-    .git/config .git/info .git/hooks
+chmod -R u+rwX . 2>/dev/null || true
+if [ -d "$pristine/objects/pack" ]; then
+  rm -rf .git
+  mkdir -p .git/objects/info .git/objects/pack
   cp -a "$pristine"/config "$pristine"/info "$pristine"/hooks "$pristine"/refs .git/
+  echo "$pristine/objects" > .git/objects/info/alternates
   echo 'ref: refs/heads/main' > .git/HEAD
-else  # no pristine copy: the same with git itself
-  rm -rf .git/*.lock .git/logs
+else  # no pristine copy (a checkout being built): the same with git itself
+  rm -rf .git/*.lock .git/logs .git/index
   git symbolic-ref HEAD refs/heads/main
   for ref in $(git for-each-ref --format='%(refname)'); do
     [ "$ref" = refs/heads/main ] || git update-ref -d "$ref"
@@ -167,28 +171,42 @@ if [ -f .git/info/harnessrl-keep ]; then
   for p in "${lines[@]}"; do keep+=(-e "$p"); done
 fi
 git clean -q -ffdx "${keep[@]}"
-# Objects made since base (base is all packed): loose ones and packs it did not ship with.
-if [ -f "$pristine/packs" ]; then
-  gone=(.git/objects/[0-9a-f][0-9a-f]/* .git/ORIG_HEAD)
-  declare -A shipped=()
-  mapfile -t packs < "$pristine"/packs
-  for p in "${packs[@]}"; do shipped[$p]=1; done
-  for p in .git/objects/pack/*; do [ -n "${shipped[${p##*/}]:-}" ] || gone+=("$p"); done
-  [ ${#gone[@]} -eq 0 ] || rm -rf "${gone[@]}"
-fi
 """
 
-#: The agent's changes against base, new files included, without touching the real index.
+#: The agent's changes against base as one binary git patch: every file of the working tree,
+#: untracked and ignored ones included, but not what set-up left (the pristine harnessrl-keep
+#: list) and not `__pycache__` / `*.pyc` (never graded). Read through a private git dir whose
+#: objects are the pristine base's, with a fresh index and no global config, so neither the
+#: agent's .git (gone, forged index, hooks, filters) nor its ~/.gitconfig shapes the result.
+#: Files the agent made unreadable are made readable first (it owns every one of them).
 DIFF_SCRIPT = r"""
 set -euo pipefail
 cd "$1"
-idx="$(mktemp /tmp/.harnessrl-index.XXXXXX)"
-trap 'rm -f "$idx"' EXIT
-cp .git/index "$idx" 2>/dev/null || rm -f "$idx"
-export GIT_INDEX_FILE="$idx"
-git -c core.hooksPath=/dev/null add -A . >/dev/null
-git -c core.hooksPath=/dev/null diff --cached --binary --no-color --no-ext-diff --no-textconv \
-  --no-renames "$2"
+pristine="${3:-/opt/harnessrl/pristine}"
+chmod -R u+rwX . 2>/dev/null || true
+tmp="$(mktemp -d /tmp/.harnessrl-diff.XXXXXX)"
+trap 'rm -rf "$tmp"' EXIT
+if [ -d "$pristine/objects/pack" ]; then
+  mkdir -p "$tmp/git/objects/info" "$tmp/git/refs" "$tmp/git/info"
+  echo "$pristine/objects" > "$tmp/git/objects/info/alternates"
+  echo "$2" > "$tmp/git/HEAD"
+  export GIT_DIR="$tmp/git"
+  keep="$pristine/info/harnessrl-keep"
+else
+  export GIT_DIR="$PWD/.git"
+  keep="$PWD/.git/info/harnessrl-keep"
+fi
+export GIT_WORK_TREE="$PWD" GIT_INDEX_FILE="$tmp/index" GIT_CONFIG_GLOBAL=/dev/null
+g() { git -c core.hooksPath=/dev/null -c core.fsmonitor=false -c core.excludesFile=/dev/null \
+  -c core.autocrlf=false -c core.safecrlf=false -c core.quotePath=true "$@"; }
+g add -A -f -- . ':(exclude,glob)**/__pycache__/**' ':(exclude,glob)**/*.py[co]' >/dev/null
+specs=()
+if [ -s "$keep" ]; then
+  mapfile -t lines < "$keep"
+  for p in "${lines[@]}"; do p="${p#/}"; p="${p%/}"; [ -z "$p" ] || specs+=(":(top,literal)$p"); done
+fi
+[ ${#specs[@]} -eq 0 ] || g rm -r -q --cached --ignore-unmatch -- "${specs[@]}" >/dev/null
+g diff --cached --binary --no-color --no-ext-diff --no-textconv --no-renames "$2"
 """
 
 __all__ = ["materialize", "spec_key", "image_name", "FINALIZE_SCRIPT", "RESET_SCRIPT",

@@ -199,26 +199,37 @@ def test_killed_sandbox_is_infra_error(docker_backend, sb):
 
 @pytest.mark.docker
 @pytest.mark.timeout(180)
-def test_test_run_timeout_is_infra_error(sb):
-    # The package import hangs, so the hidden test run never finishes.
+def test_test_run_timeout_is_the_agents_zero(sb):
+    # The package import hangs, so the hidden test run never finishes: the agent's code did it.
     assert sb.exec("echo 'import time; time.sleep(600)' >> calc/__init__.py", timeout=30).exit_code == 0
     r = score(sb, CALC2, RewardConfig(test_timeout_s=5))
-    assert (r.reward, r.status) == (None, "infra_error")
-    assert r.reason == "hidden test run timed out after 5s"
+    assert (r.reward, r.status, r.cause, r.tampered) == (0.0, "ok", "agent", False)
+    assert r.reason == "hidden test run timed out after 5s (before any test started)"
 
 
 @pytest.mark.docker
 @pytest.mark.timeout(180)
-def test_no_report_and_unappliable_hidden_tests_are_infra_errors(sb):
+def test_foreign_test_command_and_unappliable_hidden_tests_are_infra_errors(sb):
     r = score(sb, CALC2.model_copy(update={"test_command": "true"}))
-    assert (r.reward, r.status) == (None, "infra_error") and "no JUnit report" in r.reason
+    assert (r.reward, r.status, r.cause) == (None, "infra_error", "infra")
+    assert "is not a pytest invocation the grader can run" in r.reason
     # Context lines that match nothing at base: the hidden tests cannot be applied.
     bad_patch = CALC2.test_patch.replace('     assert calc.run("rate * 10") == 5', '     assert calc.run("rate") == 0')
     assert bad_patch != CALC2.test_patch
     r = score(sb, CALC2.model_copy(update={"test_patch": bad_patch}))
     assert (r.reward, r.status) == (None, "infra_error")
-    assert r.reason.startswith("restoring test files and applying the hidden tests failed (exit 1)")
+    assert r.reason.startswith("restoring test files and applying the hidden tests failed (exit 3)")
     assert "hidden test patch did not apply" in r.reason
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(180)
+def test_no_report_on_the_pristine_base_either_is_infra(sb):
+    # A runner argument pytest rejects: no session at all, with or without the agent's diff.
+    run_plan(sb, CALC2)
+    r = score(sb, CALC2.model_copy(update={"test_command": "python3 -m pytest --no-such-option"}))
+    assert (r.reward, r.status, r.cause) == (None, "infra_error", "infra")
+    assert "the pristine base gives none either" in r.reason
 
 
 # --- local (bubblewrap) backend ----------------------------------------------------------------
