@@ -121,7 +121,8 @@ def test_classify():
 
 
 @settings(max_examples=60, deadline=None)
-@given(parts=st.lists(st.one_of(plain_texts, st.sampled_from(["<|im_start|>", "<|im_end|>", "<|endoftext|>", "\n", " "]),
+@given(parts=st.lists(st.one_of(plain_texts,
+                                st.sampled_from(["<|im_start|>", "<|im_end|>", "<|endoftext|>", "\n", " "]),
                                 st.builds(lambda t: t * 80, plain_texts)), max_size=12))
 def test_piecewise_cached_encoding_equals_the_tokenizer(r, parts):
     text = "".join(parts)
