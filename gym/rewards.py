@@ -37,6 +37,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from harnessrl.gym.failures import describe
 from harnessrl.gym.reward_diff import SECTIONED_CONFIG_NAMES, is_test_path, pytest_section, split_patch, triage
 from harnessrl.gym.tasks import Task
 from harnessrl.sandboxes.base import Sandbox, SandboxDied, SandboxError
@@ -248,7 +249,7 @@ def score(sandbox: Sandbox, task: Task, config: RewardConfig | None = None) -> R
     except SandboxError as e:  # SandboxDied included: the container is gone, not the agent's fault
         out.reward, out.reason, out.cause = None, f"{type(e).__name__}: {e}", "infra"
     except Exception as e:  # a grader bug must mask the episode, never stall the caller
-        out.reward, out.reason, out.cause = None, f"grader error: {type(e).__name__}: {e}", "infra"
+        out.reward, out.reason, out.cause = None, f"grader error: {describe(e)}", "infra"
     out.status = "infra_error" if out.reward is None else "ok"
     out.duration_s = time.monotonic() - started
     return out
