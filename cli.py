@@ -49,7 +49,7 @@ def _cmd_chat(args: argparse.Namespace) -> int:
     from harnessrl.trainers.engine import EngineServer
 
     with EngineServer(model=args.model, port=0, weight_version="0") as engine, \
-            ProxyServer(ProxyConfig(engine_url=engine.url, model=args.model)) as proxy:
+            ProxyServer(ProxyConfig(engine_url=engine.url, model=args.model, temperature=args.temperature)) as proxy:
         sid, key = proxy.open_session({"harness": "harnessrl-chat"})
         r = httpx.post(f"{proxy.openai_base_url(sid)}/chat/completions", timeout=600,
                        headers={"Authorization": f"Bearer {key}"},
