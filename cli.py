@@ -75,7 +75,8 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
 
     cfg = RolloutConfig(harness=args.harness, suite=args.suite, model=args.model, tasks=args.tasks,
                         sandbox=args.sandbox, max_new_tokens=args.max_new_tokens,
-                        episode=EpisodeConfig(max_calls=args.max_calls, wall_time_s=args.wall_time))
+                        sampling_policy=args.sampling_policy, temperature=args.temperature, top_p=args.top_p,
+                        top_k=args.top_k, episode=EpisodeConfig(max_calls=args.max_calls, wall_time_s=args.wall_time))
     engine = None
     if args.engine_url is None:
         from harnessrl.trainers.engine import EngineServer
@@ -173,6 +174,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--concurrency", type=int, default=2)
     p.add_argument("--max-calls", type=int, default=10)
     p.add_argument("--max-new-tokens", type=int, default=512)
+    p.add_argument("--sampling-policy", default="run", choices=["run", "honor"],
+                   help="run: every call samples at --temperature/--top-p/--top-k; honor: the harness's values win")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=-1)
     p.add_argument("--wall-time", type=float, default=600.0)
     p.add_argument("--sandbox", default="auto", choices=["auto", "docker", "local"])
     p.add_argument("--engine-url", default=None, help="an SGLang-contract engine; default: start the local one")
