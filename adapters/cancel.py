@@ -52,7 +52,9 @@ class Cancel:
     def _release(self, release: Callable[[], None]) -> None:
         try:
             release()
-        except Exception as e:  # noqa: BLE001 - one failed release must not keep the others
+        except BaseException as e:  # one failed release must not keep the others
+            if isinstance(e, (KeyboardInterrupt, SystemExit)):
+                raise
             try:
                 self.errors.append(f"{type(e).__name__}: {e}")
             except Exception:  # noqa: BLE001 - unprintable

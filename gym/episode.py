@@ -385,8 +385,8 @@ def run_episode(task: Task, adapter: HarnessAdapter, make_sandbox: SandboxFactor
                 if run.cancel.is_set():
                     status, reason = "infra_error", Cancelled.reason
                     error = f"cancelled while scoring: {run.cancel.reason}"
-                elif reward.status == "infra_error":
-                    status, error = "infra_error", f"reward: {reward.reason}"
+                elif reward.status == "infra_error":  # the grader's own failure, not the agent's
+                    status, reason, error = "infra_error", InfraFailed.reason, f"reward: {reward.reason}"
             final = reward.reward if (reward is not None and status != "infra_error") else None
             run.stage = "finish"
             admin.set_reward(sid, final, status, reason)
@@ -395,7 +395,7 @@ def run_episode(task: Task, adapter: HarnessAdapter, make_sandbox: SandboxFactor
                 raise
             final, status, reason = None, "infra_error", Cancelled.reason if run.cancel.is_set() else "infra"
             error = f"{run.stage}: {describe(e)}"
-            if sid is not None and run.stage != "finish":
+            if sid is not None:
                 _record_failure(admin, sid, played is None, status, reason, cleanup)
     finally:
         _release(run, admin, scratch, cfg, cleanup)
@@ -413,12 +413,15 @@ def run_episode(task: Task, adapter: HarnessAdapter, make_sandbox: SandboxFactor
 
 def _record_failure(admin: EpisodeAdmin, sid: str, close: bool, status: str, reason: str, errors: list[str]) -> None:
     """Best effort: the store says how the episode ended too (the returned record always does)."""
-    try:
-        if close:
-            admin.close_session(sid)
-        admin.set_reward(sid, None, status, reason)
-    except Exception as e:  # noqa: BLE001 - the proxy itself is failing; the result still says why
-        errors.append(f"recording the failure: {describe(e)}")
+    steps = [admin.close_session] if close else []
+    steps.append(lambda s: admin.set_reward(s, None, status, reason))
+    for step in steps:
+        try:
+            step(sid)
+        except BaseException as e:  # the proxy itself is failing; the result still says why
+            if _fatal(e):
+                raise
+            errors.append(f"recording the failure: {describe(e)}")
 
 
 def _release(run: _Run, admin: EpisodeAdmin, scratch: Path | None, cfg: EpisodeConfig, errors: list[str]) -> None:
@@ -434,5 +437,7 @@ def _release(run: _Run, admin: EpisodeAdmin, scratch: Path | None, cfg: EpisodeC
     for what, fn in steps:
         try:
             fn()
-        except Exception as e:  # noqa: BLE001
+        except BaseException as e:
+            if _fatal(e):
+                raise
             errors.append(f"closing the {what}: {describe(e)}")
