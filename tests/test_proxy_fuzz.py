@@ -81,25 +81,31 @@ def _check(conn: Conn, dialect: str, case: Case) -> None:
 def test_malformed_requests_get_4xx_and_keep_the_connection(env, bases, dialect):
     conn = _session(env)
     errors_5xx = env.proxy.stats()["errors_5xx"]
+    sent = []
 
     @FUZZ
     @given(rng=st.randoms(use_true_random=False), value=st.one_of(st.just(...), json_values))
     def run(rng, value):
-        _check(conn, dialect, mutate(dialect, bases[dialect], rng, value))
+        case = mutate(dialect, bases[dialect], rng, value)
+        sent.append(case.stream)
+        _check(conn, dialect, case)
 
     run()
     assert env.proxy.stats()["errors_5xx"] == errors_5xx
+    assert len(sent) >= EXAMPLES and 0 < sum(sent) < len(sent)  # streamed and not
 
 
 def test_malformed_admin_calls_get_4xx_and_leave_sane_state(env):
     sid, _ = env.proxy.open_session({"harness": "fuzz-admin"})
     conn = Conn(env.proxy.url, env.proxy.admin_token)
     core = env.proxy.core
+    sent = []
 
     @settings(FUZZ, max_examples=200)
     @given(rng=st.randoms(use_true_random=False), value=st.one_of(st.just(...), json_values))
     def run(rng, value):
         method, path, body, note = admin_case(rng, sid, value)
+        sent.append(path)
         r, addr = conn.send(method, path, body)
         assert not admin_problems(r.status_code, r.text), f"{note}: {r.status_code} {r.text[:200]}"
         g, addr2 = conn.send("GET", "/admin/stats", b"")
@@ -115,6 +121,7 @@ def test_malformed_admin_calls_get_4xx_and_leave_sane_state(env):
         assert t.reward is None or math.isfinite(t.reward), note
 
     run()
+    assert len(sent) >= 200
 
 
 # -- the reproduced cases, exactly -----------------------------------------------------------

@@ -11,6 +11,7 @@ for tests and benchmarks. Not a model: its output is scripted or derived from th
 - `POST /v1/chat/completions`: answers at once with a fixed reply (the "straight to the
   engine" and LiteLLM-upstream baseline of bench/proxy_overhead.py).
 - Every /generate call is logged (`calls`: input ids, output ids, finish reason).
+- `max_context`: prompts that long get the local engine's 400 (the context does not fit).
 
 `python -m harnessrl.gym.proxy.standin --port N` serves it as its own process.
 """
@@ -46,6 +47,8 @@ class StandinEngine:
     weight_version: str = "0"
     token_delay_s: float = 0.0
     incremental: bool = False
+    max_context: int | None = None
+    """Refuse (400, as the local engine does) prompts of at least this many tokens; None: no limit."""
     calls: list[dict] = field(default_factory=list)
     log_calls: bool = True
     _paused: asyncio.Event | None = None
@@ -93,6 +96,10 @@ class StandinEngine:
     def app(self) -> Starlette:
         async def generate(request: Request) -> Response:
             req = _loads(await request.body())
+            if self.max_context is not None and len(req["input_ids"]) >= self.max_context:
+                msg = f"input_ids: {len(req['input_ids'])} tokens do not fit the context length {self.max_context}"
+                return Response(json.dumps({"error": {"message": msg}}), status_code=400,
+                                media_type="application/json")
             if not req.get("stream"):
                 out, finish = [], ""
                 async for new, fin in self._produce(req):
@@ -167,8 +174,9 @@ def main(argv=None) -> int:
 
     ap = argparse.ArgumentParser(description="contract-speaking instant stand-in engine")
     ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--max-context", type=int, default=None, help="refuse prompts of this many tokens or more")
     a = ap.parse_args(argv)
-    eng = StandinEngine(log_calls=False)
+    eng = StandinEngine(log_calls=False, max_context=a.max_context)
     uvicorn.run(eng.app(), host="127.0.0.1", port=a.port, log_level="warning", http="httptools", loop="uvloop",
                 backlog=4096)
     return 0
