@@ -9,8 +9,10 @@ inside. Not root: bwrap runs as this process's uid, as it always did. Either way
 its PID 1 start from an allowlisted environment (nothing of the host's leaks into
 /proc/*/environ), get a fresh /proc of their own PID namespace and a fresh /dev (hence an
 empty /dev/shm) per command, and read their arguments from a memfd (`--args`), so host paths
-do not show in /proc/1/cmdline. `--info-fd` tells a sandbox that started from a launch that
-failed before the command ran (raised as SandboxError, never an exit code of the agent's).
+do not show in /proc/1/cmdline. Inside, a one-line bash writes one byte to a pipe (and
+closes it) right before it becomes the command: no byte means the launch failed before the
+command ran, raised as SandboxError, never read as an exit code of the agent's (whose command
+cannot take back a byte written before it started).
 """
 from __future__ import annotations
 
@@ -62,12 +64,13 @@ class Identity:
 
 @dataclass
 class Launch:
-    """One prepared command: `argv` for Popen with `env`, `pass_fds`; close() after Popen."""
+    """One prepared command: `argv` for Popen with `env` and `pass_fds`; `after_spawn()` once
+    Popen returned, `started()` once the process exited."""
 
     argv: list[str]
     env: dict[str, str]
     pass_fds: tuple[int, ...]
-    info_read: int
+    started_read: int
     _child_fds: list[int] = field(default_factory=list)
 
     def after_spawn(self) -> None:
@@ -77,19 +80,19 @@ class Launch:
         self._child_fds.clear()
 
     def started(self) -> bool:
-        """After the process exited: whether bwrap got as far as running the command."""
-        try:
-            chunks = []
-            while chunk := os.read(self.info_read, 65536):
-                chunks.append(chunk)
-            return b"child-pid" in b"".join(chunks)
+        """After the process exited: whether the launch got as far as running the command."""
+        try:  # non-blocking: a byte is there or it never will be (no writer outlives the tree)
+            os.set_blocking(self.started_read, False)
+            return os.read(self.started_read, 1) == b"x"
+        except BlockingIOError:
+            return False
         finally:
-            os.close(self.info_read)
+            os.close(self.started_read)
 
     def abandon(self) -> None:
         """Close every fd (when Popen itself failed)."""
         self.after_spawn()
-        os.close(self.info_read)
+        os.close(self.started_read)
 
 
 #: Staging mountpoints live here (empty dirs and files on the host; bind mounts only ever in a
@@ -153,7 +156,7 @@ def prepare(bwrap_args: list[str], binds: Binds, command: list[str], env: dict[s
     """The launch chain for `bwrap <bwrap_args> <binds> -- <command>`; bwrap reads its options
     (host paths, env values), not the command, from a memfd. `fsize`: RLIMIT_FSIZE (bytes)
     of every process of the command."""
-    memfd = info_r = info_w = None
+    memfd = started_r = started_w = None
     lines = [f"echo $$ > {shlex.quote(f)}" for f in cgroup_procs]
     args = list(bwrap_args)
     for flag, src, dst, point in binds.entries:
@@ -165,8 +168,9 @@ def prepare(bwrap_args: list[str], binds: Binds, command: list[str], env: dict[s
         memfd = os.memfd_create("bwrap-args", os.MFD_CLOEXEC)  # pass_fds hands it to the child only
         os.write(memfd, b"".join(a.encode() + b"\0" for a in args))
         os.lseek(memfd, 0, os.SEEK_SET)
-        info_r, info_w = os.pipe()
-        tail = [_tool("bwrap"), "--info-fd", str(info_w), "--args", str(memfd), "--", *command]
+        started_r, started_w = os.pipe()
+        mark = f'printf x >&{started_w} && exec {started_w}>&- && exec env -u SHLVL -- "$@"'
+        tail = [_tool("bwrap"), "--args", str(memfd), "--", "bash", "-c", mark, "harnessrl-start", *command]
         if identity.drops:
             tail = [_tool("setpriv"), f"--reuid={identity.uid}", f"--regid={identity.gid}",
                     "--clear-groups", "--no-new-privs", "--", *tail]
@@ -176,11 +180,11 @@ def prepare(bwrap_args: list[str], binds: Binds, command: list[str], env: dict[s
         argv = [_tool("sh"), "-c", script]
         if private_ns:
             argv = [_tool("unshare"), "--mount", "--propagation", "private", "--", *argv]
-        launch = Launch(argv, dict(env), (memfd, info_w), info_r, [memfd, info_w])
-        memfd = info_r = info_w = None
+        launch = Launch(argv, dict(env), (memfd, started_w), started_r, [memfd, started_w])
+        memfd = started_r = started_w = None
         return launch
     finally:
-        for fd in (memfd, info_r, info_w):
+        for fd in (memfd, started_r, started_w):
             if fd is not None:
                 os.close(fd)
 

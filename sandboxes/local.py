@@ -35,6 +35,7 @@ from pydantic import BaseModel, Field
 from harnessrl.sandboxes.base import (ExecResult, RepoSpec, SandboxDied, SandboxError,
                                       SandboxUnavailable)
 from harnessrl.sandboxes.bwrap import BASE_ENV, INSIDE_UID, Binds, Identity, prepare, probe, system_binds
+from harnessrl.sandboxes.hostfs import own, remove, unlock
 from harnessrl.sandboxes.limits import Cgroup, LoopDisk, umount
 from harnessrl.sandboxes.repo import DIFF_SCRIPT, FINALIZE_SCRIPT, RESET_SCRIPT, materialize, spec_key
 
@@ -46,7 +47,7 @@ HOME = BASE_ENV["HOME"]
 _UNITS = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
 
 
-class LocalConfig(BaseModel):
+class LocalConfig(BaseModel, extra="forbid", use_attribute_docstrings=True):
     """Where local sandboxes live and how they are limited."""
 
     root: str = "/var/tmp/harnessrl-local"
@@ -88,19 +89,6 @@ def bwrap_works(config: "LocalConfig | None" = None) -> bool:
     return probe(Identity(c.sandbox_uid, c.sandbox_gid)) is None
 
 
-def _own(identity: Identity, *paths: Path, tree: bool = False) -> None:
-    """Give `paths` (each whole tree with `tree`) to the sandbox uid when we drop root; never
-    follows a symlink."""
-    if not identity.drops:
-        return
-    for p in paths:
-        os.lchown(p, identity.uid, identity.gid)
-        if tree:
-            for top, dirs, files in os.walk(p):
-                for name in dirs + files:
-                    os.lchown(os.path.join(top, name), identity.uid, identity.gid)
-
-
 def _pump(stream, sink: bytearray, limit: int) -> None:
     while chunk := stream.read(65536):
         if len(sink) < limit:
@@ -140,7 +128,7 @@ class LocalBackend:
             try:
                 sha = materialize(spec, tmp / "repo")
                 (tmp / "opt").mkdir()
-                _own(self.identity, tmp, tree=True)  # set-up runs as the sandbox uid
+                own(self.identity, tmp, tree=True)  # set-up runs as the sandbox uid
                 builder = LocalSandbox(self, spec, tmp, tmp / "opt", sha, pristine_rw=True)
                 for cmd in spec.setup_commands:
                     res = builder.exec("set -e; " + cmd, timeout=self.config.setup_timeout_s)
@@ -165,7 +153,7 @@ class LocalBackend:
         for box in (self.root / "boxes").iterdir():
             if now - box.stat().st_mtime >= older_than_s:
                 umount(box)
-                shutil.rmtree(box, ignore_errors=True)
+                remove(box)
                 removed += 1
         boxes = {b.name for b in (self.root / "boxes").iterdir()}
         for image in (self.root / "disks").glob("*.img"):
@@ -188,17 +176,20 @@ class LocalBackend:
         disk = None
         if self.config.disk_quota is not None:
             disk = LoopDisk.create(self.root / "disks" / f"{box.name}.img", box, _bytes(self.config.disk_quota))
-        try:  # cp -a keeps the checkout's owner: the sandbox uid that built it
-            subprocess.run(["cp", "-a", "--reflink=auto", str(cdir / "repo"), str(cdir / "home"), str(box)],
-                           check=True, capture_output=True)
-        except subprocess.CalledProcessError as e:
+        try:
+            try:  # cp -a keeps the checkout's owner: the sandbox uid that built it
+                subprocess.run(["cp", "-a", "--reflink=auto", str(cdir / "repo"), str(cdir / "home"), str(box)],
+                               check=True, capture_output=True)
+            except subprocess.CalledProcessError as e:
+                raise SandboxError(f"cannot copy the checkout of {spec.repo_id!r} into a sandbox: "
+                                   f"{e.stderr.decode('utf-8', 'replace')[-500:]}") from None
+            sb = LocalSandbox(self, spec, box, cdir / "opt", (cdir / "base_sha").read_text().strip(),
+                              mounts=mounts, env=env, home_template=cdir / "home", disk=disk)
+        except BaseException:
             if disk:
                 disk.remove()
-            shutil.rmtree(box, ignore_errors=True)
-            raise SandboxError(f"cannot copy the checkout of {spec.repo_id!r} into a sandbox: "
-                               f"{e.stderr.decode('utf-8', 'replace')[-500:]}") from None
-        sb = LocalSandbox(self, spec, box, cdir / "opt", (cdir / "base_sha").read_text().strip(),
-                          mounts=mounts, env=env, home_template=cdir / "home", disk=disk)
+            remove(box)
+            raise
         if start:
             sb.start()
         return sb
@@ -220,7 +211,7 @@ class LocalSandbox:
         self.cgroup: Cgroup | None = None
         for d in (box / "tmp", box / "home"):
             d.mkdir(exist_ok=True)
-        _own(backend.identity, box, box / "tmp", box / "home")
+        own(backend.identity, box, box / "tmp", box / "home")
         binds = [("--bind", str(box / "tmp"), "/tmp"), ("--bind", str(box / "home"), HOME),
                  ("--bind", str(box / "repo"), spec.workdir),
                  ("--bind" if pristine_rw else "--ro-bind", str(opt), PRISTINE_PARENT)]
@@ -261,7 +252,7 @@ class LocalSandbox:
         if self.disk:
             self.disk.remove()
         self._binds.remove()
-        shutil.rmtree(self.box, ignore_errors=True)
+        remove(self.box)
 
     def _bwrap_args(self, env: dict[str, str] | None, workdir: str | None) -> list[str]:
         """bwrap's options (not its binds): the command's env is exactly BASE_ENV, the sandbox's
@@ -343,16 +334,22 @@ class LocalSandbox:
         return self._script(DIFF_SCRIPT, self.workdir, self.base_sha).decode("utf-8", "replace")
 
     def reset(self) -> None:
-        self._script(RESET_SCRIPT, self.workdir, self.base_sha, PRISTINE_DIR)
-        for d in (self.box / "tmp", self.box / "home"):  # rmtree never follows symlinks
-            shutil.rmtree(d, ignore_errors=True)
+        try:
+            self._script(RESET_SCRIPT, self.workdir, self.base_sha, PRISTINE_DIR)
+        except SandboxDied:
+            raise
+        except SandboxError:  # e.g. the agent chmod-ed parts of the tree unreadable: take them back
+            unlock(self.box / "repo")
+            self._script(RESET_SCRIPT, self.workdir, self.base_sha, PRISTINE_DIR)
+        for d in (self.box / "tmp", self.box / "home"):
+            remove(d)
         (self.box / "tmp").mkdir()
         if self.home_template is not None:  # home as set-up left it, owned as set-up left it
             subprocess.run(["cp", "-a", "--reflink=auto", str(self.home_template), str(self.box / "home")],
                            check=True)
         else:
             (self.box / "home").mkdir()
-        _own(self.backend.identity, self.box / "tmp", self.box / "home")
+        own(self.backend.identity, self.box / "tmp", self.box / "home")
 
     def _abs(self, path: str) -> str:
         return path if path.startswith("/") else f"{self.workdir}/{path}"

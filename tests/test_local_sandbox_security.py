@@ -202,11 +202,14 @@ def test_launch_failures_raise_instead_of_looking_like_the_agents_exit(backend, 
 
 def test_host_side_cleans_up_whatever_the_agent_left(backend, spec):
     sb = backend.create(spec)
-    res = sb.exec("mkdir -p /tmp/locked/deep ~/locked && touch /tmp/locked/deep/f && chmod 000 /tmp/locked "
-                  "~/locked && ln -s /etc/passwd /tmp/link && chmod 000 /home/agent")
+    res = sb.exec("mkdir -p /tmp/locked/deep ~/locked pkg/sub && touch /tmp/locked/deep/f pkg/sub/new.py "
+                  "&& chmod 000 /tmp/locked ~/locked mod.py pkg/sub/new.py pkg/sub pkg && chmod a-w . "
+                  "&& ln -s /etc/passwd /tmp/link && chmod 000 /home/agent")
     assert res.exit_code == 0, res.output
     sb.reset()
-    assert sb.exec("ls -A /tmp; cat ~/.cache/marker").output == "set-up\n"
+    assert sb.exec("ls -A /tmp; cat ~/.cache/marker; git status --porcelain --ignored; cat mod.py").output \
+        == "set-up\nX = 1\n"
+    assert os.stat("/etc/passwd").st_mode & 0o777 == 0o644  # the planted link was never followed
     box, image = sb.box, backend.root / "disks" / f"{sb.box.name}.img"
     sb.exec("chmod 000 /tmp /home/agent")
     sb.close()
