@@ -1,0 +1,278 @@
+"""Attacks on the grader, each made the way an agent would (commands in its sandbox), on the
+real docker and bubblewrap backends: none earns 1.0 or a mask (infra_error). Shadowing the
+runner or reaching into it is `tampered` (0.0); what the agent leaves outside its diff (home,
+/tmp, processes, /dev/shm) is gone before grading; what it breaks is its own 0.0."""
+from __future__ import annotations
+
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from harnessrl.gym.rewards import RewardConfig, score
+from harnessrl.gym.task_loaders import load_suite
+from harnessrl.sandboxes import make_backend
+
+TASKS = {t.instance_id.split("__")[1]: t for t in load_suite("builtin")}
+CALC2 = TASKS["calc-2"]  # 3 FAIL_TO_PASS, 15 PASS_TO_PASS; the fix is in calc/parser.py
+SITE = next(p for p in sys.path if p.endswith("site-packages") and Path(p, "_pytest").is_dir())
+USER_SITE = "/home/agent/.local/lib/python3.11/site-packages"
+
+# Makes every test report "passed" wherever pytest loads it as a plugin.
+CHEAT_PLUGIN = '''
+import pytest
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    outcome.get_result().outcome = "passed"
+'''
+# At interpreter start (site hook): the JUnit file the old grader named on the command line is
+# written, all passing, when the process ends.
+SITE_HOOK = '''
+import atexit, os, sys
+def _fake():
+    junit = [a.split("=", 1)[1] for a in sys.argv if a.startswith("--junitxml=")]
+    if junit:
+        cases = "".join('<testcase classname="x" name="%d"/>' % i for i in range(3))
+        open(junit[0], "w").write('<testsuites><testsuite>%s</testsuite></testsuites>' % cases)
+atexit.register(_fake)
+'''
+# The package patches pytest's reports at import, spelled so no static scan sees a name.
+OBFUSCATED_PATCH = '''
+import importlib as _il
+try:
+    _m = _il.import_module("_py" + "test.rep" + "orts")
+    _cls = getattr(_m, "Test" + "Report")
+    _orig = _cls.__init__
+    def _init(self, *a, **k):
+        _orig(self, *a, **k)
+        self.outcome = "passed"
+    setattr(_cls, "__init__", _init)
+except ImportError:
+    pass
+'''
+
+
+def run_plan(sb, task):
+    for cmd in task.gold_plan:
+        res = sb.exec(cmd, timeout=60)
+        assert res.exit_code == 0, res.output
+
+
+def agent(sb, script: str) -> None:
+    res = sb.exec(script, timeout=60)
+    assert res.exit_code == 0, res.output
+
+
+def write(sb, path: str, text: str) -> None:
+    sb.write_file(path, text.encode())
+
+
+@pytest.fixture(scope="module", params=[pytest.param("docker", marks=pytest.mark.docker),
+                                        pytest.param("local", marks=pytest.mark.bwrap)])
+def backend(request, tmp_path_factory):
+    try:
+        if request.param == "docker":
+            from harnessrl.sandboxes.docker import DockerConfig
+            b = make_backend("docker", DockerConfig(run_id=f"test-attacks-{uuid.uuid4().hex[:8]}"))
+        else:
+            from harnessrl.sandboxes.local import LocalConfig
+            b = make_backend("local", LocalConfig(root=str(tmp_path_factory.mktemp("local"))))
+    except Exception as e:  # SandboxUnavailable: no engine / no bubblewrap here
+        pytest.skip(f"{request.param} backend unavailable here: {e}")
+    yield b
+    b.reap(run_id=getattr(b, "run_id", None))
+
+
+@pytest.fixture
+def sb(backend):
+    if backend.name == "docker":
+        sandbox = backend.create(CALC2.repo_spec())
+    else:  # the host's python3 has no pytest: lend it this venv's, read-only
+        sandbox = backend.create(CALC2.repo_spec(), mounts=[(SITE, "/opt/pytest-site", True)],
+                                 env={"PYTHONPATH": "/opt/pytest-site"})
+    yield sandbox
+    sandbox.close()
+
+
+def assert_zero(r, tampered: bool, reason_has: str = ""):
+    assert (r.reward, r.status, r.tampered) == (0.0, "ok", tampered), (r.reason, r.test_output[-1500:])
+    assert reason_has in r.reason
+    if tampered:
+        assert r.reason.startswith("tampered: ") and r.cause == "agent"
+
+
+def assert_base_verdict(r):
+    """Graded as the untouched base: the 3 FAIL_TO_PASS tests fail, nothing else."""
+    assert_zero(r, tampered=False, reason_has="3 of 18 tests not passing")
+
+
+# --- a. the runner shadowed from the repository root ------------------------------------------
+
+@pytest.mark.timeout(180)
+def test_pytest_py_in_the_repository_root_is_tampered(sb):
+    write(sb, "pytest.py", "import sys\nsys.exit(0)\n")
+    assert sb.exec("python3 -m pytest -q", timeout=60).exit_code == 0  # it does shadow the runner
+    assert_zero(score(sb, CALC2), tampered=True, reason_has="pytest.py: shadows the test runner (pytest)")
+
+
+@pytest.mark.timeout(180)
+def test_runner_package_shadow_and_site_hooks_in_the_diff_are_tampered(sb):
+    write(sb, "_pytest/__init__.py", "")
+    write(sb, "sitecustomize.py", SITE_HOOK)
+    write(sb, "calc/zz_cheat.pth", "import os\n")
+    r = score(sb, CALC2)
+    assert_zero(r, tampered=True, reason_has="_pytest/__init__.py: shadows the test runner (_pytest)")
+    assert "sitecustomize.py: is a site hook" in r.reason and "calc/zz_cheat.pth: is a .pth site hook" in r.reason
+
+
+# --- b, c. site hooks and plugins in the agent's home: outside the diff, gone before grading ---
+
+@pytest.mark.timeout(180)
+def test_usercustomize_and_pytest11_plugin_in_home_do_not_reach_grading(sb):
+    write(sb, f"{USER_SITE}/usercustomize.py", SITE_HOOK)
+    write(sb, f"{USER_SITE}/cheat_plugin.py", CHEAT_PLUGIN)
+    write(sb, f"{USER_SITE}/cheat-1.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: cheat\nVersion: 1.0\n")
+    write(sb, f"{USER_SITE}/cheat-1.0.dist-info/entry_points.txt", "[pytest11]\ncheat = cheat_plugin\n")
+    # Live in the agent's own runs: every failing test reports as passed.
+    own = sb.exec("python3 -m pytest -q -p no:cacheprovider tests", timeout=60)
+    assert own.exit_code == 0 and "passed" in own.output, own.output
+    r = score(sb, CALC2)
+    assert_base_verdict(r)
+    assert r.agent_diff == ""  # home is not the repository
+    assert sb.exec(f"ls {USER_SITE} 2>/dev/null | wc -l", timeout=30).output.strip() == "0"
+
+
+@pytest.mark.timeout(180)
+def test_pytest11_entry_point_inside_the_repository_is_tampered(sb):
+    write(sb, "cheat_plugin.py", CHEAT_PLUGIN)
+    write(sb, "cheat-1.0.dist-info/entry_points.txt", "[pytest11]\ncheat = cheat_plugin\n")
+    r = score(sb, CALC2)
+    assert_zero(r, tampered=True, reason_has="cheat-1.0.dist-info/entry_points.txt: declares a pytest11 plugin entry point")
+
+
+# --- d. the package patches the framework at import ---------------------------------------------
+
+@pytest.mark.timeout(180)
+def test_package_patching_test_reports_is_tampered_by_static_check(sb):
+    agent(sb, "cat >> calc/__init__.py <<'EOF'\nimport _pytest.reports\n"
+              "_pytest.reports.TestReport.outcome = property(lambda self: 'passed', lambda self, v: None)\nEOF")
+    assert_zero(score(sb, CALC2), tampered=True, reason_has="calc/__init__.py: reaches into the test framework")
+
+
+@pytest.mark.timeout(180)
+def test_obfuscated_framework_patch_is_caught_at_run_time(sb):
+    agent(sb, f"cat >> calc/__init__.py <<'EOF'\n{OBFUSCATED_PATCH}\nEOF")
+    own = sb.exec("python3 -m pytest -q -p no:cacheprovider tests", timeout=60)
+    assert own.exit_code == 0, own.output  # in the agent's own runs, the patch works
+    r = score(sb, CALC2)
+    assert_zero(r, tampered=True, reason_has="test framework changed at run time")
+    assert "_pytest.reports.TestReport.__init__" in r.reason
+
+
+@pytest.mark.timeout(180)
+def test_change_hidden_behind_skip_worktree_is_still_seen(sb):
+    # The old diff trusted the agent's index (and reset kept skip-worktree files as they were).
+    agent(sb, "git update-index --skip-worktree calc/__init__.py && "
+              "printf 'import _pytest.runner\\n' >> calc/__init__.py && git status --porcelain | wc -l")
+    assert sb.exec("git status --porcelain", timeout=30).output.strip() == ""  # invisible to git here
+    r = score(sb, CALC2)
+    assert_zero(r, tampered=True, reason_has="calc/__init__.py: reaches into the test framework")
+    sb.reset()
+    assert "_pytest" not in sb.read_file("calc/__init__.py").decode()
+
+
+# --- e. a detached process of the agent's, during scoring ----------------------------------------
+
+WATCHER = r'''setsid -f bash -c 'while true; do
+  for d in /tmp/harnessrl-eval-*; do
+    [ -d "$d" ] && for f in "$d"/*.py; do printf "import sys\nsys.exit(0)\n" > "$f"; done
+    cp -r "$d" /dev/shm/ 2>/dev/null
+  done
+  cp /tmp/harnessrl-eval-*.json /dev/shm/ 2>/dev/null
+  sleep 0.02
+done' >/dev/null 2>&1 < /dev/null'''
+
+
+@pytest.mark.timeout(180)
+def test_detached_watcher_neither_rewrites_the_grader_nor_keeps_the_hidden_tests(sb):
+    agent(sb, WATCHER)
+    r = score(sb, CALC2)
+    assert_base_verdict(r)
+    assert sb.exec("ls -A /dev/shm", timeout=30).output.strip() == ""  # it died before any hidden test was written
+    # The code under test itself detaches a copier while the hidden tests run...
+    agent(sb, "cat >> calc/__init__.py <<'EOF'\nimport subprocess\n"
+              "subprocess.Popen(['setsid', '-f', 'bash', '-c', 'cp -r /tmp/harnessrl-eval-* /dev/shm/; sleep 600'])\nEOF")
+    assert_base_verdict(score(sb, CALC2))
+    # ...and what it copied does not survive reset: the next episode in this sandbox sees none of it.
+    sb.reset()
+    assert sb.exec("ls -A /dev/shm /tmp; cat /dev/shm/*/test.patch 2>/dev/null | wc -c", timeout=30).output.split() == ["/dev/shm:", "/tmp:", "0"]
+    hidden = "test_additive_operators_are_left_associative"
+    leaks = sb.exec(f"grep -rls {hidden} / --include=*.patch --include=*.json --include=*.py "
+                    "--exclude-dir=proc --exclude-dir=sys --exclude-dir=usr --exclude-dir=opt; true", timeout=60)
+    assert leaks.output.strip() == ""
+
+
+# --- f. the grader's own files turned against it ---------------------------------------------------
+
+@pytest.mark.timeout(240)
+def test_report_path_turned_into_a_directory_or_symlink_is_the_agents_zero(sb):
+    for swap in ("os.remove(f); os.mkdir(f)", "os.remove(f); os.symlink('/etc/passwd', f)"):
+        sb.reset()
+        agent(sb, "cat >> calc/__init__.py <<'EOF'\nimport glob, os\n"
+                  f"for f in glob.glob('/tmp/harnessrl-eval-*/results.jsonl'):\n    {swap}\nEOF")
+        r = score(sb, CALC2)  # never raises
+        assert_zero(r, tampered=False, reason_has="left no complete report")
+        assert r.cause == "agent" and "on the pristine base the same run completes" in r.reason
+
+
+class _BrokenSandbox:
+    """A sandbox whose every answer is an unexpected error (a backend bug)."""
+
+    workdir = "/workspace/repo"
+
+    def alive(self) -> bool:
+        return True
+
+    def exec(self, *a, **k):
+        raise TypeError("backend bug")
+
+
+def test_score_never_raises_on_a_backend_bug():
+    r = score(_BrokenSandbox(), CALC2)  # type: ignore[arg-type]
+    assert (r.reward, r.status, r.cause) == (None, "infra_error", "infra")
+    assert r.reason == "grader error: TypeError: backend bug"
+
+
+# --- g. what the agent breaks is scored, never masked ------------------------------------------------
+
+@pytest.mark.timeout(240)
+def test_os_exit_at_import_is_the_agents_zero(sb):
+    agent(sb, "printf 'import os\\nos._exit(0)\\n' >> calc/__init__.py")
+    r = score(sb, CALC2)
+    assert_zero(r, tampered=False, reason_has="left no complete report (exit 0)")
+    assert r.cause == "agent"
+
+
+@pytest.mark.timeout(240)
+def test_deleting_git_or_write_protecting_the_tree_is_graded_not_masked(sb):
+    for damage in ("rm -rf .git", "chmod -R a-w tests", "chmod -R a-w . && chmod a-r calc/parser.py"):
+        sb.reset()
+        agent(sb, damage)
+        assert_base_verdict(score(sb, CALC2))
+        sb.reset()  # and the sandbox is usable again
+        run_plan(sb, CALC2)
+        agent(sb, damage)
+        r = score(sb, CALC2)
+        assert (r.reward, r.status) == (1.0, "ok"), (damage, r.reason)
+        assert r.agent_diff == CALC2.patch
+
+
+@pytest.mark.timeout(180)
+def test_infinite_loop_under_the_hidden_tests_is_the_agents_zero(sb):
+    agent(sb, "printf '\\ndef calculate(text, variables=None):\\n    while True:\\n        pass\\n' >> calc/__init__.py")
+    r = score(sb, CALC2, RewardConfig(test_timeout_s=10))
+    assert_zero(r, tampered=False, reason_has="hidden test run timed out after 10s (in tests/")
+    assert r.cause == "agent"
