@@ -23,6 +23,7 @@ the chat template wrote. Content without special-token text tokenizes as it alwa
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import re
 from collections import OrderedDict
@@ -32,6 +33,27 @@ from .shield import Shield, special_tokens
 from .toolcalls import ToolFormat
 
 _MARK = "\u2063ANCHOR-REPLY\u2063"
+
+
+@functools.lru_cache(maxsize=4)
+def _backends(tokenizer_json: str, controls: tuple[str, ...]):
+    """Two private copies of a fast tokenizer: special-token matching on, and off (the text
+    copy, in which control tokens the tokenizer does not flag special are flagged so, so they
+    split too). Private because the flag is tokenizer-wide state that transformers flips on
+    every `tok(..., split_special_tokens=...)` call: a shared backend could lose the template's
+    control tokens after anyone's call. Cached per tokenizer (a copy takes ~0.4 s to build);
+    nothing changes them after this."""
+    from tokenizers import AddedToken, Tokenizer
+
+    normal, text = Tokenizer.from_str(tokenizer_json), Tokenizer.from_str(tokenizer_json)
+    normal.encode_special_tokens = False
+    shielded = set(controls)
+    plain = [c for c in text.get_added_tokens_decoder().values() if not c.special and c.content in shielded]
+    if plain:
+        text.add_special_tokens([AddedToken(c.content, single_word=c.single_word, lstrip=c.lstrip, rstrip=c.rstrip,
+                                            normalized=c.normalized, special=True) for c in plain])
+    text.encode_special_tokens = True
+    return normal, text
 
 
 class TemplateMismatch(Exception):
@@ -47,8 +69,9 @@ class Renderer:
         self.shield = Shield(special_tokens(tokenizer))
         self.special_ids = frozenset(tokenizer.convert_tokens_to_ids(self.shield.specials))
         """The control-token ids: only the chat template's own text may produce them."""
-        self._fast = self._backend(text=False)  # tokenizers.Tokenizer: skips python overhead
-        self._fast_text = self._backend(text=True)
+        fast = getattr(tokenizer, "_tokenizer", None)  # tokenizers.Tokenizer: skips python overhead
+        self._fast, self._fast_text = (_backends(fast.to_str(), self.shield.specials) if fast is not None
+                                       else (None, None))
         self.template_hash = hashlib.sha256(tokenizer.chat_template.encode()).hexdigest()[:16]
         self.stop_token_ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
         self._pieces: OrderedDict[str, list[int]] = OrderedDict()
@@ -72,29 +95,6 @@ class Renderer:
 
     def render_text(self, tmsgs: list[dict], generation_prompt: bool) -> str:
         return self.tok.apply_chat_template(tmsgs, tokenize=False, add_generation_prompt=generation_prompt)
-
-    def _backend(self, text: bool):
-        """A private copy of the fast backend, special-token matching on (`text=False`) or off.
-        Private because the flag is tokenizer-wide state that transformers flips on every
-        `tok(..., split_special_tokens=...)` call: a shared backend could lose the template's
-        control tokens after anyone's call. In the text copy, control tokens the tokenizer does
-        not flag special are flagged so, so that they split too."""
-        fast = getattr(self.tok, "_tokenizer", None)
-        if fast is None:
-            return None
-        from tokenizers import AddedToken, Tokenizer
-
-        t = Tokenizer.from_str(fast.to_str())
-        t.encode_special_tokens = False
-        if not text:
-            return t
-        shielded = set(self.shield.specials)
-        plain = [c for c in t.get_added_tokens_decoder().values() if not c.special and c.content in shielded]
-        if plain:
-            t.add_special_tokens([AddedToken(c.content, single_word=c.single_word, lstrip=c.lstrip, rstrip=c.rstrip,
-                                             normalized=c.normalized, special=True) for c in plain])
-        t.encode_special_tokens = True
-        return t
 
     def _encode_raw(self, text: str) -> list[int]:
         if self._fast is not None:

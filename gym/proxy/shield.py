@@ -62,7 +62,7 @@ class Shield:
     """Reversible substitution of special-token literals in text by reserved characters."""
 
     def __init__(self, specials: Iterable[str]):
-        self.specials = sorted({s for s in specials if s}, key=lambda s: (-len(s), s))
+        self.specials = tuple(sorted({s for s in specials if s}, key=lambda s: (-len(s), s)))
         n = len(self.specials)
         if n >= 0xFFFD:
             raise ValueError(f"{n} special tokens: more than the reserved characters")
