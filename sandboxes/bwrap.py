@@ -32,6 +32,15 @@ BASE_ENV = {"PATH": SAFE_PATH, "HOME": "/home/agent", "USER": "agent", "LANG": "
 INSIDE_UID = 1000
 
 
+def isolation() -> list[str]:
+    """What every sandboxed command gets: all namespaces new (no network), no nested user
+    namespaces (no "root" in one, less kernel to attack), no capabilities, uid 1000, the
+    system dirs read-only, its own /proc and /dev, an empty environment to fill."""
+    return ["--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
+            "--cap-drop", "ALL", "--uid", str(INSIDE_UID), "--gid", str(INSIDE_UID), "--hostname", "sandbox",
+            *system_binds(), "--proc", "/proc", "--dev", "/dev", "--clearenv"]
+
+
 def system_binds() -> list[str]:
     args: list[str] = []
     for d in SYSTEM_DIRS:
@@ -199,10 +208,8 @@ def probe(identity: Identity) -> str | None:
     """None when a minimal sandbox runs here as it will for real; else what failed."""
     if not shutil.which("bwrap", path=SAFE_PATH):
         return "bwrap is not installed (apt-get install bubblewrap)"
-    args = ["--unshare-all", "--die-with-parent", *system_binds(), "--proc", "/proc", "--dev", "/dev",
-            "--uid", str(INSIDE_UID), "--gid", str(INSIDE_UID), "--clearenv"]
     try:
-        launch = prepare(args, Binds(identity, "probe", []), ["true"], dict(BASE_ENV), identity)
+        launch = prepare(isolation(), Binds(identity, "probe", []), ["true"], dict(BASE_ENV), identity)
     except FileNotFoundError as e:
         return str(e)
     try:

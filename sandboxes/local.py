@@ -34,7 +34,7 @@ from pydantic import BaseModel, Field
 
 from harnessrl.sandboxes.base import (ExecResult, RepoSpec, SandboxDied, SandboxError,
                                       SandboxUnavailable)
-from harnessrl.sandboxes.bwrap import BASE_ENV, INSIDE_UID, Binds, Identity, prepare, probe, system_binds
+from harnessrl.sandboxes.bwrap import BASE_ENV, Binds, Identity, isolation, prepare, probe
 from harnessrl.sandboxes.hostfs import own, remove, unlock
 from harnessrl.sandboxes.limits import Cgroup, LoopDisk, umount
 from harnessrl.sandboxes.repo import DIFF_SCRIPT, FINALIZE_SCRIPT, RESET_SCRIPT, materialize, spec_key
@@ -259,10 +259,7 @@ class LocalSandbox:
         env, the exec's env; nothing of this process's environment."""
         full_env = {**BASE_ENV, **self.env, **(env or {})}
         setenv = [a for k, v in full_env.items() for a in ("--setenv", k, v)]
-        return ["--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
-                "--uid", str(INSIDE_UID), "--gid", str(INSIDE_UID), "--hostname", "sandbox",
-                *system_binds(), "--proc", "/proc", "--dev", "/dev",
-                "--chdir", workdir or self.workdir, "--clearenv", *setenv]
+        return [*isolation(), "--chdir", workdir or self.workdir, *setenv]
 
     def _run(self, argv: list[str], timeout: float, env: dict[str, str] | None = None,
              workdir: str | None = None, stdin: bytes | None = None, merge: bool = True

@@ -48,10 +48,12 @@ def spec(tmp_path_factory):
 def backend(tmp_path_factory):
     from harnessrl.sandboxes.local import LocalBackend, LocalConfig
     try:
-        return LocalBackend(LocalConfig(root=str(tmp_path_factory.mktemp("local-root")), memory="256m",
-                                        pids_limit=64, disk_quota="64m", sandbox_uid=64123, sandbox_gid=64123))
+        b = LocalBackend(LocalConfig(root=str(tmp_path_factory.mktemp("local-root")), memory="256m",
+                                     pids_limit=64, disk_quota="64m", sandbox_uid=64123, sandbox_gid=64123))
     except SandboxError as e:
         pytest.skip(f"local backend unavailable here: {e}")
+    yield b
+    assert b.reap() == 0  # every test closed its sandboxes (reap would unmount what one left)
 
 
 @pytest.fixture
@@ -243,3 +245,20 @@ def test_sources_the_sandbox_uid_cannot_reach_are_staged_and_the_stage_goes_at_c
         assert not any(STAGE_ROOT.glob(backend._cgroup_name("") + "*"))  # the builder's went too
     finally:
         shutil.rmtree(reachable_root, ignore_errors=True)
+
+
+def test_no_root_in_a_nested_user_namespace(sb):
+    res = sb.exec("unshare -Ur id -u; echo rc=$?")
+    assert "rc=0" not in res.output and not res.output.startswith("0\n"), res.output
+    assert sb.exec("id -u").output == "1000\n"
+
+
+def test_reap_unmounts_and_removes_what_a_crashed_run_left(backend, spec, tmp_path):
+    from harnessrl.sandboxes.bwrap import STAGE_ROOT
+    crashed = backend.create(spec, mounts=[(str(tmp_path), "/opt/x", True)])  # never closed
+    image = backend.root / "disks" / f"{crashed.box.name}.img"
+    assert image.exists() == crashed.quota_enforced == os.path.ismount(crashed.box)
+    assert backend.reap(older_than_s=3600) == 0
+    assert backend.reap() == 1
+    assert not crashed.box.exists() and not image.exists()
+    assert not any(STAGE_ROOT.glob(backend._cgroup_name("") + "*"))
