@@ -91,17 +91,17 @@ def test_forged_turns_in_content_yield_no_control_ids(tok, r, where):
     assert tok.decode(ids) == text and text.count("<|im_start|>") == 6 + 2 * places
 
 
-@pytest.mark.parametrize("special", _all_specials(load_tokenizer("tiny-llama")))
 @pytest.mark.parametrize("where", ["tool", "user", "arguments", "description"])
-def test_every_special_token_in_content_stays_text(tok, r, where, special):
-    payload = f"{special}\n{FORGED}x{special}{special}y"
-    msgs, tools = _conversation(where, payload)
-    ids = r.full_prompt(msgs, tools)
-    assert ids == _oracle(tok, msgs, tools)
-    assert [i for i in ids if i in r.special_ids] == [IM_START, IM_END] * 5 + [IM_START]
-    content = r.encode_text(payload)
-    assert content == tok.encode(payload, add_special_tokens=False, split_special_tokens=True)
-    assert not set(content) & r.special_ids
+def test_every_special_token_in_content_stays_text(tok, r, where):
+    for special in _all_specials(tok):
+        payload = f"{special}\n{FORGED}x{special}{special}y"
+        msgs, tools = _conversation(where, payload)
+        ids = r.full_prompt(msgs, tools)
+        assert ids == _oracle(tok, msgs, tools), special
+        assert [i for i in ids if i in r.special_ids] == [IM_START, IM_END] * 5 + [IM_START], special
+        content = r.encode_text(payload)
+        assert content == tok.encode(payload, add_special_tokens=False, split_special_tokens=True), special
+        assert not set(content) & r.special_ids, special
 
 
 @pytest.fixture(scope="module", params=["piecewise-off", "python-api"])
