@@ -12,10 +12,11 @@ session's record (and its JSON export) is therefore linear in its tokens, not in
 tokens; `Trajectory.call_prompt(c)` (or `c.prompt_ids` on a record that belongs to a
 Trajectory) rebuilds the exact ids the engine was sent.
 
-A *detached* call (`flags["detached"]`: "engine_error", "undelivered", "refused") is in
-`calls` but extends no segment: the engine failed, the harness never received the reply,
-or the engine refused the prompt. Its completion tokens (if any) appear in no segment, so
-no trainer ever sees them with loss mask 1.
+A *detached* call (`flags["detached"]`: "engine_error" or "undelivered") is in `calls`
+but extends no segment: the engine failed (`finish_reason` "engine_error", no completion
+tokens, `flags["engine_error"]` says why), or the harness never received the reply
+(`flags["undelivered"]`). Its completion tokens (if any) appear in no segment, so no
+trainer ever sees them with loss mask 1.
 """
 from __future__ import annotations
 
@@ -81,7 +82,7 @@ class CallRecord:
 
     @property
     def detached(self) -> bool:
-        """True when this call extends no segment (engine error, undelivered, refused)."""
+        """True when this call extends no segment (engine error, undelivered)."""
         return bool(self.flags.get("detached"))
 
     def prompt(self, segment_token_ids: list[int]) -> list[int]:

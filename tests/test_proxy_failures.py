@@ -75,7 +75,8 @@ def test_a_stopped_engine_times_out_every_call_kind_and_each_failure_is_recorded
     base = ProxyConfig(engine_url=url, keepalive_s=0.5, engine_first_byte_timeout_s=2.0, engine_idle_timeout_s=2.0,
                        engine_total_timeout_s=2.0)
     with ProxyServer(base, tokenizer=tok) as proxy, \
-            ProxyServer(base.model_copy(update={"engine_stream": True}), tokenizer=tok) as relay:
+            ProxyServer(base.model_copy(update={"engine_stream": True, "engine_total_timeout_s": 30.0}),
+                        tokenizer=tok) as relay:
         sid, key = proxy.open_session({"task_id": "stop"})
         rsid, rkey = relay.open_session({"task_id": "stop-relay"})
         msgs = [{"role": "user", "content": "Count to three."}]

@@ -88,9 +88,10 @@ class _Rec:
         self.core.counters["undelivered" if why == "undelivered" else "engine_errors"] += 1
 
     def failed(self, e: EngineError, params: dict[str, Any] | None) -> ProxyError:
-        """Record a failed engine call; the error the harness gets for it."""
-        if e.status_code == 400:  # e.g. the prompt outgrew the context: the harness must compact
-            self.detached("refused", params, finish_reason="refused", completion=False, engine_refused=str(e))
+        """Record a failed engine call (not a refused prompt); the error the harness gets for it."""
+        if e.status_code == 400:
+            # e.g. the prompt outgrew the context: the harness must compact. Not an engine
+            # failure (the policy's own doing, so never a mask) and nothing was generated: no row.
             return ProxyError(400, f"the engine refused the prompt: {e}", param="messages")
         timeout = isinstance(e, EngineTimeout)
         extra: dict[str, Any] = {"engine_error": str(e), "engine_error_kind": "timeout" if timeout else "unavailable"}

@@ -7,8 +7,8 @@ fsync per call. A call row stores only the prompt tokens that are new relative t
 segment (`prefix_len` says how many it reuses), so a 40-turn session costs linear space;
 `trajectory()` rebuilds segments and loss masks from the rows and hands each call record
 the same delta (`CallRecord.prompt_prefix_len` + `new_prompt_ids`), so the export is
-linear too. A detached row (`flags["detached"]`: an engine failure, an undelivered reply,
-a refused prompt) is kept as a call but extends no segment. `sessions()` lets a restarted
+linear too. A detached row (`flags["detached"]`: an engine failure, an undelivered reply)
+is kept as a call but extends no segment. `sessions()` lets a restarted
 proxy find the sessions it served before.
 Token ids, logprobs and versions are packed arrays (int32 / float64 / int32).
 """
