@@ -46,15 +46,15 @@ _SAMPLES = ([{"role": "system", "content": "A"}, {"role": "user", "content": "B"
 def template_tokens(tokenizer) -> set[str]:
     """Added tokens (special or not) that the chat template itself writes around a plain
     conversation: its turn markers. Whitespace-only added tokens are text, never markers."""
-    added = [t.content for t in (getattr(tokenizer, "added_tokens_decoder", {}) or {}).values()
-             if t.content.strip()]
+    added = {i: t.content for i, t in (getattr(tokenizer, "added_tokens_decoder", {}) or {}).items()
+             if t.content.strip()}
     out: set[str] = set()
     for sample in _SAMPLES:
         try:  # some templates refuse a system turn
             text = tokenizer.apply_chat_template(sample, tokenize=False, add_generation_prompt=True)
         except Exception:  # noqa: BLE001 - jinja raise_exception or a template's own check
             continue
-        out.update(a for a in added if a in text)
+        out.update(added[i] for i in tokenizer.encode(text, add_special_tokens=False) if i in added)
     return out
 
 
