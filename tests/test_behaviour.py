@@ -2,7 +2,6 @@
 (hand-built records shaped like the store's: each call's completion right after its prompt)."""
 from __future__ import annotations
 
-import dataclasses
 import re
 
 import pytest
@@ -16,14 +15,11 @@ def sampling(t=1.0, p=1.0, k=-1, space="sampled") -> dict:
 
 
 def call(cid, sid, idx, prompt, completion, rec) -> CallRecord:
-    """A call record with its prompt whole or, where the record stores prompts as deltas
-    against the segment, as prefix length 0 + all of it new."""
-    names = {f.name for f in dataclasses.fields(CallRecord)}
-    prompt_fields = {"prompt_prefix_len": 0, "new_prompt_ids": prompt} if "prompt_prefix_len" in names \
-        else {"prompt_ids": prompt}
-    return CallRecord(call_id=cid, session_id=sid, index=idx, dialect="openai_chat", **prompt_fields,
-                      completion_ids=completion, logprobs=[-0.5] * len(completion), versions=[0] * len(completion),
-                      finish_reason="stop", segment=0, flags={} if rec is None else {"sampling": rec})
+    """A call record whose prompt (reusing none of its segment) is all new ids."""
+    return CallRecord(call_id=cid, session_id=sid, index=idx, dialect="openai_chat", prompt_prefix_len=0,
+                      new_prompt_ids=prompt, completion_ids=completion, logprobs=[-0.5] * len(completion),
+                      versions=[0] * len(completion), finish_reason="stop", segment=0,
+                      flags={} if rec is None else {"sampling": rec})
 
 
 def two_calls(first: dict | None, second: dict | None, sid="s1", task="A", reward=1.0) -> Trajectory:

@@ -90,12 +90,11 @@ def test_honored_mixed_sampling_trains_with_mismatch_under_1e_4(engine, tok):
                                                                              (1.3, 0.95, -1)]
         assert {r["logprobs"] for r in recs} == {"sampled"} and {r["policy"] for r in recs} == {"honor"}
         # generated at exactly those parameters: the engine asked directly, same seed, same ids
-        for c, fields, i in zip(t.calls, MIXED, range(3)):
+        for c, fields in zip(t.calls, MIXED):
             n = len(c.completion_ids)
             seed = c.index + (0 if t is batch[0] else 100)
-            assert c.completion_ids == direct(engine, t.call_prompt(c) if hasattr(t, "call_prompt") else c.prompt_ids,
-                                              n, fields["temperature"], fields.get("top_p", 1.0),
-                                              fields.get("top_k", -1), seed)
+            assert c.completion_ids == direct(engine, t.call_prompt(c), n, fields["temperature"],
+                                              fields.get("top_p", 1.0), fields.get("top_k", -1), seed)
     m = trainer().step(batch)
     assert m.updated
     print(f"honor mixed: mismatch max {m.logprob_mismatch_max:.2e} mean {m.logprob_mismatch_mean:.2e} "

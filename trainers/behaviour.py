@@ -45,11 +45,9 @@ def _number(x: Any) -> float | None:
 
 
 def _completion_start(c: CallRecord) -> int:
-    """Where the call's completion starts in its segment: right after its prompt (stored as
-    a delta, `prompt_prefix_len` + `new_prompt_ids`, or whole, `prompt_ids`)."""
-    if hasattr(c, "prompt_prefix_len"):
-        return c.prompt_prefix_len + len(c.new_prompt_ids)
-    return len(c.prompt_ids)
+    """Where the call's completion starts in its segment: right after its prompt, stored as
+    a delta (`prompt_prefix_len` tokens of the segment, then `new_prompt_ids`)."""
+    return c.prompt_prefix_len + len(c.new_prompt_ids)
 
 
 def call_scoring(sid: str, j: int, call: CallRecord) -> tuple[float, float, int]:
