@@ -72,8 +72,11 @@ def test_a_stopped_engine_times_out_every_call_kind_and_each_failure_is_recorded
     from harnessrl.gym.episode import engine_failures
 
     proc, url = engine_proc
-    base = ProxyConfig(engine_url=url, keepalive_s=0.5, engine_first_byte_timeout_s=2.0, engine_idle_timeout_s=2.0,
-                       engine_total_timeout_s=2.0)
+    # warm the engine up first, so that the calls before the SIGSTOP finish well within the bounds
+    httpx.post(url + "/generate", json={"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 4}},
+               timeout=120).raise_for_status()
+    base = ProxyConfig(engine_url=url, keepalive_s=0.5, engine_first_byte_timeout_s=4.0, engine_idle_timeout_s=4.0,
+                       engine_total_timeout_s=4.0)
     with ProxyServer(base, tokenizer=tok) as proxy, \
             ProxyServer(base.model_copy(update={"engine_stream": True, "engine_total_timeout_s": 30.0}),
                         tokenizer=tok) as relay:
