@@ -180,3 +180,34 @@ def test_requeue_per_turn_check_aborts_a_real_harness_episode_and_reruns_it(tmp_
     assert [t.session_id for t in batch] == [rerun["session_id"]]
     assert batch[0].metadata["start_version"] == 2
     assert {v for c in batch[0].calls for v in c.versions} == {2}
+
+
+def test_every_handle_knows_its_engine() -> None:
+    """The one constructor takes the engine URL from the proxy's own config; a hand-built
+    handle cannot leave it out."""
+    from harnessrl.gym.episode import ProxyHandle
+    from harnessrl.gym.proxy.config import ProxyConfig
+    from harnessrl.gym.proxy.server import ProxyServer
+
+    with ProxyServer(ProxyConfig(engine_url="http://127.0.0.1:9", model="tiny-llama", uds_path=None)) as proxy:
+        h = ProxyHandle.of(proxy)
+        assert (h.url, h.admin_token, h.engine_url, h.uds_path) == (proxy.url, proxy.admin_token,
+                                                                    "http://127.0.0.1:9", None)
+        front = ProxyHandle.of(proxy, url="http://127.0.0.1:1234")
+        assert (front.url, front.engine_url, front.uds_path) == ("http://127.0.0.1:1234", "http://127.0.0.1:9", None)
+    with pytest.raises(TypeError, match="engine_url"):
+        ProxyHandle("http://127.0.0.1:1", "token")  # type: ignore[call-arg]
+    with pytest.raises(RuntimeError, match="not started"):
+        ProxyHandle.of(ProxyServer(ProxyConfig(engine_url="http://127.0.0.1:9", model="tiny-llama")))
+
+
+@pytest.mark.docker
+def test_the_rollout_handle_carries_the_engine_url(tmp_path: Path) -> None:
+    """`harnessrl rollout` / `train` episodes judge engine failures by this URL (it was missing)."""
+    docker_backend()
+    from harnessrl.gym.rollout import Rollout
+
+    cfg = RolloutConfig(harness="mini-swe-agent", tasks=[TASK], model="tiny-llama", sandbox="docker")
+    with Rollout(cfg, "http://127.0.0.1:9", tmp_path) as ro:
+        h = ro.handle
+    assert (h.engine_url, h.uds_path, h.url) == ("http://127.0.0.1:9", str(tmp_path / "proxy.sock"), ro.proxy.url)
