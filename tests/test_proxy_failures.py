@@ -120,6 +120,7 @@ def test_a_stopped_engine_times_out_every_call_kind_and_each_failure_is_recorded
     assert t.calls[2].prompt_ids == t.calls[1].prompt_ids  # the prompts rebuilt from their deltas
     assert t.calls[4].prompt_ids[:len(t.segments[0].token_ids)] == t.segments[0].token_ids
     assert [t.calls[i].flags["engine_timeout_phase"] for i in (1, 2)] == ["total", "total"]
+    assert [t.calls[i].flags["engine_healthy"] for i in (1, 2)] == [False, False]  # stopped: no /health either
     assert t.calls[4].flags["engine_error_kind"] == "unavailable"
     assert engine_failures(t) == [1, 2, 4] and engine_failures(rt) == [1]
     rc = rt.calls[1]
@@ -209,3 +210,18 @@ def test_a_plain_call_whose_client_left_early_stops_its_generation(tok):
     c = t.calls[0]
     assert c.detached and c.flags["undelivered"] == "client_disconnected" and c.completion_ids == []
     assert t.segments == [] and stats["undelivered"] == 1
+
+
+def test_a_call_past_the_total_bound_on_a_healthy_engine_is_recorded_as_such(tok):
+    """The bound fails a call that is merely long, too; the record says the engine answered
+    /health right after, so an episode judge can tell a long answer from a dead engine."""
+    eng, script = standin(tok)
+    cfg = ProxyConfig(engine_url="", engine_total_timeout_s=0.5)
+    with ServedApp(eng.app()) as e, ProxyServer(cfg.model_copy(update={"engine_url": e.url}), tokenizer=tok) as p:
+        sid, key = p.open_session({})
+        eng.token_delay_s = 1.0  # ~6 s of generation against a 0.5 s bound
+        r = _chat(p, sid, key, [{"role": "user", "content": "x"}], max_tokens=16)
+        t = p.trajectory(sid)
+    assert r.status_code == 504 and "EngineTimeouts.total_s" in r.json()["error"]["message"]
+    c = t.calls[0]
+    assert (c.finish_reason, c.flags["engine_timeout_phase"], c.flags["engine_healthy"]) == ("engine_error", "total", True)

@@ -37,6 +37,8 @@ from .sampling import SamplingPolicy
 from .store import Store
 from .toolcalls import load_tool_format
 
+_HEALTH_PROBE_S = 2.0
+"""How long a timed-out call waits for the engine's /health before answering the harness."""
 _PREFIX = {"openai_chat": "chatcmpl-", "openai_responses": "resp_", "anthropic_messages": "msg_"}
 
 
@@ -87,7 +89,7 @@ class _Rec:
         self.add(flags, finish_reason or self.gen.finish_reason or "abort", completion)
         self.core.counters["undelivered" if why == "undelivered" else "engine_errors"] += 1
 
-    def failed(self, e: EngineError, params: dict[str, Any] | None) -> ProxyError:
+    def failed(self, e: EngineError, params: dict[str, Any] | None, healthy: bool | None = None) -> ProxyError:
         """Record a failed engine call (not a refused prompt); the error the harness gets for it."""
         if e.status_code == 400:
             # e.g. the prompt outgrew the context: the harness must compact. Not an engine
@@ -97,6 +99,7 @@ class _Rec:
         extra: dict[str, Any] = {"engine_error": str(e), "engine_error_kind": "timeout" if timeout else "unavailable"}
         if timeout:
             extra["engine_timeout_phase"] = e.phase
+            extra["engine_healthy"] = healthy
         if self.gen.ids:  # a stream that broke: what arrived is not a reply, keep only the count
             extra["partial_tokens"] = len(self.gen.ids)
         self.detached("engine_error", params, finish_reason="engine_error", completion=False, **extra)
@@ -281,8 +284,9 @@ class ProxyCore:
         Every call that reached generation leaves one row in the store: a delivered call
         extends its segment; a failed engine call (unreachable, error status, an
         `EngineTimeouts` bound passed) is recorded detached with `finish_reason`
-        "engine_error" and `flags["engine_error"]`, and answered 503 (504 on a timeout) in
-        the dialect's shape; a reply the harness never received (its client disconnected:
+        "engine_error" and `flags["engine_error"]` (on a timeout also its phase and
+        `engine_healthy`: whether /health answered right after), and answered 503 (504 on a
+        timeout) in the dialect's shape; a reply the harness never received (its client disconnected:
         `Prepared.disconnected` for plain calls, the stream closed before its final event)
         is recorded detached with `flags["undelivered"]`, and the session does not advance
         past it. Detached rows are in no segment, so nothing trains on them."""
@@ -343,7 +347,8 @@ class ProxyCore:
                         if not task.done():
                             task.cancel()  # closing the engine request aborts it there
             except EngineError as e:  # the app answers it: an HTTP status, or the stream's error event
-                raise rec.failed(e, params) from e
+                healthy = await self._healthy() if isinstance(e, EngineTimeout) else None
+                raise rec.failed(e, params, healthy) from e
             except _ClientGone:
                 rec.detached("undelivered", params, undelivered="client_disconnected")
                 raise ProxyError(499, "the client disconnected before the reply was ready") from None
@@ -379,6 +384,15 @@ class ProxyCore:
                 self.counters["undelivered"] += 1
                 raise
             self._advance(s, pl, req, reply, gen, versions)
+
+    async def _healthy(self) -> bool:
+        """Does the engine answer /health right after a timed-out call? (briefly: a stopped
+        engine does not). True says the timeout was more likely the call's own length or
+        load than a dead engine; the record keeps it for whoever judges the episode."""
+        try:
+            return await asyncio.wait_for(self.engine.health(), _HEALTH_PROBE_S)
+        except asyncio.TimeoutError:
+            return False
 
     def _advance(self, s: Session, pl, req: ChatRequest, reply: Message, gen: Generation, versions: list[int]) -> None:
         """The harness has the reply: the session's segment now ends with it."""
