@@ -7,14 +7,20 @@ entry points), imports pytest, pluggy and every built-in plugin *before* the rep
 sys.path (so no file in the repository can shadow them), and puts the repository after the
 standard library, so a new top-level `json.py` cannot shadow the stdlib either.
 
-Results do not come from JUnit XML: the `Grader` plugin records each node id's outcome from
-`pytest_runtest_logreport`, one JSON line per report, to an output path that appears on no
-command line (it is in the SPEC file, which is deleted once read). Integrity: at start the
-plugin fingerprints every function and class of pytest, _pytest and pluggy (identity and code
-object), `builtins`, the import machinery and the trace hooks; after collection it also pins
-the registered plugins and each collected test function's code. Every report is checked
-against that, and a difference is written as a `violation` line, which the grader scores as
-tampered. The last line, {"done": ...}, is written only when the session finished.
+Results do not come from JUnit XML, nor from any file: the `Grader` plugin records each node
+id's reports from `pytest_runtest_logreport` in memory and, once pytest.main returns, writes
+them as one JSON block to the stdout it held before any other code ran, between markers that
+are in the SPEC file only (deleted once read). A file could be swapped under the runner by its
+path; this stream cannot, and a second block is itself a sign of tampering. A progress file
+(one line per test started) only tells the grader where a run that timed out was.
+
+Integrity: once the session has started, the plugin fingerprints every function and class of
+pytest, _pytest and pluggy (identity and code object), `builtins`, the import machinery and
+the trace hooks, and pins the registered plugins; after collection, each collected test's
+function and code. Each report (the hot part of the fingerprint), the end of collection and
+the end of the session (all of it) are checked against that; a difference, a plugin that
+appeared (other than the repository's own conftest.py files), or a replaced test function is
+a `violation`, which the grader scores as tampered.
 
 stdlib + pytest only; works with pytest 7 and 8+.
 """
@@ -53,7 +59,7 @@ def _fingerprint(only=None):
             continue
         snap.append((name, sys.modules, name, mod, None))
         for attr, value in list(vars(mod).items()):
-            if attr in _MUTABLE or name in _MUTABLE or attr.startswith("__"):
+            if attr in _MUTABLE or name in _MUTABLE or (attr.startswith("__") and name != "builtins"):
                 continue
             if callable(value) or isinstance(value, type):
                 snap.append((name, vars(mod), attr, value, _code(value)))
@@ -96,23 +102,25 @@ def _changed(snap):
 class Grader:
     """The grader's pytest plugin (passed to pytest.main, never loaded by name)."""
 
-    def __init__(self, out, pytest_mod, repo):
-        self.out, self.pytest, self.repo = out, pytest_mod, repo
+    def __init__(self, progress, repo):
         from _pytest.reports import TestReport
-        self.report_type = TestReport
-        self.before = None  # taken at session start, once pytest has set itself up
-        self.plugins = None
+        self.progress, self.repo, self.report_type = progress, repo, TestReport
+        self.before = self.hot = self.plugins = None  # pinned at session start
         self.tests = {}
-        self.violated = False
+        self.records = []
+        self.violations = []
+        self.finished = None
 
-    def _write(self, record):
-        self.out.write(json.dumps(record) + "\n")
-        self.out.flush()
+    def _note(self, record):
+        """Keep a record for the verdict; stream it to the progress file (timeouts read it)."""
+        self.records.append(record)
+        self.progress.write(json.dumps(record) + "\n")
+        self.progress.flush()
 
     def _violation(self, what):
-        if not self.violated:  # the first one says it; the rest add nothing
-            self.violated = True
-            self._write({"violation": what})
+        if not self.violations:  # the first one says it; the rest add nothing
+            self.violations.append(what)
+            self._note({"violation": what})
 
     def _check(self, where, hot=False):
         if self.before is None:
@@ -120,12 +128,12 @@ class Grader:
         changed = _changed(self.hot if hot else self.before)
         if changed:
             self._violation(f"test framework changed at run time ({where}): {', '.join(changed)}")
-        if self.plugins is not None:
-            now = {id(p) for p in self.config.pluginmanager.get_plugins()}
-            new = [self.config.pluginmanager.get_name(p) or repr(p) for p in self.config.pluginmanager.get_plugins()
-                   if id(p) not in self.plugins and not self._trusted_conftest(p)]
-            if new or not self.plugins <= now:
-                self._violation(f"pytest plugins changed at run time ({where}): {new[:5]}")
+        pm = self.config.pluginmanager
+        now = pm.get_plugins()
+        new = [pm.get_name(p) or repr(p) for p in now
+               if not any(p is q for q in self.plugins) and not self._trusted_conftest(p)]
+        if new or any(not any(q is p for p in now) for q in self.plugins):
+            self._violation(f"pytest plugins changed at run time ({where}): {new[:5]}")
 
     def _trusted_conftest(self, plugin):
         """conftest.py modules in the repository: the grader reverted every one the agent touched."""
@@ -133,31 +141,36 @@ class Grader:
         return os.path.basename(path) == "conftest.py" and path.startswith(self.repo + os.sep) \
             and os.path.isfile(path) and type(plugin).__name__ == "module"
 
-    # -- hooks ---------------------------------------------------------------------------------
+    def verdict(self):
+        """What the grader needs: passing set-ups and teardowns go without saying."""
+        return {"done": self.finished, "violations": self.violations,
+                "records": [r for r in self.records if r.get("when") == "call" or r.get("outcome") != "passed"]}
+
+    # -- hooks (tryfirst / trylast are set in main, once pytest is imported) -----------------------
     def pytest_configure(self, config):
         self.config = config
 
-    def pytest_sessionstart(self, session):
+    def pytest_sessionstart(self, session):  # trylast: after pytest's own session set-up
         self.before = _fingerprint()
         self.hot = _hot(self.before)
+        self.plugins = list(self.config.pluginmanager.get_plugins())
 
     def pytest_collection_finish(self, session):
-        pm = self.config.pluginmanager
-        self.plugins = {id(p) for p in pm.get_plugins()}
         for item in session.items:
             fn = getattr(item, "obj", None)
-            self.tests[item.nodeid] = (id(fn), id(getattr(fn, "__code__", None)), id(type(item).runtest))
-        self._write({"collected": len(session.items)})
+            self.tests[item.nodeid] = (fn, getattr(fn, "__code__", None), type(item).runtest)
+        self._note({"collected": len(session.items)})
         self._check("after collection")
 
     def pytest_runtest_logstart(self, nodeid, location):
-        self._write({"start": nodeid})
+        self.progress.write(json.dumps({"start": nodeid}) + "\n")
+        self.progress.flush()
 
     def pytest_runtest_call(self, item):
         fn = getattr(item, "obj", None)
         pinned = self.tests.get(item.nodeid)
-        now = (id(fn), id(getattr(fn, "__code__", None)), id(type(item).runtest))
-        if pinned is not None and (pinned != now or "runtest" in vars(item)):
+        now = (fn, getattr(fn, "__code__", None), type(item).runtest)
+        if pinned is not None and (any(a is not b for a, b in zip(pinned, now)) or "runtest" in vars(item)):
             self._violation(f"test {item.nodeid} was replaced after collection")
 
     def pytest_runtest_logreport(self, report):
@@ -165,22 +178,23 @@ class Grader:
             self._violation(f"report of {report.nodeid} is a {type(report).__name__}, not pytest's TestReport")
         if report.when == "call" or report.outcome != "passed":
             self._check(f"reporting {report.nodeid}", hot=True)
-        outcome = report.outcome  # xfail reports say "skipped", xpass "passed", as JUnit does
         message = ""
         if report.outcome != "passed" and report.longrepr is not None:
             message = str(report.longrepr).strip().split("\n")[-1][:300]
-        self._write({"report": report.nodeid, "when": report.when, "outcome": outcome, "message": message})
+        # xfail reports say "skipped", xpass "passed", as JUnit does
+        self._note({"report": report.nodeid, "when": report.when, "outcome": report.outcome, "message": message})
 
     def pytest_collectreport(self, report):
         if report.outcome != "passed":
-            self._write({"collect_error": report.nodeid, "message": str(report.longrepr).strip()[-300:]})
+            self._note({"collect_error": report.nodeid, "message": str(report.longrepr).strip()[-300:]})
 
     def pytest_sessionfinish(self, session, exitstatus):
         self._check("at the end")
-        self._write({"done": int(exitstatus)})
+        self.finished = int(exitstatus)
 
 
 def main():
+    verdict_fd = os.dup(1)  # the verdict's channel, taken before any other code runs
     with open(sys.argv[1], encoding="utf-8") as f:
         spec = json.load(f)
     os.remove(sys.argv[1])
@@ -210,13 +224,17 @@ def main():
     extra = [os.path.join(repo, p) for p in spec.get("pythonpath", [])]
     at = site[0] if site else len(sys.path)
     sys.path[at:at] = [*extra, repo]
-    out = open(spec["out"], "a", encoding="utf-8")
-    plugin = Grader(out, pytest, repo)
-    for hook in ("pytest_sessionstart", "pytest_runtest_call", "pytest_runtest_logreport", "pytest_collection_finish"):
-        setattr(Grader, hook, pytest.hookimpl(tryfirst=True)(getattr(Grader, hook)))
-    args = [*spec["args"], "-p", "no:cacheprovider", *spec["ids"]]
-    code = pytest.main(args, plugins=[plugin])
-    out.flush()
+    for hook, order in (("pytest_sessionstart", "trylast"), ("pytest_runtest_call", "tryfirst"),
+                        ("pytest_runtest_logreport", "tryfirst"), ("pytest_collection_finish", "tryfirst")):
+        setattr(Grader, hook, pytest.hookimpl(**{order: True})(getattr(Grader, hook)))
+    plugin = Grader(open(spec["out"], "a", encoding="utf-8"), repo)
+    code = pytest.main([*spec["args"], "-p", "no:cacheprovider", *spec["ids"]], plugins=[plugin])
+    # The verdict travels on the run's own output, between markers only the grader knows: a
+    # file could be swapped under the runner by its path, this stream cannot.
+    marker = spec["marker"]
+    block = f"\n{marker}-begin {json.dumps(plugin.verdict())} {marker}-end\n".encode()
+    while block:
+        block = block[os.write(verdict_fd, block):]
     os._exit(int(code))  # no atexit handler of the code under test runs after the verdict
 
 

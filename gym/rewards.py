@@ -282,21 +282,21 @@ def _score(sandbox: Sandbox, task: Task, config: RewardConfig, out: RewardResult
     # 2. A pristine tree, no process of the agent's left; 3. base + hidden tests + kept diff.
     pythonpath = [p for p in env.pop("PYTHONPATH", "").split(":") if p]
     spec = {"repo": sandbox.workdir, "args": args, "ids": nodes, "env": env, "pythonpath": pythonpath,
-            "runner_paths": config.runner_paths}
+            "runner_paths": config.runner_paths, "marker": f"harnessrl-verdict-{uuid.uuid4().hex}"}
     base, eval_dir = _prepare(sandbox, task, config, sorted_.kept_patch(), spec, sections=[
         c.path for c in sorted_.kept if c.path.rsplit("/", 1)[-1] in SECTIONED_CONFIG_NAMES])
     out.head_moved = head.output.strip() != base
-    records, run = _run_tests(sandbox, config, python, eval_dir)
-    out.test_output = run.output[-config.output_tail_chars:]
-    violations = [str(r["violation"]) for r in records if "violation" in r]
-    if violations:
-        raise _tampered(violations)
+    verdict, run, shown = _run_tests(sandbox, config, python, eval_dir, spec["marker"])
+    out.test_output = shown[-config.output_tail_chars:]
+    if verdict is not None and verdict.get("violations"):
+        raise _tampered([str(v) for v in verdict["violations"]])
     if run.timed_out:
-        started = [r["start"] for r in records if "start" in r]
+        where = _last_started(sandbox, eval_dir)
         raise _agent(f"hidden test run timed out after {config.test_timeout_s:g}s"
-                     + (f" (in {started[-1]})" if started else " (before any test started)"))
-    if not any("done" in r for r in records):
+                     + (f" (in {where})" if where else " (before any test started)"))
+    if verdict is None or verdict.get("done") is None:
         _no_report(sandbox, task, config, python, spec, run)
+    records = [r for r in verdict["records"] if isinstance(r, dict)]
     results = node_statuses(records, nodes)
     for kind, ids in (("FAIL_TO_PASS", task.FAIL_TO_PASS), ("PASS_TO_PASS", task.PASS_TO_PASS)):
         for node in ids:
@@ -333,7 +333,7 @@ def _prepare(sandbox: Sandbox, task: Task, config: RewardConfig, kept: str, spec
         raise
     before = {p: _read_text(sandbox, p) for p in sections}
     eval_dir = f"/tmp/harnessrl-eval-{uuid.uuid4().hex}"  # fresh and unguessable
-    spec = {**spec, "out": f"{eval_dir}/results.jsonl"}
+    spec = {**spec, "out": f"{eval_dir}/progress.jsonl"}
     bundle = {"test.patch": task.test_patch, "agent.patch": kept, "runner.py": _RUNNER, "spec.json": json.dumps(spec)}
     sandbox.write_file(f"{eval_dir}.json", json.dumps(bundle).encode(), mode=0o600)  # /tmp exists: one call
     done = sandbox.exec(["python3", "-I", "-c", _PREPARE, eval_dir, task.base_commit],
@@ -351,28 +351,37 @@ def _prepare(sandbox: Sandbox, task: Task, config: RewardConfig, kept: str, spec
     return done.output.strip().splitlines()[-1], eval_dir
 
 
-def _run_tests(sandbox: Sandbox, config: RewardConfig, python: str, eval_dir: str):
-    """Run the hidden tests; then kill whatever they left running and read their report lines."""
+def _run_tests(sandbox: Sandbox, config: RewardConfig, python: str, eval_dir: str, marker: str):
+    """Run the hidden tests; return (verdict or None, the run, its output without the verdict)."""
     run = sandbox.exec([python, "-I", "--check-hash-based-pycs", "always", f"{eval_dir}/runner.py",
                         f"{eval_dir}/spec.json"], timeout=config.test_timeout_s, workdir=sandbox.workdir)
-    # A process the code under test detached (setsid) must not touch the report once the run
-    # is over: everything but the sandbox's init dies before it is read.
-    sandbox.exec("kill -9 -1 2>/dev/null; true", timeout=config.command_timeout_s)
+    pattern = re.compile(re.escape(marker) + r"-begin (.*?) " + re.escape(marker) + "-end", re.S)
+    blocks = pattern.findall(run.output)
+    shown = pattern.sub("[grader verdict]", run.output)
+    if len(blocks) > 1:
+        raise _tampered([f"{len(blocks)} verdicts in one test run: something besides the grader wrote one"])
+    verdict = None
+    if blocks:
+        try:
+            verdict = json.loads(blocks[0])
+        except ValueError:
+            raise _tampered(["the grader's verdict was garbled"]) from None
+    return verdict, run, shown
+
+
+def _last_started(sandbox: Sandbox, eval_dir: str) -> str:
+    """The test a timed-out run was in, from the runner's progress file (best effort)."""
     try:
-        text = sandbox.read_file(f"{eval_dir}/results.jsonl").decode("utf-8", "replace")
+        text = sandbox.read_file(f"{eval_dir}/progress.jsonl").decode("utf-8", "replace")
     except SandboxDied:
         raise
-    except (OSError, SandboxError):  # gone, a directory now, unreadable: no report
-        text = ""
-    records = []
-    for line in text.splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict):
-            records.append(record)
-    return records, run
+    except (OSError, SandboxError):
+        return ""
+    started = [line for line in text.splitlines() if line.startswith('{"start": ')]
+    try:
+        return str(json.loads(started[-1])["start"]) if started else ""
+    except (ValueError, KeyError):
+        return ""
 
 
 def _no_report(sandbox: Sandbox, task: Task, config: RewardConfig, python: str, spec: dict, run) -> None:
@@ -382,8 +391,8 @@ def _no_report(sandbox: Sandbox, task: Task, config: RewardConfig, python: str, 
     if not config.check_cause:
         raise _agent(what)
     _, eval_dir = _prepare(sandbox, task, config, "", spec)
-    records, base_run = _run_tests(sandbox, config, python, eval_dir)
-    if any("done" in r for r in records):
+    verdict, base_run, _ = _run_tests(sandbox, config, python, eval_dir, spec["marker"])
+    if verdict is not None and verdict.get("done") is not None:
         raise _agent(what + " -- on the pristine base the same run completes, so the agent's code ended it")
     raise _infra(what + f" -- the pristine base gives none either (exit {base_run.exit_code}"
                  f"{', timed out' if base_run.timed_out else ''}): {base_run.output.strip()[-300:]}")

@@ -218,14 +218,20 @@ def test_detached_watcher_neither_rewrites_the_grader_nor_keeps_the_hidden_tests
 # --- f. the grader's own files turned against it ---------------------------------------------------
 
 @pytest.mark.timeout(240)
-def test_report_path_turned_into_a_directory_or_symlink_is_the_agents_zero(sb):
-    for swap in ("os.remove(f); os.mkdir(f)", "os.remove(f); os.symlink('/etc/passwd', f)"):
+def test_grader_files_swapped_or_forged_by_the_code_under_test_change_nothing(sb):
+    forge = ("import glob, json, os\n"
+             "for d in glob.glob('/tmp/harnessrl-eval-*'):\n"
+             "    for f in glob.glob(d + '/*.jsonl') + [d + '/results.jsonl', d + '/junit.xml']:\n"
+             "        {swap}\n"
+             "print('harnessrl-verdict-0-begin ' + json.dumps({{'done': 0, 'violations': [], 'records': []}}) "
+             "+ ' harnessrl-verdict-0-end')\n")
+    for swap in ("os.path.lexists(f) and os.remove(f); os.mkdir(f)",
+                 "os.path.lexists(f) and os.remove(f); os.symlink('/etc/passwd', f)",
+                 "open(f, 'w').write(json.dumps({'done': 0}) + chr(10))"):
         sb.reset()
-        agent(sb, "cat >> calc/__init__.py <<'EOF'\nimport glob, os\n"
-                  f"for f in glob.glob('/tmp/harnessrl-eval-*/results.jsonl'):\n    {swap}\nEOF")
-        r = score(sb, CALC2)  # never raises
-        assert_zero(r, tampered=False, reason_has="left no complete report")
-        assert r.cause == "agent" and "on the pristine base the same run completes" in r.reason
+        write(sb, "calc/zz_forge.py", forge.format(swap=swap))
+        agent(sb, "printf 'from calc import zz_forge\\n' >> calc/__init__.py")
+        assert_base_verdict(score(sb, CALC2))  # never raises, and the forged verdicts count for nothing
 
 
 class _BrokenSandbox:
