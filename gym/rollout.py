@@ -13,16 +13,19 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import threading
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Callable, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from harnessrl.adapters.cancel import Cancel
 from harnessrl.gym.episode import EpisodeConfig, ProxyHandle, run_episode
 from harnessrl.gym.trajectory import Trajectory
+
+T = TypeVar("T")
 
 
 class RolloutConfig(BaseModel):
@@ -146,16 +149,45 @@ class Rollout:
 
         start, limit = getattr(slot, "start_version", 0), getattr(slot, "staleness_limit", None)
         cancel = Cancel()
-        thread = asyncio.ensure_future(asyncio.to_thread(self.run_one, slot.task_id, session_meta(start, limit),
-                                                         cancel))
+        thread = in_thread(self.run_one, slot.task_id, session_meta(start, limit), cancel)
         try:
             traj = await asyncio.shield(thread)
         except asyncio.CancelledError:
-            await asyncio.to_thread(cancel.set, "the scheduler cancelled the episode (timeout or shutdown)")
+            await asyncio.shield(in_thread(cancel.set, "the scheduler cancelled the episode (timeout or shutdown)"))
             await asyncio.wait({thread}, timeout=self.release_wait_s)
             raise
         traj.metadata["start_version"] = start
         return raise_if_aborted_stale(traj, limit)
+
+
+def in_thread(fn: Callable[..., T], *args: Any) -> "asyncio.Future[T]":
+    """`fn(*args)` in a thread of its own, as a future of this loop. Not `asyncio.to_thread`:
+    the loop's default executor has min(32, cores + 4) workers, which would silently cap the
+    env pool (6 episodes on 2 cores) and queue a cancelled episode's release behind running
+    episodes. Cancelling the future does not stop the thread (that is what `Cancel` is for)."""
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[T] = loop.create_future()
+
+    def settle(result: Any, error: BaseException | None) -> None:
+        if fut.done():
+            return
+        if error is not None:
+            fut.set_exception(error)
+        else:
+            fut.set_result(result)
+
+    def target() -> None:
+        try:
+            outcome: tuple[Any, BaseException | None] = (fn(*args), None)
+        except BaseException as e:  # handed to the awaiting task, whatever it is
+            outcome = (None, e)
+        try:
+            loop.call_soon_threadsafe(settle, *outcome)
+        except RuntimeError:  # the loop is closed: nobody waits for this any more
+            pass
+
+    threading.Thread(target=target, name=f"harnessrl-{getattr(fn, '__name__', 'thread')}", daemon=True).start()
+    return fut
 
 
 # -- the report -------------------------------------------------------------------------------
@@ -241,7 +273,7 @@ async def run_rollout(cfg: RolloutConfig, engine_url: str, out_dir: str | Path, 
 
         async def one(task_id: str) -> None:
             async with sem:
-                traj = await asyncio.to_thread(ro.run_one, task_id)
+                traj = await in_thread(ro.run_one, task_id)
             done.append(traj)
             scored = [t for t in done if t.reward is not None]
             toks = sum(len(c.completion_ids) for t in done for c in t.calls)

@@ -167,3 +167,64 @@ def test_concurrent_episodes_keep_their_own_records(stack):
         mine = [c for c in engine.calls[start:] if c.task_key == task.problem_statement]
         assert len(res.trajectory.calls) == len(mine) == len(task.gold_plan) + 1
         assert token_exact_problems(res.trajectory, mine) == []
+
+
+_ONE_CALL = ("import json,sys,urllib.request as u\n"
+             "r=u.Request(sys.argv[1]+'/chat/completions',data=json.dumps({'model':'policy','messages':"
+             "[{'role':'user','content':'hi'}]}).encode(),headers={'Authorization':'Bearer '+sys.argv[2],"
+             "'Content-Type':'application/json'})\n"
+             "try: u.urlopen(r,timeout=60)\nexcept Exception as e: print('API error:', e); sys.exit(0)\n")
+
+
+@pytest.mark.timeout(300)
+def test_a_failed_engine_call_is_engine_error_even_when_the_harness_exits_0_and_the_engine_is_up(stack):
+    """Only the proxy's record tells: the engine answers /health, its /generate fails once, and
+    the harness prints the API error and exits 0 (which reads as a submitted answer)."""
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse
+    from starlette.routing import Mount, Route
+
+    from harnessrl.gym.proxy.config import ProxyConfig
+    from harnessrl.gym.proxy.server import ProxyServer
+    from harnessrl.gym.scripted import ServedApp
+
+    engine, _, _ = stack
+
+    async def fail(request):
+        return JSONResponse({"error": "CUDA error: an illegal memory access was encountered"}, 500)
+
+    app = Starlette(routes=[Route("/generate", fail, methods=["POST"]), Mount("/", app=engine.app())])
+    with ServedApp(app) as served, ProxyServer(ProxyConfig(engine_url=served.url, model="tiny-llama")) as proxy:
+        res = _run(stack, _command(sys.executable, "-c", _ONE_CALL, "${openai_base_url}", "${api_key}"),
+                   proxy=ProxyHandle.of(proxy))
+    assert "API error" in res.harness.stdout_tail and res.harness.exit_code == 0
+    assert (res.reason, res.status, res.trajectory.termination) == ("engine_error", "infra_error", "engine_error")
+    assert res.reward is None and res.trajectory.reward is None and not res.trajectory.trainable  # not even scored
+    assert [c.finish_reason for c in res.trajectory.calls] == ["engine_error"]
+
+
+@pytest.mark.timeout(300)
+def test_the_record_is_fetched_once_per_episode(stack):
+    from harnessrl.gym.episode import ProxyAdmin
+
+    _, handle, _ = stack
+
+    class Counting:
+        def __init__(self, inner):
+            self.inner, self.calls = inner, []
+
+        def __getattr__(self, name):
+            fn = getattr(self.inner, name)
+
+            def counted(*args, **kw):
+                self.calls.append(name)
+                return fn(*args, **kw)
+            return counted
+
+    admin = Counting(ProxyAdmin(handle))
+    engine, _, backend = stack
+    task = builtin_task()
+    res = run_episode(task, _command("true"), lambda s, m: backend.create(s, mounts=m), handle, "policy",
+                      EpisodeConfig(), admin=admin)
+    assert res.harness.reason == "submitted" and res.trajectory.calls == []
+    assert admin.calls == ["open", "close_session", "trajectory", "set_reward", "close"]

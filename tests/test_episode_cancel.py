@@ -95,4 +95,4 @@ def test_a_timed_out_episode_kills_its_harness_and_releases_its_sandbox(tmp_path
         assert len(pids) == 3  # the harness had started its tree
         assert [p for p in pids if _alive(p)] == []
     else:
-        assert res.harness is None  # its exec died with the container: no harness result came back
+        assert "sandbox_s" in res.timings  # the sandbox was up: the cancel closed it under the harness

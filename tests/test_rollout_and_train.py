@@ -211,3 +211,19 @@ def test_the_rollout_handle_carries_the_engine_url(tmp_path: Path) -> None:
     with Rollout(cfg, "http://127.0.0.1:9", tmp_path) as ro:
         h = ro.handle
     assert (h.engine_url, h.uds_path, h.url) == ("http://127.0.0.1:9", str(tmp_path / "proxy.sock"), ro.proxy.url)
+
+
+def test_episode_threads_are_not_capped_by_the_default_executor() -> None:
+    """40 blocking episodes at once all run together (asyncio.to_thread would run 6 on 2 cores:
+    an env pool silently smaller than configured, and a timed-out episode's release queued
+    behind running episodes)."""
+    import threading
+
+    from harnessrl.gym.rollout import in_thread
+
+    barrier = threading.Barrier(40, timeout=60)
+
+    async def main():
+        return await asyncio.gather(*(in_thread(barrier.wait) for _ in range(40)))
+
+    assert sorted(asyncio.run(main())) == list(range(40))
