@@ -13,7 +13,8 @@ training, never taught as a 0. So is `stale`: the proxy aborted the session beca
 data exceeded the scheduler's staleness bound (`staleness_limit` in `session_meta`); it is
 not scored, and the scheduler reruns the task. A timeout or call limit is `truncated`, not `ok`.
 An engine failure is `engine_error` whatever the harness made of it: a call the proxy
-recorded as failed, or an engine that no longer answers /health when the harness stopped.
+recorded as failed (even if the harness then exited 0), or an engine that no longer answers
+/health when the harness stopped short.
 A `Cancel` set by the scheduler (episode timeout) kills the harness's process tree and
 closes the sandbox; the episode ends `cancelled`, masked.
 
@@ -335,7 +336,10 @@ def _judge(run: _Run, early: EpisodeEnded | None, played: Trajectory, proxy: Pro
     failed = engine_failures(played)
     if failed:
         return EngineFailed(f"engine call(s) {failed} failed ({end.reason}: {end})")
-    if engine_down(proxy.engine_url):
+    # A harness that stopped short may have given up on an engine that died after its last
+    # recorded call; one that submitted or spent its budget ended on its own (its record says
+    # whether any call failed), so a slow /health must not void it.
+    if end.reason in ("harness_exited", "harness_crashed", "timeout") and engine_down(proxy.engine_url):
         return EngineFailed(f"the engine stopped answering ({end.reason}: {end})")
     return end
 
@@ -352,7 +356,6 @@ def run_episode(task: Task, adapter: HarnessAdapter, make_sandbox: SandboxFactor
     `admin`: the proxy admin client (default: `ProxyAdmin(proxy)`)."""
     cfg = config or EpisodeConfig()
     run = _Run(cancel or Cancel())
-    admin = admin or ProxyAdmin(proxy)
     scratch: Path | None = None
     sid: str | None = None
     played: Trajectory | None = None
@@ -362,6 +365,8 @@ def run_episode(task: Task, adapter: HarnessAdapter, make_sandbox: SandboxFactor
     cleanup: list[str] = []
     try:
         try:
+            run.stage = "admin client"
+            admin = admin or ProxyAdmin(proxy)
             run.stage = "scratch dir"
             scratch = Path(tempfile.mkdtemp(prefix="harnessrl-ep-", dir=cfg.scratch_root))
             run.stage = "session open"
@@ -395,7 +400,7 @@ def run_episode(task: Task, adapter: HarnessAdapter, make_sandbox: SandboxFactor
                 raise
             final, status, reason = None, "infra_error", Cancelled.reason if run.cancel.is_set() else "infra"
             error = f"{run.stage}: {describe(e)}"
-            if sid is not None:
+            if sid is not None and admin is not None:
                 _record_failure(admin, sid, played is None, status, reason, cleanup)
     finally:
         _release(run, admin, scratch, cfg, cleanup)
@@ -424,14 +429,14 @@ def _record_failure(admin: EpisodeAdmin, sid: str, close: bool, status: str, rea
             errors.append(f"recording the failure: {describe(e)}")
 
 
-def _release(run: _Run, admin: EpisodeAdmin, scratch: Path | None, cfg: EpisodeConfig, errors: list[str]) -> None:
+def _release(run: _Run, admin: EpisodeAdmin | None, scratch: Path | None, cfg: EpisodeConfig, errors: list[str]) -> None:
     """Every resource back, each on its own: one failing release never keeps the others.
     Their failures are reported (`cleanup_error`) but do not change the outcome: the reward
     was decided before, and a policy must not be able to void its own zero by breaking
     the teardown."""
     steps: list[tuple[str, Callable[[], None]]] = [
         ("relay", run.relay.close if run.relay is not None else lambda: None),
-        ("sandbox", run.close_sandbox), ("admin", admin.close)]
+        ("sandbox", run.close_sandbox), ("admin", admin.close if admin is not None else lambda: None)]
     if scratch is not None and not cfg.keep_scratch:
         steps.append(("scratch", lambda: shutil.rmtree(scratch, ignore_errors=True)))
     for what, fn in steps:
