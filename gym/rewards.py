@@ -283,6 +283,7 @@ def _score(sandbox: Sandbox, task: Task, config: RewardConfig, out: RewardResult
     pythonpath = [p for p in env.pop("PYTHONPATH", "").split(":") if p]
     spec = {"repo": sandbox.workdir, "args": args, "ids": nodes, "env": env, "pythonpath": pythonpath,
             "runner_paths": config.runner_paths, "marker": f"harnessrl-verdict-{uuid.uuid4().hex}"}
+    spec["agent_files"] = [c.path for c in sorted_.kept if not c.deleted]
     base, eval_dir = _prepare(sandbox, task, config, sorted_.kept_patch(), spec, sections=[
         c.path for c in sorted_.kept if c.path.rsplit("/", 1)[-1] in SECTIONED_CONFIG_NAMES])
     out.head_moved = head.output.strip() != base

@@ -128,6 +128,21 @@ def test_runner_package_shadow_and_site_hooks_in_the_diff_are_tampered(sb):
     assert "sitecustomize.py: is a site hook" in r.reason and "calc/zz_cheat.pth: is a .pth site hook" in r.reason
 
 
+@pytest.mark.timeout(180)
+def test_pytest_configuration_in_setup_cfg_is_tampered_and_conftest_reverted(sb):
+    write(sb, "setup.cfg", "[metadata]\nname = calc\n[tool:pytest]\naddopts = -p calc.cheat\n")
+    r = score(sb, CALC2)
+    assert_zero(r, tampered=True, reason_has="setup.cfg: changes the pytest configuration")
+    sb.reset()
+    run_plan(sb, CALC2)  # a real fix, plus runner config and a conftest: those are put back, the fix counts
+    write(sb, "setup.cfg", "[metadata]\nname = calc\n")
+    write(sb, "calc/conftest.py", CHEAT_PLUGIN)
+    agent(sb, "printf 'addopts = -x\\n' >> pytest.ini")
+    r = score(sb, CALC2)
+    assert (r.reward, r.status, r.tampered) == (1.0, "ok", False), r.reason
+    assert r.restored_files == ["calc/conftest.py", "pytest.ini"]
+
+
 # --- b, c. site hooks and plugins in the agent's home: outside the diff, gone before grading ---
 
 @pytest.mark.timeout(180)
