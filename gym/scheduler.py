@@ -320,7 +320,7 @@ class RolloutScheduler:
             self.stats.timeouts += 1
             traj = Trajectory(session_id=f"g{group.group_id}-{slot.index}", segments=[], status="truncated",
                               termination="timeout", task_id=group.task_id)
-            traj.metadata["masked"] = True
+            traj.metadata.update({"masked": True, "error": f"episode timeout ({self.config.episode_timeout_s:g} s)"})
             return traj
         raised = exc.__cause__ if isinstance(exc, _EpisodeRaised) else exc
         return self._failed(group, slot, describe(raised))
