@@ -12,10 +12,10 @@ session's record (and its JSON export) is therefore linear in its tokens, not in
 tokens; `Trajectory.call_prompt(c)` (or `c.prompt_ids` on a record that belongs to a
 Trajectory) rebuilds the exact ids the engine was sent.
 
-A *detached* call (`flags["detached"]`: "engine_error" or "undelivered") is in `calls`
-but extends no segment: the engine failed (`finish_reason` "engine_error", no completion
-tokens, `flags["engine_error"]` says why), or the harness never received the reply
-(`flags["undelivered"]`). Its completion tokens (if any) appear in no segment, so no
+A *detached* call (`flags["detached"]`: "engine_error", "undelivered", "proxy_error") is
+in `calls` but extends no segment: the engine failed (`finish_reason` "engine_error", no
+completion tokens, `flags["engine_error"]` says why), the harness never received the reply
+(`flags["undelivered"]`), or the proxy itself failed the call (`flags["proxy_error"]`). Its completion tokens (if any) appear in no segment, so no
 trainer ever sees them with loss mask 1.
 """
 from __future__ import annotations
@@ -82,7 +82,7 @@ class CallRecord:
 
     @property
     def detached(self) -> bool:
-        """True when this call extends no segment (engine error, undelivered)."""
+        """True when this call extends no segment (engine error, undelivered, proxy error)."""
         return bool(self.flags.get("detached"))
 
     def prompt(self, segment_token_ids: list[int]) -> list[int]:

@@ -31,6 +31,7 @@ from .canonical import ChatRequest, Completion, Message
 from .config import ProxyConfig
 from .errors import ProxyError
 from .generation import Generation, PauseGate, VersionMap, generate
+from .offload import HEAVY_BYTES, offload
 from .recorder import Session, commit, plan
 from .render import Renderer
 from .rows import CallRow
@@ -248,7 +249,7 @@ class ProxyCore:
             queue_s = time.monotonic() - p.arrived
             env_s = (p.arrived - s.last_response_at) if s.last_response_at is not None else None
             # Rendering and tokenizing off the event loop: one huge prompt must not stall other sessions.
-            pl = await asyncio.to_thread(plan, s, req, self.renderer)
+            pl = await offload(plan, s, req, self.renderer, heavy=req.body_bytes > HEAVY_BYTES)
             cid = _PREFIX[req.dialect] + uuid.uuid4().hex[:24]
             created = int(time.time())
             gen = Generation()
@@ -298,13 +299,21 @@ class ProxyCore:
                         if not task.done():
                             task.cancel()  # closing the engine request aborts it there
             except EngineError as e:  # the app answers it: an HTTP status, or the stream's error event
-                healthy = await self._healthy() if isinstance(e, EngineTimeout) else None
+                try:
+                    healthy = await self._healthy() if isinstance(e, EngineTimeout) else None
+                except asyncio.CancelledError:  # the client left during the probe: record it all the same
+                    rec.failed(e, params)
+                    raise
                 raise rec.failed(e, params, healthy) from e
             except _ClientGone:
                 rec.detached("undelivered", params, undelivered="client_disconnected")
                 raise ProxyError(499, "the client disconnected before the reply was ready") from None
             except (asyncio.CancelledError, GeneratorExit):  # a streamed call's client went away
                 rec.detached("undelivered", params, undelivered="client_disconnected")
+                raise
+            except Exception as e:  # a proxy bug: recorded (not as an engine failure), then the app's 502
+                rec.detached("proxy_error", params, finish_reason="proxy_error", completion=False,
+                             proxy_error=f"{type(e).__name__}: {e}")
                 raise
             c, reply, flags = self._finish(req, gen, cid, created, len(pl.prompt_ids),
                                            sent if stream_writer is not None else None)

@@ -4,7 +4,8 @@ A delivered call's row extends its segment. A *detached* row (`flags["detached"]
 the record but in no segment (`gym.trajectory`): a failed engine call (finish_reason
 "engine_error", no completion tokens, `flags["engine_error"]` with the message, its kind,
 and for a timeout the phase and whether /health answered right after), or a reply the
-harness never received (`flags["undelivered"]`, with whatever was generated). Every row
+harness never received (`flags["undelivered"]`, with whatever was generated), or a call
+the proxy itself failed (`flags["proxy_error"]`: not an engine failure). Every row
 stores its prompt as a delta against its segment (`prefix_len` + the new ids).
 """
 from __future__ import annotations
@@ -51,7 +52,8 @@ class CallRow:
         if params is not None:
             flags.setdefault("max_new_tokens", params.get("max_new_tokens"))
         self.add(flags, finish_reason or self.gen.finish_reason or "abort", completion)
-        self.counters["undelivered" if why == "undelivered" else "engine_errors"] += 1
+        if why in ("undelivered", "engine_error"):
+            self.counters["undelivered" if why == "undelivered" else "engine_errors"] += 1
 
     def failed(self, e: EngineError, params: dict[str, Any] | None, healthy: bool | None = None) -> ProxyError:
         """Record a failed engine call (not a refused prompt); the error the harness gets for it."""
