@@ -334,8 +334,13 @@ def _judge(run: _Run, early: EpisodeEnded | None, played: Trajectory, proxy: Pro
     if end.status == "infra_error":
         return end
     failed = engine_failures(played)
-    if failed:
+    if failed:  # a timed-out call counts whatever /health said after it (`engine_healthy`): the
+        # policy's reply is capped by max_new_tokens, so a call past the engine bounds is load or
+        # a stopped engine, never the policy's doing
         return EngineFailed(f"engine call(s) {failed} failed ({end.reason}: {end})")
+    broken = [c.index for c in played.calls if c.finish_reason == "proxy_error" or c.flags.get("proxy_error")]
+    if broken:  # the proxy itself failed the harness's call: our bug, not the policy's
+        return InfraFailed(f"the proxy failed call(s) {broken} ({end.reason}: {end})")
     # A harness that stopped short may have given up on an engine that died after its last
     # recorded call; one that submitted or spent its budget ended on its own (its record says
     # whether any call failed), so a slow /health must not void it.
