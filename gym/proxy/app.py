@@ -14,7 +14,7 @@ every field it reads (`fields`), and a streamed call sends its 200 only after it
 rendered and the engine had a moment to refuse it (`STREAM_GRACE_S`). Nothing a handler
 raises escapes to the server (that would reset the keep-alive connection): an unexpected
 exception is a 5xx in the dialect's shape. Parsing of large bodies, rendering and trajectory
-export run in worker threads, so one huge request does not stall the other sessions.
+export run in worker threads (`offload`), so one huge request does not stall the other sessions.
 Admin bodies are small JSON objects (`ADMIN_MAX_BODY`), their fields typed as well.
 """
 from __future__ import annotations
@@ -39,6 +39,7 @@ from . import fields as F
 from ..engine_client import EngineError
 from .core import Prepared, ProxyCore
 from .errors import ProxyError
+from .offload import HEAVY_BYTES, offload
 
 try:
     from jinja2 import TemplateError
@@ -50,9 +51,6 @@ log = logging.getLogger(__name__)
 
 ADMIN_MAX_BODY = 64 * 1024
 """Largest admin request body (the biggest real one, a session's meta, is well under 1 KiB)."""
-
-PARSE_IN_THREAD = 256 * 1024
-"""Bodies larger than this are decoded and parsed in a worker thread, off the event loop."""
 
 STREAM_GRACE_S = 1.0
 """A streamed call holds its 200 this long for the engine's first answer, so that a refusal
@@ -113,10 +111,11 @@ def _decode(raw: bytes) -> dict:
 
 
 async def _parsed(parse, raw: bytes):
-    """`parse(_decode(raw))`, in a worker thread when the body is large."""
-    if len(raw) > PARSE_IN_THREAD:
-        return await asyncio.to_thread(lambda: parse(_decode(raw)))
-    return parse(_decode(raw))
+    """`parse(_decode(raw))`, in the heavy lane when the body is large; its size noted."""
+    heavy = len(raw) > HEAVY_BYTES
+    req = await offload(lambda: parse(_decode(raw)), heavy=True) if heavy else parse(_decode(raw))
+    req.body_bytes = len(raw)
+    return req
 
 
 def as_proxy_error(e: BaseException) -> ProxyError:
@@ -266,7 +265,7 @@ def build_app(core: ProxyCore, admin_token: str) -> Starlette:
         try:
             session_for(request)
             raw = await _read_body(request, cfg.max_body_bytes) or b"{}"
-            return _json({"input_tokens": await asyncio.to_thread(lambda: count(_decode(raw)))})
+            return _json({"input_tokens": await offload(lambda: count(_decode(raw)), heavy=len(raw) > HEAVY_BYTES)})
         except Exception as e:
             return _fail(anthropic_messages, e)
 
@@ -336,7 +335,7 @@ def build_app(core: ProxyCore, admin_token: str) -> Starlette:
         if sid not in core.sessions:
             raise KeyError(f"unknown session {sid!r}")
         # Built and encoded in a worker thread: a long session's export must not stall streams.
-        body = await asyncio.to_thread(lambda: _dumps(core.store.trajectory(sid).to_dict()))
+        body = await offload(lambda: _dumps(core.store.trajectory(sid).to_dict()))
         return Response(body, media_type="application/json")
 
     async def a_pause(request, body):

@@ -94,6 +94,8 @@ class ChatRequest:
     stream: bool = False
     include_usage: bool = False
     seed: int | None = None
+    body_bytes: int = 0
+    """Size of the HTTP body it came in (large ones render in the proxy's heavy lane, `offload`)."""
 
     def tools_key(self) -> str:
         if not self.tools:
