@@ -9,7 +9,7 @@ standard library, so a new top-level `json.py` cannot shadow the stdlib either.
 
 Results do not come from JUnit XML, nor from any file: the `Grader` plugin records each node
 id's reports from `pytest_runtest_logreport` in memory and, once pytest.main returns, writes
-them as one JSON block to the stdout it held before any other code ran, between markers that
+them as one literal block to the stdout it held before any other code ran, between markers that
 are in the SPEC file only (deleted once read). A file could be swapped under the runner by its
 path; this stream cannot, and a second block is itself a sign of tampering. A progress file
 (one line per test started) only tells the grader where a run that timed out was.
@@ -30,13 +30,17 @@ import json
 import os
 import sys
 
-_RUNNER = ("pytest", "_pytest", "pluggy", "py", "iniconfig")
+# Fingerprinted: the runner, and the stdlib test frameworks hidden tests may be written in.
+_RUNNER = ("pytest", "_pytest", "pluggy", "py", "iniconfig", "unittest", "doctest")
+# Bound before any code under test runs: the verdict is built and written with these only, so
+# patching json, os.write or repr later changes nothing about what the grader reads.
+_write, _repr, _exact_str, _exact_int = os.write, repr, str.__str__, int.__int__
 # Module globals pytest itself rebinds during a run (assertion hooks, per-test state).
 _MUTABLE = {"_reprcompare", "_assertion_pass", "_config", "_pytest.assertion.util"}
 
 
 # Checked at every test's report (the rest at collection and at the end): what decides a verdict.
-_HOT = frozenset({"pytest", "builtins", "_pytest.reports", "_pytest.runner", "_pytest.python",
+_HOT = frozenset({"pytest", "builtins", "unittest.case", "_pytest.reports", "_pytest.runner", "_pytest.python",
                   "_pytest.outcomes", "_pytest.python_api", "_pytest.approx", "_pytest.raises", "_pytest.skipping",
                   "_pytest.fixtures", "_pytest.main", "_pytest.nodes", "_pytest.unittest",
                   "pluggy._hooks", "pluggy._callers", "pluggy._manager", "pluggy._result"})
@@ -144,9 +148,20 @@ class Grader:
             and os.path.isfile(path) and type(plugin).__name__ == "module"
 
     def verdict(self):
-        """What the grader needs: passing set-ups and teardowns go without saying."""
-        return {"done": self.finished, "violations": self.violations,
-                "records": [r for r in self.records if r.get("when") == "call" or r.get("outcome") != "passed"]}
+        """The records the grader needs (passing set-ups and teardowns go without saying), as
+        a Python literal of exact built-in types (the grader reads it with ast.literal_eval)."""
+        def lit(v):
+            if isinstance(v, str):
+                return _repr(_exact_str(v))
+            if isinstance(v, bool) or v is None:
+                return "None" if v is None else ("True" if v else "False")
+            if isinstance(v, int):
+                return _repr(_exact_int(v))
+            if isinstance(v, dict):
+                return "{" + ", ".join(lit(k) + ": " + lit(x) for k, x in list(dict.items(v))) + "}"
+            return "[" + ", ".join(lit(x) for x in list(v)) + "]"
+        keep = [r for r in self.records if r.get("when") == "call" or r.get("outcome") != "passed"]
+        return lit({"done": self.finished, "violations": self.violations, "records": keep})
 
     # -- hooks (tryfirst / trylast are set in main, once pytest is imported) -----------------------
     def pytest_configure(self, config):
@@ -236,13 +251,13 @@ def main():
                         ("pytest_itemcollected", "tryfirst")):
         setattr(Grader, hook, pytest.hookimpl(**{order: True})(getattr(Grader, hook)))
     plugin = Grader(open(spec["out"], "a", encoding="utf-8"), repo, spec.get("agent_files", []))
+    verdict, marker = plugin.verdict, spec["marker"]  # bound now: a patched class changes neither
     code = pytest.main([*spec["args"], "-p", "no:cacheprovider", *spec["ids"]], plugins=[plugin])
     # The verdict travels on the run's own output, between markers only the grader knows: a
     # file could be swapped under the runner by its path, this stream cannot.
-    marker = spec["marker"]
-    block = f"\n{marker}-begin {json.dumps(plugin.verdict())} {marker}-end\n".encode()
+    block = ("\n" + marker + "-begin " + verdict() + " " + marker + "-end\n").encode()
     while block:
-        block = block[os.write(verdict_fd, block):]
+        block = block[_write(verdict_fd, block):]
     os._exit(int(code))  # no atexit handler of the code under test runs after the verdict
 
 

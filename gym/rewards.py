@@ -26,6 +26,7 @@ reset (no agent process is alive to see them); node ids travel in a file too.
 """
 from __future__ import annotations
 
+import ast
 import json
 import re
 import shlex
@@ -364,9 +365,11 @@ def _run_tests(sandbox: Sandbox, config: RewardConfig, python: str, eval_dir: st
     verdict = None
     if blocks:
         try:
-            verdict = json.loads(blocks[0])
-        except ValueError:
+            verdict = ast.literal_eval(blocks[0])
+        except (ValueError, SyntaxError, MemoryError, RecursionError):
             raise _tampered(["the grader's verdict was garbled"]) from None
+        if not isinstance(verdict, dict) or not isinstance(verdict.get("records"), list):
+            raise _tampered(["the grader's verdict was garbled"])
     return verdict, run, shown
 
 
