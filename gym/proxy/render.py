@@ -35,6 +35,17 @@ from .toolcalls import ToolFormat
 _MARK = "\u2063ANCHOR-REPLY\u2063"
 
 
+def _ids(fast, text: str) -> list[int]:
+    """`fast.encode(text).ids`. Long texts go through `encode_batch_fast`, which releases the
+    GIL (`encode` holds it) and builds no offsets/token strings (freeing those for a 7.5 MB
+    text holds the GIL ~0.5 s): renders run in worker threads, and a multi-MB prompt must not
+    freeze the proxy's event loop, and every other session with it, while it tokenizes."""
+    if len(text) > 8192:
+        batch = getattr(fast, "encode_batch_fast", None) or fast.encode_batch
+        return batch([text], add_special_tokens=False)[0].ids
+    return fast.encode(text, add_special_tokens=False).ids
+
+
 @functools.lru_cache(maxsize=4)
 def _backends(tokenizer_json: str, controls: tuple[str, ...]):
     """Two private copies of a fast tokenizer: special-token matching on, and off (the text
@@ -98,12 +109,12 @@ class Renderer:
 
     def _encode_raw(self, text: str) -> list[int]:
         if self._fast is not None:
-            return self._fast.encode(text, add_special_tokens=False).ids
+            return _ids(self._fast, text)
         return self.tok.encode(text, add_special_tokens=False)
 
     def _encode_as_text(self, text: str) -> list[int]:
         if self._fast_text is not None:
-            return self._fast_text.encode(text, add_special_tokens=False).ids
+            return _ids(self._fast_text, text)
         # python tokenizers only: this splits the tokens flagged special, not template-written plain ones
         return self.tok.encode(text, add_special_tokens=False, split_special_tokens=True)
 
@@ -152,7 +163,7 @@ class Renderer:
         return self._encode_raw(piece)
 
     def _piece(self, piece: str) -> list[int]:
-        if len(piece) < 1024:
+        if len(piece) < 1024 or len(piece) > 256 * 1024:  # huge pieces are one-offs: 256 of them would pin GBs
             return self._encode_piece(piece)
         hit = self._pieces.get(piece)
         if hit is None:
