@@ -148,16 +148,21 @@ class Rollout:
         from harnessrl.gym.scheduler import raise_if_aborted_stale, session_meta
 
         start, limit = getattr(slot, "start_version", 0), getattr(slot, "staleness_limit", None)
-        cancel = Cancel()
-        thread = in_thread(self.run_one, slot.task_id, session_meta(start, limit), cancel)
-        try:
-            traj = await asyncio.shield(thread)
-        except asyncio.CancelledError:
-            await asyncio.shield(in_thread(cancel.set, "the scheduler cancelled the episode (timeout or shutdown)"))
-            await asyncio.wait({thread}, timeout=self.release_wait_s)
-            raise
+        traj = await self.run_cancellable(slot.task_id, session_meta(start, limit))
         traj.metadata["start_version"] = start
         return raise_if_aborted_stale(traj, limit)
+
+    async def run_cancellable(self, task_id: str, session_meta: dict[str, Any] | None = None) -> Trajectory:
+        """`run_one` in a thread of its own; cancelled, it sets the episode's `Cancel` (harness
+        tree killed, sandbox closed) and waits up to `release_wait_s` for the thread to end."""
+        cancel = Cancel()
+        thread = in_thread(self.run_one, task_id, session_meta, cancel)
+        try:
+            return await asyncio.shield(thread)
+        except asyncio.CancelledError:
+            await asyncio.shield(in_thread(cancel.set, "the episode was cancelled (timeout or shutdown)"))
+            await asyncio.wait({thread}, timeout=self.release_wait_s)
+            raise
 
 
 def in_thread(fn: Callable[..., T], *args: Any) -> "asyncio.Future[T]":
@@ -273,7 +278,7 @@ async def run_rollout(cfg: RolloutConfig, engine_url: str, out_dir: str | Path, 
 
         async def one(task_id: str) -> None:
             async with sem:
-                traj = await in_thread(ro.run_one, task_id)
+                traj = await ro.run_cancellable(task_id)
             done.append(traj)
             scored = [t for t in done if t.reward is not None]
             toks = sum(len(c.completion_ids) for t in done for c in t.calls)

@@ -6,6 +6,7 @@ adapter configs, beside and inside the sandbox)."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures.thread
 import json
 import sys
 import threading
@@ -44,9 +45,9 @@ def _alive(pid: int) -> bool:
 
 
 def _our_threads() -> set[threading.Thread]:
-    # event loops' default executors keep their idle workers (asyncio_N here, uvloop_N in the
-    # proxy): pooled threads that hold no episode
-    return {t for t in threading.enumerate() if not t.name.startswith(("asyncio_", "uvloop_"))}
+    # thread pools (event loops' default executors, the proxy's CPU pool) keep their idle
+    # workers: pooled threads that hold no episode
+    return {t for t in threading.enumerate() if getattr(t, "_target", None) is not concurrent.futures.thread._worker}
 
 
 @pytest.mark.timeout(600)
