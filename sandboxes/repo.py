@@ -22,7 +22,7 @@ from pathlib import Path
 from harnessrl.sandboxes.base import RepoSpec, SandboxError
 
 #: Bump when materialize/finalize change what a built checkout contains (rebuilds caches).
-LAYOUT_VERSION = "6"
+LAYOUT_VERSION = "7"
 _SHA = re.compile(r"^[0-9a-f]{40}$")
 
 
@@ -136,6 +136,9 @@ git config gc.auto 0
 # Everything of the base state in packs, nothing loose.
 git repack -a -d -q && git prune --expire=now && rm -rf .git/logs
 rm -rf "$3" && mkdir -p "$3"/objects && cp -a .git/config .git/info .git/hooks "$3"/
+if [ -s .git/info/harnessrl-keep ]; then  # a copy, so reset can undo the agent's edits in there
+  sed 's|^/||; s|/$||' .git/info/harnessrl-keep | tar -cf "$3"/keep.tar -T -
+fi
 mv .git/objects/pack "$3"/objects/pack && mkdir -p .git/objects/pack .git/objects/info
 echo "$3/objects" > .git/objects/info/alternates
 mkdir -p "$3"/refs/heads "$3"/refs/tags && echo "$2" > "$3"/refs/heads/main
@@ -144,7 +147,8 @@ mkdir -p "$3"/refs/heads "$3"/refs/tags && echo "$2" > "$3"/refs/heads/main
 #: Back to base: make everything the agent owns writable again (a `chmod -R a-w` must not
 #: block reset), rebuild .git from the pristine copy (no index: every file is rewritten, so no
 #: forged index entry or skip-worktree bit keeps a change alive), reset the tree, remove
-#: untracked files except what set-up left.
+#: untracked files except what set-up left, and restore that from its copy if it changed
+#: since $4 (epoch seconds of the last reset; without it, set-up's files are trusted as left).
 RESET_SCRIPT = r"""
 set -euo pipefail
 shopt -s nullglob dotglob
@@ -171,6 +175,18 @@ if [ -f .git/info/harnessrl-keep ]; then
   for p in "${lines[@]}"; do keep+=(-e "$p"); done
 fi
 git clean -q -ffdx "${keep[@]}"
+# What set-up left (kept above): if anything in it changed since the last reset ($4, a time only
+# the caller holds: the agent cannot forge a ctime back), put all of it back from the copy.
+if [ -n "${4:-}" ] && [ -f "$pristine/keep.tar" ]; then
+  mapfile -t kept < <(sed 's|^/||; s|/$||' .git/info/harnessrl-keep)
+  changed=""
+  for p in "${kept[@]}"; do [ -e "$p" ] || [ -L "$p" ] || changed=1; done
+  [ -n "$changed" ] || changed="$(find "${kept[@]}" -newerct "@$4" -print -quit 2>/dev/null || echo 1)"
+  if [ -n "$changed" ]; then
+    rm -rf "${kept[@]}"
+    tar -xf "$pristine/keep.tar"
+  fi
+fi
 """
 
 #: The agent's changes against base as one binary git patch: every file of the working tree,

@@ -1,5 +1,5 @@
 """Docker sandboxes: what reset empties beyond the tree (/dev/shm, /dev/mqueue, SysV IPC,
-detached processes) and the disk limits this engine can enforce (RLIMIT_FSIZE per file, the
+detached processes), what it restores (set-up's ignored files, once the agent touched them) and the disk limits this engine can enforce (RLIMIT_FSIZE per file, the
 size of /dev/shm), measured on the real engine."""
 from __future__ import annotations
 
@@ -56,3 +56,30 @@ def test_file_size_limit_and_shm_size_are_enforced(sb):
     assert repo.output.split()[-1] == str(8 * MIB), repo.output  # the repository volume too
     shm = sb.exec("head -c 6M /dev/zero > /dev/shm/x; echo rc=$?; stat -c %s /dev/shm/x", timeout=30)
     assert shm.output.split()[-2:] == ["rc=1", str(4 * MIB)], shm.output  # ENOSPC at 4 MiB
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(180)
+def test_reset_restores_what_set_up_left_once_the_agent_touched_it(backend):
+    import dataclasses
+    spec = dataclasses.replace(CALC.repo_spec(), setup_commands=("mkdir -p vendored && echo 'X = 1' > vendored/helper.py",))
+    sb = backend.create(spec)
+    try:
+        def state():
+            return sb.exec("stat -c %Z vendored/helper.py; cat vendored/helper.py; ls vendored", timeout=30).output.split()
+        first = state()
+        assert first[1:] == ["X", "=", "1", "helper.py"]
+        assert sb.diff() == ""  # set-up's files are not the agent's change
+        sb.reset()
+        assert state() == first  # untouched: not even rewritten (same ctime)
+        # Edited, back-dated with touch, a file added: set-up's state comes back anyway.
+        assert sb.exec("sleep 1; echo 'X = 2' > vendored/helper.py && touch vendored/new.txt "
+                       "&& touch -d 2000-01-01 vendored/helper.py", timeout=30).exit_code == 0
+        assert sb.diff() == ""
+        sb.reset()
+        assert state()[1:] == ["X", "=", "1", "helper.py"]
+        assert sb.exec("rm -rf vendored", timeout=30).exit_code == 0
+        sb.reset()
+        assert state()[1:] == ["X", "=", "1", "helper.py"]
+    finally:
+        sb.close()
