@@ -295,3 +295,39 @@ def test_loopback_is_decided_by_address(host, ok):
 
     assert is_loopback(Address(host, 1234)) is ok
     assert is_loopback(None) is False  # a unix-socket client has no address: not loopback
+
+
+@pytest.mark.parametrize("dialect", list(DIALECT_PATHS))
+def test_a_streamed_prompt_the_engine_refuses_is_a_400_not_an_error_event(dialect):
+    """The engine's refusal (the prompt outgrew its context) comes before the stream's 200."""
+    from harnessrl.gym.proxy import ProxyConfig, ProxyServer
+    from harnessrl.gym.proxy.standin import StandinEngine
+    from proxy_helpers import ServedApp
+
+    eng = StandinEngine(max_context=200)
+    with ServedApp(eng.app()) as e, ProxyServer(ProxyConfig(engine_url=e.url), tokenizer=load_tokenizer("tiny-llama")) as p:
+        sid, key = p.open_session({})
+        conn = Conn(f"{p.url}/s/{sid}", key)
+        long = {**GOOD[dialect], "stream": True}
+        text = "word " * 400
+        if dialect == "openai_responses":
+            long["input"] = text
+        else:
+            long["messages"] = [{"role": "user", "content": text}]
+        r, addr = conn.send("POST", DIALECT_PATHS[dialect], json.dumps(long).encode())
+        assert r.status_code == 400 and "do not fit the context" in r.text, r.text
+        assert e.url not in r.text and e.url.split("//")[1] not in r.text  # the agent is not told where the engine is
+        assert "text/event-stream" not in r.headers.get("content-type", "")
+        g, addr2 = conn.send("POST", DIALECT_PATHS[dialect], json.dumps({**GOOD[dialect], "stream": True}).encode())
+        assert g.status_code == 200 and addr2 == addr and not problems(dialect, Case(dialect, {"stream": True}, ""),
+                                                                         200, {}, g.text)
+
+
+def test_count_tokens_refuses_bad_fields_and_counts_good_ones(env):
+    conn = _session(env)
+    r, _ = conn.send("POST", "/v1/messages/count_tokens", b'{"messages": [{"role": "user", "content": [{"type": 5}]}]}')
+    assert r.status_code == 400 and r.json()["error"]["message"].startswith("messages[0].content[0].type")
+    r, _ = conn.send("POST", "/v1/messages/count_tokens", b"[1]")
+    assert r.status_code == 400 and r.json()["type"] == "error"
+    r, _ = conn.send("POST", "/v1/messages/count_tokens", json.dumps(GOOD["anthropic_messages"]).encode())
+    assert r.status_code == 200 and r.json()["input_tokens"] > 0

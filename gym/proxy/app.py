@@ -118,8 +118,18 @@ async def _parsed(parse, raw: bytes):
     return req
 
 
-def as_proxy_error(e: BaseException) -> ProxyError:
-    """What the harness is told about an exception raised while serving its call."""
+def as_proxy_error(e: BaseException, engine_url: str = "") -> ProxyError:
+    """What the harness is told about an exception raised while serving its call, never
+    with the engine's address in it (the agent has no business calling the engine itself)."""
+    pe = _as_proxy_error(e)
+    url = engine_url.rstrip("/")
+    if url and url in pe.message:
+        pe = ProxyError(pe.status, pe.message.replace(url, "<engine>"), kind=pe.kind, param=pe.param,
+                        headers=pe.headers)
+    return pe
+
+
+def _as_proxy_error(e: BaseException) -> ProxyError:
     if isinstance(e, ProxyError):
         return e
     if isinstance(e, EngineError):
@@ -205,7 +215,7 @@ def build_app(core: ProxyCore, admin_token: str) -> Starlette:
         return handler
 
     def _fail(dialect, e: BaseException) -> Response:
-        pe = as_proxy_error(e)
+        pe = as_proxy_error(e, cfg.engine_url)
         core.counters["errors_4xx" if pe.status < 500 else "errors_5xx"] += 1
         return _error(dialect, pe)
 
@@ -246,7 +256,7 @@ def build_app(core: ProxyCore, admin_token: str) -> Starlette:
             async for chunk in agen:
                 yield chunk
         except Exception as e:  # headers are out: report in the dialect's stream error event
-            pe = as_proxy_error(e)
+            pe = as_proxy_error(e, cfg.engine_url)
             core.counters["errors_4xx" if pe.status < 500 else "errors_5xx"] += 1
             yield dialect.Stream(p.req, "error", p.req.model, 0).error(pe.status, pe.message)
         finally:
