@@ -248,7 +248,7 @@ def score(sandbox: Sandbox, task: Task, config: RewardConfig | None = None) -> R
     except _Verdict as v:
         out.reward, out.reason, out.cause, out.tampered = v.reward, v.reason, v.cause, v.tampered
     except SandboxError as e:  # SandboxDied included: the container is gone, not the agent's fault
-        out.reward, out.reason, out.cause = None, f"{type(e).__name__}: {e}", "infra"
+        out.reward, out.reason, out.cause = None, describe(e), "infra"
     except Exception as e:  # a grader bug must mask the episode, never stall the caller
         out.reward, out.reason, out.cause = None, f"grader error: {describe(e)}", "infra"
     out.status = "infra_error" if out.reward is None else "ok"
