@@ -149,14 +149,15 @@ class _EpisodeActor:
         """A sync worker's episode in a thread; cancelled (`ray.cancel`), a worker whose `run`
         takes a `cancel` gets it set (harness tree killed, sandbox closed) and is waited for."""
         from harnessrl.adapters.cancel import Cancel
+        from harnessrl.gym.rollout import in_thread
 
         cancel = Cancel()
         takes = "cancel" in inspect.signature(self.worker.run).parameters
-        fut = asyncio.ensure_future(asyncio.to_thread(self.worker.run, slot, *((cancel,) if takes else ())))
+        fut = in_thread(self.worker.run, slot, *((cancel,) if takes else ()))
         try:
             return await asyncio.shield(fut)
         except asyncio.CancelledError:
-            await asyncio.to_thread(cancel.set, "the driver cancelled the episode")
+            await asyncio.shield(in_thread(cancel.set, "the driver cancelled the episode"))
             await asyncio.wait({fut}, timeout=120)
             raise
 
