@@ -270,7 +270,7 @@ def _score(sandbox: Sandbox, task: Task, config: RewardConfig, out: RewardResult
     # 1. The agent's work, read before anything changes it.
     head = sandbox.exec("git -c core.fsmonitor=false rev-parse -q --verify HEAD", timeout=quick,
                         workdir=sandbox.workdir)
-    out.agent_diff = _read_diff(sandbox)
+    out.agent_diff = _twice(sandbox, sandbox.diff, "the agent's changes could not be read")
     try:
         changes = split_patch(out.agent_diff)
     except ValueError as e:
@@ -310,29 +310,26 @@ def _score(sandbox: Sandbox, task: Task, config: RewardConfig, out: RewardResult
         else f"all {len(out.tests)} tests pass"
 
 
-def _read_diff(sandbox: Sandbox) -> str:
-    try:
-        return sandbox.diff()
-    except SandboxDied:
-        raise
-    except SandboxError as e:
-        if _answers(sandbox):  # the sandbox works; the tree the agent left does not
-            raise _agent(f"the agent's changes could not be read: {e}") from None
-        raise
+def _twice(sandbox: Sandbox, step, what: str):
+    """Run a sandbox step; retry once (a transient channel failure passes the second time).
+    Failing twice while the sandbox still runs commands is the state the agent left: its 0."""
+    for attempt in (1, 2):
+        try:
+            return step()
+        except SandboxDied:
+            raise
+        except SandboxError as e:
+            if attempt == 2:
+                if _answers(sandbox):
+                    raise _agent(f"{what}: {describe(e)}") from None
+                raise
 
 
 def _prepare(sandbox: Sandbox, task: Task, config: RewardConfig, kept: str, spec: dict,
              sections: list[str] = ()) -> tuple[str, str]:
     """Reset, then base + hidden tests + `kept`, and the runner with its `spec` in a fresh
     directory; return (base sha, that directory)."""
-    try:
-        sandbox.reset()
-    except SandboxDied:
-        raise
-    except SandboxError as e:
-        if "timed out" not in str(e) and _answers(sandbox):
-            raise _agent(f"the sandbox could not be reset to base from the state the agent left: {e}") from None
-        raise
+    _twice(sandbox, sandbox.reset, "the sandbox could not be reset to base from the state the agent left")
     before = {p: _read_text(sandbox, p) for p in sections}
     eval_dir = f"/tmp/harnessrl-eval-{uuid.uuid4().hex}"  # fresh and unguessable
     spec = {**spec, "out": f"{eval_dir}/progress.jsonl"}

@@ -13,7 +13,7 @@ import pytest
 
 from harnessrl.gym.rewards import RewardConfig, nodeid_key, parse_junit, score
 from harnessrl.gym.task_loaders import load_suite
-from harnessrl.sandboxes import make_backend
+from harnessrl.sandboxes import SandboxError, make_backend
 
 TASKS = {t.instance_id.split("__")[1]: t for t in load_suite("builtin")}
 CALC2 = TASKS["calc-2"]  # left-associative '-': 3 parametrized FAIL_TO_PASS ids, 15 PASS_TO_PASS
@@ -230,6 +230,31 @@ def test_no_report_on_the_pristine_base_either_is_infra(sb):
     r = score(sb, CALC2.model_copy(update={"test_command": "python3 -m pytest --no-such-option"}))
     assert (r.reward, r.status, r.cause) == (None, "infra_error", "infra")
     assert "the pristine base gives none either" in r.reason
+
+
+class FlakyReset:
+    """A real sandbox whose first reset fails the way a broken control channel does."""
+
+    def __init__(self, inner):
+        self.inner, self.workdir, self.resets = inner, inner.workdir, 0
+
+    def reset(self):
+        self.resets += 1
+        if self.resets == 1:
+            raise SandboxError("reset failed: ConnectionError: attach stream closed")
+        self.inner.reset()
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(180)
+def test_a_transient_reset_failure_is_retried_not_scored(sb):
+    run_plan(sb, CALC2)
+    flaky = FlakyReset(sb)
+    r = score(flaky, CALC2)
+    assert (r.reward, r.status, flaky.resets) == (1.0, "ok", 2), r.reason
 
 
 # --- local (bubblewrap) backend ----------------------------------------------------------------
