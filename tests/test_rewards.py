@@ -1,6 +1,8 @@
-"""Hidden-test rewards in real sandboxes: gold is rewarded, tampering with tests is not, and
-infrastructure failures (killed container, test-run timeout, no report, unappliable hidden
-tests) give reward None / infra_error, never 0. JUnit parsing is checked on a real pytest run."""
+"""Hidden-test rewards in real sandboxes: gold is rewarded, tampering with tests is not;
+infrastructure failures (killed container, unappliable hidden tests, a test command the grader
+cannot own, no report even on the pristine base) give reward None / infra_error, never 0, while
+what the agent's code does (a hung test run) is its 0. JUnit parsing (used by the suite builder)
+is checked on a real pytest run. More attacks: test_grading_attacks.py."""
 from __future__ import annotations
 
 import os
