@@ -167,6 +167,8 @@ def prepare(bwrap_args: list[str], binds: Binds, command: list[str], env: dict[s
     of every process of the command."""
     memfd = started_r = started_w = None
     lines = [f"echo $$ > {shlex.quote(f)}" for f in cgroup_procs]
+    if fsize is not None:  # POSIX sh counts -f in 512-byte blocks; sets the soft and hard limit
+        lines.append(f"ulimit -f {max(1, fsize // 512)}")
     args = list(bwrap_args)
     for flag, src, dst, point in binds.entries:
         if point is not None:
@@ -178,13 +180,12 @@ def prepare(bwrap_args: list[str], binds: Binds, command: list[str], env: dict[s
         os.write(memfd, b"".join(a.encode() + b"\0" for a in args))
         os.lseek(memfd, 0, os.SEEK_SET)
         started_r, started_w = os.pipe()
-        mark = f'printf x >&{started_w} && exec {started_w}>&- && exec env -u SHLVL -- "$@"'
-        tail = [_tool("bwrap"), "--args", str(memfd), "--", "bash", "-c", mark, "harnessrl-start", *command]
+        mark = f'printf x >&{started_w} && exec {started_w}>&- && exec "$@"'
+        tail = [_tool("bwrap"), "--args", str(memfd), "--", "bash", "-p", "-c", mark, "harnessrl-start",
+                *command]  # -p: no BASH_ENV, no imported functions can stop the byte
         if identity.drops:
             tail = [_tool("setpriv"), f"--reuid={identity.uid}", f"--regid={identity.gid}",
                     "--clear-groups", "--no-new-privs", "--", *tail]
-        if fsize is not None:
-            tail = [_tool("prlimit"), f"--fsize={fsize}", "--", *tail]
         script = "set -e\n" + "".join(line + "\n" for line in lines) + "exec " + shlex.join(tail)
         argv = [_tool("sh"), "-c", script]
         if private_ns:

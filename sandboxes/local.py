@@ -21,6 +21,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -94,6 +95,29 @@ def _pump(stream, sink: bytearray, limit: int) -> None:
         if len(sink) < limit:
             sink += chunk[: limit - len(sink)]
     stream.close()
+
+
+def _wait(proc: subprocess.Popen, timeout: float) -> bool:
+    """Whether `proc` exited within `timeout`; woken by its exit through a pidfd (Popen.wait's
+    timeout polls with sleeps up to 50 ms, which would round every command up to them)."""
+    try:
+        pidfd = os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):
+        try:
+            proc.wait(timeout)
+            return True
+        except subprocess.TimeoutExpired:
+            return False
+    try:  # poll, not select: a busy process may hold fds past FD_SETSIZE
+        poller = select.poll()
+        poller.register(pidfd, select.POLLIN)
+        ready = poller.poll(max(0, int(timeout * 1000)))
+    finally:
+        os.close(pidfd)
+    if not ready:
+        return False
+    proc.wait()
+    return True
 
 
 class LocalBackend:
@@ -294,11 +318,8 @@ class LocalSandbox:
             proc.stdin.close()
         except BrokenPipeError:
             pass
-        timed_out = False
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            timed_out = True
+        timed_out = not _wait(proc, timeout)
+        if timed_out:
             os.killpg(proc.pid, signal.SIGKILL)  # bwrap dies, and with it its PID namespace
             if cg:
                 cg.kill_all()

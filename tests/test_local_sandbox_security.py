@@ -149,7 +149,8 @@ def test_a_fresh_proc_and_an_allowlisted_environment(monkeypatch, backend, sb):
     assert json.loads(res.output) == {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
                                       "HOME": "/home/agent", "USER": "agent", "LANG": "C.UTF-8",
                                       "PYTHONDONTWRITEBYTECODE": "1", "SANDBOX_VAR": "from-sandbox",
-                                      "EXEC_VAR": "from-exec", "PWD": "/workspace/repo"}
+                                      "EXEC_VAR": "from-exec", "PWD": "/workspace/repo",
+                                      "SHLVL": "0"}  # bwrap's --chdir, the launch marker's exec
     every = sb.exec("for f in /proc/[0-9]*/environ /proc/[0-9]*/cmdline; do tr '\\0' '\\n' < $f; done; "
                     "ls -d /proc/[0-9]* | wc -l")
     assert every.exit_code == 0, every.output
@@ -262,3 +263,14 @@ def test_reap_unmounts_and_removes_what_a_crashed_run_left(backend, spec, tmp_pa
     assert backend.reap() == 1
     assert not crashed.box.exists() and not image.exists()
     assert not any(STAGE_ROOT.glob(backend._cgroup_name("") + "*"))
+
+
+def test_a_command_that_dies_at_once_is_the_commands_exit_not_a_launch_failure(backend, spec):
+    sb = backend.create(spec, env={"BASH_ENV": "/tmp/die.sh"})  # sourced by every bash -c
+    try:
+        sb.write_file("/tmp/die.sh", b"exit 7\n")
+        assert sb.exec("echo never").exit_code == 7  # the agent's to own, never an infra error
+        res = sb.exec(["sh", "-c", "kill -9 $$"])
+        assert res.exit_code == 137, res  # bwrap reports 128 + SIGKILL
+    finally:
+        sb.close()
