@@ -36,7 +36,7 @@ _RUNNER = ("pytest", "_pytest", "pluggy", "py", "iniconfig", "unittest", "doctes
 # patching json, os.write or repr later changes nothing about what the grader reads.
 _write, _repr, _exact_str, _exact_int = os.write, repr, str.__str__, int.__int__
 # Module globals pytest itself rebinds during a run (assertion hooks, per-test state).
-_MUTABLE = {"_reprcompare", "_assertion_pass", "_config", "_pytest.assertion.util"}
+_MUTABLE = {"_reprcompare", "_assertion_pass", "_config"}
 
 
 # Checked at every test's report (the rest at collection and at the end): what decides a verdict.
