@@ -64,11 +64,12 @@ class LocalConfig(BaseModel, extra="forbid", use_attribute_docstrings=True):
     """Timeout of each setup command when a checkout is first built."""
     output_limit: int = Field(default=4 << 20, gt=0)
     """Most bytes of command output kept per exec."""
-    sandbox_uid: int = Field(default=65534, ge=1)
-    """Host uid every sandboxed process runs as when harnessrl runs as root (never 0; a
-    dedicated unused uid keeps sandboxes apart from other `nobody` processes). Not root:
-    sandboxes run as this process's own uid."""
-    sandbox_gid: int = Field(default=65534, ge=1)
+    sandbox_uid: int = Field(default=65533, ge=1)
+    """Host uid every sandboxed process (and every file of a sandbox and its cached checkout)
+    has when harnessrl runs as root; never 0. Default: one of Debian's reserved uids
+    (65000-65533), so no user or daemon, not even `nobody`, shares it. Not root: sandboxes
+    run as this process's own uid."""
+    sandbox_gid: int = Field(default=65533, ge=1)
     """Host gid of sandboxed processes when harnessrl runs as root (no supplementary groups)."""
     disk_quota: str | None = "8g"
     """Most bytes a sandbox's repo, /tmp and home hold together, e.g. 8g (a loop-mounted
