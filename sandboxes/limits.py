@@ -128,7 +128,8 @@ class LoopDisk:
     writes past its size fail with ENOSPC (a disk quota for repo/, tmp/ and home/ together).
 
     Mounting needs root: elsewhere `create` returns None and the backend says the quota is
-    not enforced. The image costs host disk only for blocks the sandbox actually wrote."""
+    not enforced; as root, a failure (no loop devices, say) raises OSError with the reason.
+    The image costs host disk only for blocks the sandbox actually wrote."""
 
     def __init__(self, image: Path, mountpoint: Path):
         self.image, self.mountpoint = image, mountpoint
@@ -146,9 +147,11 @@ class LoopDisk:
                            check=True, capture_output=True, timeout=120)
             subprocess.run(["mount", "-o", "loop,nosuid,nodev", str(image), str(mountpoint)],
                            check=True, capture_output=True, timeout=120)
-        except (OSError, subprocess.SubprocessError):
+        except (OSError, subprocess.SubprocessError) as e:
             disk.remove()
-            return None
+            detail = getattr(e, "stderr", b"") or b""
+            raise OSError(f"cannot loop-mount a {size_bytes}-byte filesystem for a sandbox: {e} "
+                          f"{detail.decode('utf-8', 'replace').strip()[-300:]}") from None
         shutil.rmtree(mountpoint / "lost+found", ignore_errors=True)
         return disk
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import logging
 import os
 import select
 import shutil
@@ -45,6 +46,7 @@ __all__ = ["LocalConfig", "LocalBackend", "LocalSandbox", "bwrap_works"]
 PRISTINE_PARENT = "/opt/harnessrl"
 PRISTINE_DIR = f"{PRISTINE_PARENT}/pristine"
 HOME = BASE_ENV["HOME"]
+log = logging.getLogger(__name__)
 _UNITS = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
 
 
@@ -136,6 +138,7 @@ class LocalBackend:
         for sub in ("cache", "boxes", "disks"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         # Checkouts built for another uid would not be the sandbox's to write.
+        self._warned_quota = False
         i = self.identity
         self._cache_flavour = f"local-as-{i.uid}:{i.gid}" if i.drops else "local"
 
@@ -200,7 +203,15 @@ class LocalBackend:
         box = Path(tempfile.mkdtemp(prefix=f"{spec.repo_id[:40]}-", dir=self.root / "boxes"))
         disk = None
         if self.config.disk_quota is not None:
-            disk = LoopDisk.create(self.root / "disks" / f"{box.name}.img", box, _bytes(self.config.disk_quota))
+            try:
+                disk = LoopDisk.create(self.root / "disks" / f"{box.name}.img", box, _bytes(self.config.disk_quota))
+            except OSError as e:
+                if self.config.require_limits:
+                    remove(box)
+                    raise SandboxUnavailable(f"the disk quota cannot be enforced here: {e}") from None
+                if not self._warned_quota:
+                    log.warning("local sandboxes: disk quota not enforced (only RLIMIT_FSIZE): %s", e)
+                    self._warned_quota = True
         try:
             try:  # cp -a keeps the checkout's owner: the sandbox uid that built it
                 subprocess.run(["cp", "-a", "--reflink=auto", str(cdir / "repo"), str(cdir / "home"), str(box)],

@@ -274,3 +274,19 @@ def test_a_command_that_dies_at_once_is_the_commands_exit_not_a_launch_failure(b
         assert res.exit_code == 137, res  # bwrap reports 128 + SIGKILL
     finally:
         sb.close()
+
+
+@ROOT_ONLY
+def test_a_quota_that_cannot_be_mounted_is_said_so_or_refused(spec, tmp_path, caplog):
+    from harnessrl.sandboxes import SandboxUnavailable
+    from harnessrl.sandboxes.local import LocalBackend, LocalConfig
+    tiny = dict(root=str(tmp_path / "r"), disk_quota="16k")  # too small for any ext4
+    sb = LocalBackend(LocalConfig(**tiny)).create(spec)
+    try:
+        assert not sb.quota_enforced and "disk quota not enforced" in caplog.text
+        assert sb.exec("echo ok").output == "ok\n"
+    finally:
+        sb.close()
+    with pytest.raises(SandboxUnavailable, match="disk quota cannot be enforced"):
+        LocalBackend(LocalConfig(**tiny, require_limits=True)).create(spec)
+    assert list((tmp_path / "r" / "boxes").iterdir()) == []
