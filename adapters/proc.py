@@ -1,14 +1,16 @@
 """Run a beside harness as a host process: wall-clock limit, stdin closed (several harnesses
 read it when not a TTY), and on timeout or cancellation its whole process tree killed: the
 process group it leads and every descendant, also those that left the group with `setsid`
-(harnesses spawn children, and a policy's commands may daemonize). A descendant that both
-left the session and was orphaned before the kill is out of reach on the host; commands the
-harness runs in the sandbox die with the sandbox."""
+(harnesses spawn children, and a policy's commands may daemonize). When it ends on its own,
+what it left in its process group is killed. A descendant that both left the session and
+was orphaned before the kill is out of reach on the host; commands the harness runs in the
+sandbox die with the sandbox."""
 from __future__ import annotations
 
 import os
 import signal
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass
 
@@ -72,26 +74,45 @@ def _quietly(fn) -> None:
 
 
 def run_host(argv: list[str], env: dict[str, str], cwd: str, timeout: float, cancel: Cancel | None = None) -> HostRun:
+    """Run argv to its end (or `timeout`, or `cancel`); then whatever it left running in its
+    process group is killed too. Its streams go to files, not pipes, so a descendant that
+    keeps them open cannot hold the run past its end."""
     t0 = time.monotonic()
-    proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, start_new_session=True)
-    unregister = cancel.on_set(lambda: kill_tree(proc.pid)) if cancel is not None else (lambda: None)
-    try:
-        out, err = proc.communicate(timeout=timeout)
+    with tempfile.TemporaryFile() as out_f, tempfile.TemporaryFile() as err_f:
+        proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out_f, stderr=err_f,
+                                start_new_session=True)
+
+        def release() -> None:
+            if proc.poll() is None:  # not reaped yet, so its pid is still its own
+                kill_tree(proc.pid)
+
+        unregister = cancel.on_set(release) if cancel is not None else (lambda: None)
         timed_out = False
-    except subprocess.TimeoutExpired:
-        kill_tree(proc.pid)
-        out, err = proc.communicate()
-        timed_out = True
-    except BaseException:  # never leave the tree running behind an exception
-        kill_tree(proc.pid)
-        proc.communicate()
-        raise
-    finally:
-        unregister()
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            kill_tree(proc.pid)
+            proc.wait()
+            timed_out = True
+        except BaseException:  # never leave the tree running behind an exception
+            kill_tree(proc.pid)
+            proc.wait()
+            raise
+        finally:
+            unregister()
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # what it left behind in its group
+        except (ProcessLookupError, PermissionError):
+            pass
+        out, err = _read(out_f), _read(err_f)
     cancelled = cancel is not None and cancel.is_set() and not timed_out
-    return HostRun(None if (timed_out or cancelled) else proc.returncode, out.decode("utf-8", "replace"),
-                   err.decode("utf-8", "replace"), timed_out, time.monotonic() - t0, cancelled)
+    return HostRun(None if (timed_out or cancelled) else proc.returncode, out, err, timed_out,
+                   time.monotonic() - t0, cancelled)
+
+
+def _read(f) -> str:
+    f.seek(0)
+    return f.read().decode("utf-8", "replace")
 
 
 def clean_env(extra: dict[str, str]) -> dict[str, str]:
