@@ -252,7 +252,9 @@ def main():
         setattr(Grader, hook, pytest.hookimpl(**{order: True})(getattr(Grader, hook)))
     plugin = Grader(open(spec["out"], "a", encoding="utf-8"), repo, spec.get("agent_files", []))
     verdict, marker = plugin.verdict, spec["marker"]  # bound now: a patched class changes neither
-    code = pytest.main([*spec["args"], "-p", "no:cacheprovider", *spec["ids"]], plugins=[plugin])
+    args = [*spec["args"], "-p", "no:cacheprovider", *spec["ids"]]
+    spec.clear()  # no live dict holds the marker while the code under test runs
+    code = pytest.main(args, plugins=[plugin])
     # The verdict travels on the run's own output, between markers only the grader knows: a
     # file could be swapped under the runner by its path, this stream cannot.
     block = ("\n" + marker + "-begin " + verdict() + " " + marker + "-end\n").encode()

@@ -11,7 +11,8 @@ Contract: `split_patch` cuts a `git diff --binary --no-renames` into one `FileCh
 - tampered: shadows of the runner (`pytest`, `_pytest`, `pluggy`, `py`, `iniconfig`), site
   hooks (`sitecustomize`, `usercustomize`, any `.pth`), a `pytest11` entry point, and Python
   source outside the tests whose added lines reach into the test framework (`_pytest`,
-  pluggy, junitxml, TestReport, pytest hooks, `import pytest`): the episode scores 0;
+  pluggy, junitxml, TestReport, pytest hooks, `import pytest`) or introspect the interpreter
+  (frames, `gc.get_objects`, trace hooks): the episode scores 0;
 - kept: everything else, applied to the pristine base for grading.
 """
 from __future__ import annotations
@@ -29,6 +30,10 @@ _PY_SUFFIXES = (".py", ".pyw", ".pyc", ".pyo", ".so", ".pyd")
 _REACH = re.compile(r"\b(_pytest|pluggy|junitxml|LogXML|TestReport|CollectReport|CallInfo|hookimpl|"
                     r"hookwrapper|pytest_[a-z_]+)\b|^\s*(import|from)\s+pytest\b|\bpytest\.\w|"
                     r"['\"]pytest['\"]")
+#: Introspection that reaches the grader's own state from inside the test process (its frames,
+#: every live object): no fix needs it, and it is how an in-process check would be dodged.
+_INTROSPECT = re.compile(r"\b(_getframe|currentframe|f_back|f_locals|f_globals|get_objects|get_referrers|"
+                         r"get_referents|setprofile|settrace)\b")
 _HEADER = re.compile(r"^diff --git (.*)$", re.M)
 _ESCAPES = {"a": 7, "b": 8, "t": 9, "n": 10, "v": 11, "f": 12, "r": 13, '"': 34, "\\": 92}
 
@@ -144,6 +149,8 @@ def _reaches_framework(change: FileChange) -> str | None:
         for line in change.added_lines():
             if _REACH.search(line):
                 return f"reaches into the test framework: {line.strip()[:120]!r}"
+            if _INTROSPECT.search(line):
+                return f"introspects the running interpreter: {line.strip()[:120]!r}"
     return None
 
 

@@ -60,6 +60,7 @@ def test_triage_sorts_each_change_into_one_place(tmp_path):
         "pkg/hook.py": b"from _pytest import reports\n",                     # tampered: reaches into pytest
         "pkg/api.py": b"def f(x):\n    return getattr(__import__('pytest'), 'x')\n",  # tampered
         "pkg/doc.py": b'"""Run the tests with pytest. Then relax."""\n',     # kept: prose is fine
+        "pkg/spy.py": b"import sys\nf = sys._getframe(1)\n",                  # tampered: frame walking
     }
     out = triage(split_patch(git_diff(tmp_path, files)), protected={"hidden.py"})
     assert [c.path for c in out.kept] == ["pkg/doc.py", "pkg/fix.py"]
@@ -69,6 +70,7 @@ def test_triage_sorts_each_change_into_one_place(tmp_path):
         "cheat.dist-info/entry_points.txt: declares a pytest11 plugin entry point",
         "pkg/api.py: reaches into the test framework: \"return getattr(__import__('pytest'), 'x')\"",
         "pkg/hook.py: reaches into the test framework: 'from _pytest import reports'",
+        "pkg/spy.py: introspects the running interpreter: 'f = sys._getframe(1)'",
         "pkg/x.pth: is a .pth site hook",
         "pluggy/__init__.py: shadows the test runner (pluggy)",
         "pytest.py: shadows the test runner (pytest)",
