@@ -38,7 +38,7 @@ def isolation() -> list[str]:
     system dirs read-only, its own /proc and /dev, an empty environment to fill."""
     return ["--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
             "--cap-drop", "ALL", "--uid", str(INSIDE_UID), "--gid", str(INSIDE_UID), "--hostname", "sandbox",
-            *system_binds(), "--proc", "/proc", "--dev", "/dev", "--clearenv"]
+            *system_binds(), "--proc", "/proc", "--dev", "/dev", "--chdir", "/", "--clearenv"]
 
 
 def system_binds() -> list[str]:
@@ -160,11 +160,14 @@ class Binds:
                 shutil.rmtree(d, ignore_errors=True)
 
 
-def prepare(bwrap_args: list[str], binds: Binds, command: list[str], env: dict[str, str],
+def prepare(bwrap_args: list[str], binds: Binds, command: list[str], workdir: str, env: dict[str, str],
             identity: Identity, cgroup_procs: list[str] = (), fsize: int | None = None) -> Launch:
-    """The launch chain for `bwrap <bwrap_args> <binds> -- <command>`; bwrap reads its options
-    (host paths, env values), not the command, from a memfd. `fsize`: RLIMIT_FSIZE (bytes)
-    of every process of the command."""
+    """The launch chain for `bwrap <bwrap_args> <binds> -- <command>` run in `workdir`; bwrap
+    reads its options (host paths, env values), not the command, from a memfd. `fsize`:
+    RLIMIT_FSIZE (bytes) of every process of the command.
+
+    The marker changes into `workdir` after its byte, not bwrap (`--chdir`) before: a workdir
+    the agent deleted or chmod-ed is the agent's failed command, not a failed launch."""
     memfd = started_r = started_w = None
     lines = [f"echo $$ > {shlex.quote(f)}" for f in cgroup_procs]
     if fsize is not None:  # POSIX sh counts -f in 512-byte blocks; sets the soft and hard limit
@@ -180,9 +183,10 @@ def prepare(bwrap_args: list[str], binds: Binds, command: list[str], env: dict[s
         os.write(memfd, b"".join(a.encode() + b"\0" for a in args))
         os.lseek(memfd, 0, os.SEEK_SET)
         started_r, started_w = os.pipe()
-        mark = f'printf x >&{started_w} && exec {started_w}>&- && exec "$@"'
+        mark = (f'printf x >&{started_w} && exec {started_w}>&- && cd -- "$1" && unset OLDPWD && shift '
+                '&& exec "$@"')
         tail = [_tool("bwrap"), "--args", str(memfd), "--", "bash", "-p", "-c", mark, "harnessrl-start",
-                *command]  # -p: no BASH_ENV, no imported functions can stop the byte
+                workdir, *command]  # -p: no BASH_ENV, no imported functions can stop the byte
         if identity.drops:
             tail = [_tool("setpriv"), f"--reuid={identity.uid}", f"--regid={identity.gid}",
                     "--clear-groups", "--no-new-privs", "--", *tail]
@@ -210,7 +214,7 @@ def probe(identity: Identity) -> str | None:
     if not shutil.which("bwrap", path=SAFE_PATH):
         return "bwrap is not installed (apt-get install bubblewrap)"
     try:
-        launch = prepare(isolation(), Binds(identity, "probe", []), ["true"], dict(BASE_ENV), identity)
+        launch = prepare(isolation(), Binds(identity, "probe", []), ["true"], "/", dict(BASE_ENV), identity)
     except FileNotFoundError as e:
         return str(e)
     try:

@@ -37,7 +37,7 @@ from pydantic import BaseModel, Field
 from harnessrl.sandboxes.base import (ExecResult, RepoSpec, SandboxDied, SandboxError,
                                       SandboxUnavailable)
 from harnessrl.sandboxes.bwrap import BASE_ENV, Binds, Identity, isolation, prepare, probe
-from harnessrl.sandboxes.hostfs import own, remove, unlock
+from harnessrl.sandboxes.hostfs import own, remove
 from harnessrl.sandboxes.limits import Cgroup, LoopDisk, umount
 from harnessrl.sandboxes.repo import DIFF_SCRIPT, FINALIZE_SCRIPT, RESET_SCRIPT, materialize, spec_key
 
@@ -220,7 +220,8 @@ class LocalBackend:
                 raise SandboxError(f"cannot copy the checkout of {spec.repo_id!r} into a sandbox: "
                                    f"{e.stderr.decode('utf-8', 'replace')[-500:]}") from None
             sb = LocalSandbox(self, spec, box, cdir / "opt", (cdir / "base_sha").read_text().strip(),
-                              mounts=mounts, env=env, home_template=cdir / "home", disk=disk)
+                              mounts=mounts, env=env, home_template=cdir / "home",
+                              repo_template=cdir / "repo", disk=disk)
         except BaseException:
             if disk:
                 disk.remove()
@@ -236,9 +237,10 @@ class LocalSandbox:
 
     def __init__(self, backend: LocalBackend, spec: RepoSpec, box: Path, opt: Path, base_sha: str,
                  mounts: Sequence[Any] = (), env: dict[str, str] | None = None, pristine_rw: bool = False,
-                 home_template: Path | None = None, disk: LoopDisk | None = None):
+                 home_template: Path | None = None, repo_template: Path | None = None,
+                 disk: LoopDisk | None = None):
         self.backend, self.spec, self.box, self.base_sha = backend, spec, box, base_sha
-        self.home_template = home_template
+        self.home_template, self.repo_template = home_template, repo_template
         self.workdir = spec.workdir
         self.id = box.name
         self.env = dict(env or {})
@@ -290,12 +292,12 @@ class LocalSandbox:
         self._binds.remove()
         remove(self.box)
 
-    def _bwrap_args(self, env: dict[str, str] | None, workdir: str | None) -> list[str]:
+    def _bwrap_args(self, env: dict[str, str] | None) -> list[str]:
         """bwrap's options (not its binds): the command's env is exactly BASE_ENV, the sandbox's
         env, the exec's env; nothing of this process's environment."""
         full_env = {**BASE_ENV, **self.env, **(env or {})}
         setenv = [a for k, v in full_env.items() for a in ("--setenv", k, v)]
-        return [*isolation(), "--chdir", workdir or self.workdir, *setenv]
+        return [*isolation(), *setenv]
 
     def _run(self, argv: list[str], timeout: float, env: dict[str, str] | None = None,
              workdir: str | None = None, stdin: bytes | None = None, merge: bool = True
@@ -306,7 +308,7 @@ class LocalSandbox:
         limit = c.output_limit
         t0 = time.monotonic()
         # The launch shell joins the cgroup while still root, then drops (no preexec_fn: threads).
-        launch = prepare(self._bwrap_args(env, workdir), self._binds, argv, dict(BASE_ENV),
+        launch = prepare(self._bwrap_args(env), self._binds, argv, workdir or self.workdir, dict(BASE_ENV),
                          self.backend.identity, cg.procs_files() if cg else [],
                          fsize=_bytes(c.disk_quota) if c.disk_quota is not None else None)
         try:
@@ -364,22 +366,34 @@ class LocalSandbox:
         return self._script(DIFF_SCRIPT, self.workdir, self.base_sha).decode("utf-8", "replace")
 
     def reset(self) -> None:
+        """Base state again: /tmp and home from the checkout first (freeing a full quota), then
+        the repo by RESET_SCRIPT; a repo the script cannot reset (.git deleted, trees chmod-ed
+        unreadable, no space left) is replaced by a fresh copy of the cached checkout."""
+        for d in (self.box / "tmp", self.box / "home"):
+            remove(d)
+        self._copy_or_mkdir(self.home_template, self.box / "home")
+        self._copy_or_mkdir(None, self.box / "tmp")
         try:
             self._script(RESET_SCRIPT, self.workdir, self.base_sha, PRISTINE_DIR)
         except SandboxDied:
             raise
-        except SandboxError:  # e.g. the agent chmod-ed parts of the tree unreadable: take them back
-            unlock(self.box / "repo")
-            self._script(RESET_SCRIPT, self.workdir, self.base_sha, PRISTINE_DIR)
-        for d in (self.box / "tmp", self.box / "home"):
-            remove(d)
-        (self.box / "tmp").mkdir()
-        if self.home_template is not None:  # home as set-up left it, owned as set-up left it
-            subprocess.run(["cp", "-a", "--reflink=auto", str(self.home_template), str(self.box / "home")],
-                           check=True)
+        except SandboxError:
+            if self.repo_template is None:
+                raise
+            remove(self.box / "repo")
+            self._copy_or_mkdir(self.repo_template, self.box / "repo")
+
+    def _copy_or_mkdir(self, template: Path | None, dest: Path) -> None:
+        if template is not None:  # cp -a: owned as set-up left it (by the sandbox uid)
+            try:
+                subprocess.run(["cp", "-a", "--reflink=auto", str(template), str(dest)], check=True,
+                               capture_output=True)
+            except subprocess.CalledProcessError as e:
+                raise SandboxError(f"cannot restore {dest.name} of local sandbox {self.id}: "
+                                   f"{e.stderr.decode('utf-8', 'replace')[-500:]}") from None
         else:
-            (self.box / "home").mkdir()
-        own(self.backend.identity, self.box / "tmp", self.box / "home")
+            dest.mkdir()
+            own(self.backend.identity, dest)
 
     def _abs(self, path: str) -> str:
         return path if path.startswith("/") else f"{self.workdir}/{path}"

@@ -290,3 +290,22 @@ def test_a_quota_that_cannot_be_mounted_is_said_so_or_refused(spec, tmp_path, ca
     with pytest.raises(SandboxUnavailable, match="disk quota cannot be enforced"):
         LocalBackend(LocalConfig(**tiny, require_limits=True)).create(spec)
     assert list((tmp_path / "r" / "boxes").iterdir()) == []
+
+
+def test_what_the_agent_can_break_fails_its_own_commands_never_the_launch(backend, spec):
+    # A launch failure is the infrastructure's (masked); nothing the agent does may cause one.
+    sb = backend.create(spec)
+    try:
+        assert sb.exec("chmod 000 /workspace/repo /tmp /home/agent").exit_code == 0
+        res = sb.exec("echo hi")  # cannot even enter its workdir now: its failure, not a launch's
+        assert res.exit_code == 1 and "Permission denied" in res.output, res.output
+        assert sb.exec("echo hi", workdir="/tmp/gone").exit_code == 1
+        assert sb.exec("echo from-root", workdir="/").output == "from-root\n"
+        sb.exec("dd if=/dev/zero of=/dev/shm/fill bs=1M count=8 status=none", workdir="/")
+        sb.reset()
+        assert sb.exec("cat mod.py; git status --porcelain").output == "X = 1\n"
+        assert sb.exec("rm -rf .git && dd if=/dev/zero of=junk bs=1M count=80 status=none; ls -a").exit_code == 0
+        sb.reset()  # no .git, a full disk: the repo comes back from the cached checkout
+        assert sb.diff() == "" and sb.exec("cat mod.py; git status --porcelain").output == "X = 1\n"
+    finally:
+        sb.close()
