@@ -68,11 +68,27 @@ def _git(repo: Path, *args: str) -> str:
 
 
 def _copy_out(launch: Launch, dest: Path) -> None:
+    """The sandbox's repository on the host, self-contained: a sandbox's .git may borrow its
+    objects from a read-only store (`objects/info/alternates`, e.g. the pristine base copy
+    its reset restores from); those are copied too and the host copy points at them."""
     sb = launch.sandbox
-    sb.exec("mkdir -p /tmp/harnessrl && tar -C . -cf /tmp/harnessrl/repo.tar .", timeout=120, workdir=sb.workdir)
+    _fetch_tree(sb, ".", sb.workdir, dest)
+    alternates = dest / ".git" / "objects" / "info" / "alternates"
+    if alternates.is_file():
+        local = []
+        for i, path in enumerate(p for p in alternates.read_text().splitlines() if p.strip()):
+            objects = dest.parent / f"objects-{i}"
+            _fetch_tree(sb, ".", path.strip(), objects)
+            local.append(str(objects))
+        alternates.write_text("".join(f"{p}\n" for p in local))
+
+
+def _fetch_tree(sb, what: str, workdir: str, dest: Path) -> None:
+    sb.exec(f"mkdir -p /tmp/harnessrl && tar -C . -cf /tmp/harnessrl/copy.tar {what}", timeout=120, workdir=workdir)
     dest.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(fileobj=io.BytesIO(sb.read_file("/tmp/harnessrl/repo.tar"))) as tf:
+    with tarfile.open(fileobj=io.BytesIO(sb.read_file("/tmp/harnessrl/copy.tar"))) as tf:
         tf.extractall(dest, filter="data")
+    sb.exec("rm -f /tmp/harnessrl/copy.tar", timeout=30)
 
 
 def _host_patch(repo: Path) -> str:
