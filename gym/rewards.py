@@ -67,7 +67,8 @@ for name, text in bundle.items():
 git = ["git", "-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false"]
 def out(*args):
     return subprocess.run([*git, *args], capture_output=True, text=True)
-head, want = out("rev-parse", "HEAD").stdout.strip(), out("rev-parse", "--verify", "-q", base + "^{commit}").stdout.strip()
+head = out("rev-parse", "HEAD").stdout.strip()
+want = out("rev-parse", "--verify", "-q", base + "^{commit}").stdout.strip()
 if not want or head != want:
     print(f"sandbox HEAD {head!r} is not the task's base commit {base!r} ({want!r})")
     sys.exit(2)

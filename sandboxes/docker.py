@@ -5,8 +5,9 @@ capability dropped, `no-new-privileges`, runs as `agent` (uid 1000), and a read-
 only the repository (`spec.workdir`), `/tmp`, `/home/agent` (anonymous volumes, seeded from
 the image, removed with the container) and a sized `/dev/shm` are writable; every file is capped
 by RLIMIT_FSIZE. Reset kills every process but PID 1 and empties /tmp, /dev/shm, /dev/mqueue
-and SysV IPC. A command's process group ends with the command (so do its `&` jobs and any fork bomb); to keep a server running across commands,
-start it with `setsid -f` and wait in that command until it is up. Containers carry
+and SysV IPC. A command's process group ends with the command (so do its `&` jobs and any fork
+bomb); to keep a server running across commands, start it with `setsid -f` and wait in that
+command until it is up. Containers carry
 `harnessrl.managed=1` and a run id, so `reap()` removes what a crashed run left. Reset goes
 through PID 1 (sandbox_init.py), not `docker exec`. Files cross as tar streams
 (put_archive / get_archive), never on a command line. If the container is gone, every call

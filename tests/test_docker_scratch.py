@@ -1,6 +1,7 @@
 """Docker sandboxes: what reset empties beyond the tree (/dev/shm, /dev/mqueue, SysV IPC,
-detached processes), what it restores (set-up's ignored files, once the agent touched them) and the disk limits this engine can enforce (RLIMIT_FSIZE per file, the
-size of /dev/shm), measured on the real engine."""
+detached processes), what it restores (set-up's ignored files, once the agent touched them),
+and the disk limits this engine can enforce (RLIMIT_FSIZE per file, the size of /dev/shm),
+measured on the real engine."""
 from __future__ import annotations
 
 import uuid

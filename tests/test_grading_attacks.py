@@ -223,7 +223,8 @@ def test_detached_watcher_neither_rewrites_the_grader_nor_keeps_the_hidden_tests
     assert_base_verdict(score(sb, CALC2))
     # ...and what it copied does not survive reset: the next episode in this sandbox sees none of it.
     sb.reset()
-    assert sb.exec("ls -A /dev/shm /tmp; cat /dev/shm/*/test.patch 2>/dev/null | wc -c", timeout=30).output.split() == ["/dev/shm:", "/tmp:", "0"]
+    left = sb.exec("ls -A /dev/shm /tmp; cat /dev/shm/*/test.patch 2>/dev/null | wc -c", timeout=30)
+    assert left.output.split() == ["/dev/shm:", "/tmp:", "0"]
     hidden = "test_additive_operators_are_left_associative"
     leaks = sb.exec(f"grep -rls {hidden} / --include=*.patch --include=*.json --include=*.py "
                     "--exclude-dir=proc --exclude-dir=sys --exclude-dir=usr --exclude-dir=opt; true", timeout=60)
