@@ -277,7 +277,7 @@ def test_admin_accepts_good_values_and_limits_body_size(env):
     assert r.status_code == 200 and env.proxy.core.policy_version == 2 ** 63 - 1
     r, _ = conn.send("POST", "/admin/sessions", json.dumps({"meta": {"max_calls": 3, "task_id": "t"}}).encode())
     assert r.status_code == 200
-    big = json.dumps({"meta": {"x": "a" * (64 * 1024)}}).encode()
+    big = json.dumps({"meta": {"x": "a" * env.proxy.config.admin_max_body_bytes}}).encode()
     r, addr = conn.send("POST", "/admin/sessions", big)
     assert r.status_code == 413
     g, addr2 = conn.send("GET", "/admin/stats", b"")

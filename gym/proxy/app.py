@@ -11,11 +11,11 @@ except the staleness abort (403, `ProxyCore.check_staleness`), which ends the se
 
 Bad input is never a 5xx, nor a 200 that then reports an error: each dialect's parser types
 every field it reads (`fields`), and a streamed call sends its 200 only after its prompt is
-rendered and the engine had a moment to refuse it (`STREAM_GRACE_S`). Nothing a handler
+rendered and the engine had a moment to refuse it (`stream_grace_s`). Nothing a handler
 raises escapes to the server (that would reset the keep-alive connection): an unexpected
 exception is a 5xx in the dialect's shape. Parsing of large bodies, rendering and trajectory
 export run in worker threads (`offload`), so one huge request does not stall the other sessions.
-Admin bodies are small JSON objects (`ADMIN_MAX_BODY`), their fields typed as well.
+Admin bodies are small JSON objects (`admin_max_body_bytes`), their fields typed as well.
 """
 from __future__ import annotations
 
@@ -48,13 +48,6 @@ except ImportError:  # pragma: no cover - transformers' chat templates need jinj
         pass
 
 log = logging.getLogger(__name__)
-
-ADMIN_MAX_BODY = 64 * 1024
-"""Largest admin request body (the biggest real one, a session's meta, is well under 1 KiB)."""
-
-STREAM_GRACE_S = 1.0
-"""A streamed call holds its 200 this long for the engine's first answer, so that a refusal
-(prompt longer than the context...) is still a 4xx and not an error event inside a 200."""
 
 META_INTS = ("max_calls", "max_tokens", "staleness_limit", "start_version")
 """Session meta keys the proxy or the scheduler read as counts: non-negative int64 or null."""
@@ -229,7 +222,7 @@ def build_app(core: ProxyCore, admin_token: str) -> Starlette:
             await agen.aclose()
             raise
         nxt = asyncio.ensure_future(agen.__anext__())
-        await asyncio.wait({nxt}, timeout=min(STREAM_GRACE_S, cfg.keepalive_s))
+        await asyncio.wait({nxt}, timeout=min(cfg.stream_grace_s, cfg.keepalive_s))
         if nxt.done():
             try:
                 head.append(nxt.result())
@@ -306,7 +299,7 @@ def build_app(core: ProxyCore, admin_token: str) -> Starlette:
             try:
                 body: Any = {}
                 if request.method == "POST":
-                    raw = await _read_body(request, ADMIN_MAX_BODY)
+                    raw = await _read_body(request, cfg.admin_max_body_bytes)
                     body = _decode(raw) if raw.strip() else {}
                 out = await fn(request, body)
                 return out if isinstance(out, Response) else _json(out)

@@ -49,6 +49,14 @@ class ProxyConfig(BaseModel):
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)
     """Largest request body accepted; larger ones get a 413."""
 
+    admin_max_body_bytes: int = Field(64 * 1024, ge=1024)
+    """Largest admin API request body accepted (a session's meta is well under 1 KiB); larger: 413."""
+
+    stream_grace_s: float = Field(1.0, ge=0.0)
+    """A streamed call holds its 200 up to this long (at most `keepalive_s`) for the engine's first
+    answer, so that a refusal (a prompt longer than the context...) is still an HTTP 4xx and not
+    an error event inside a 200 stream."""
+
     default_max_tokens: int = Field(1024, ge=1)
     """max_new_tokens when the request names none."""
 
