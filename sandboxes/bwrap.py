@@ -1,18 +1,19 @@
 """How one command enters a bubblewrap sandbox: the launch chain around `bwrap`.
 
-Contract: the sandboxed process never holds host root. When this process is root, every
-command runs through `unshare --mount` (a private mount namespace: extra mounts are staged
-there, so sources under e.g. a 0700 /root stay reachable), joins the sandbox's cgroup while
-still root, then `setpriv` drops to the unprivileged host uid/gid of the config (no groups,
-no new privileges) and only then runs `bwrap`, whose user namespace maps that uid to 1000
-inside. Not root: bwrap runs as this process's uid, as it always did. Either way bwrap and
+Contract: the sandboxed process never holds host root. When this process is root, a launch
+shell joins the sandbox's cgroup while still root, then `setpriv` drops to the unprivileged
+host uid/gid of the config (no groups, no new privileges) and only then runs `bwrap`, whose
+user namespace maps that uid to 1000 inside (no nested user namespaces). A bind source that
+uid cannot look up (under a 0700 /root, say) is first bind-mounted, as root, onto a staging
+point in a private mount namespace of that launch (`unshare --mount`; nothing shows on the
+host). Not root: bwrap runs as this process's uid, as it always did. Either way bwrap and
 its PID 1 start from an allowlisted environment (nothing of the host's leaks into
 /proc/*/environ), get a fresh /proc of their own PID namespace and a fresh /dev (hence an
-empty /dev/shm) per command, and read their arguments from a memfd (`--args`), so host paths
-do not show in /proc/1/cmdline. Inside, a one-line bash writes one byte to a pipe (and
-closes it) right before it becomes the command: no byte means the launch failed before the
-command ran, raised as SandboxError, never read as an exit code of the agent's (whose command
-cannot take back a byte written before it started).
+empty /dev/shm, and new IPC) per command, and read their options from a memfd (`--args`),
+so host paths and env values do not show in /proc/1/cmdline. Inside, a one-line bash writes
+one byte to a pipe (and closes it) right before it enters the workdir and becomes the
+command: no byte means the launch failed before the command ran, raised as SandboxError;
+everything after the byte (a workdir the agent deleted included) is the command's own exit.
 """
 from __future__ import annotations
 
@@ -142,7 +143,9 @@ class Binds:
             if identity.drops and not reachable(src, identity):
                 if self.dir is None:
                     self.dir = STAGE_ROOT / name
-                    self.dir.mkdir(mode=0o755, parents=True, exist_ok=True)
+                    self.dir.mkdir(parents=True, exist_ok=True)
+                    for d in (STAGE_ROOT, self.dir):  # whatever the umask: the uid must look them up
+                        os.chmod(d, 0o755)
                 pp = self.dir / str(i)
                 pp.mkdir(exist_ok=True) if os.path.isdir(src) else pp.touch()
                 point = str(pp)
