@@ -109,6 +109,28 @@ def assert_base_verdict(r):
     assert_zero(r, tampered=False, reason_has="3 of 18 tests not passing")
 
 
+# --- the whole tree travels: ignored, binary, symlinked, oddly named files -------------------------
+
+@pytest.mark.timeout(180)
+def test_every_file_of_the_agents_tree_is_graded_bytecode_aside(sb):
+    # The fix lives in a module that only .git/info/exclude ignores: the old diff never saw it.
+    agent(sb, "echo calc/fixed_expr.py >> .git/info/exclude && cat > calc/fixed_expr.py <<'EOF'\n"
+              "def expr(self, BinOp):\n    left = self.term()\n    while self.at_op('+', '-'):\n"
+              "        op = self.advance().text\n        left = BinOp(op, left, self.term())\n    return left\nEOF")
+    agent(sb, "python3 - <<'EOF'\nimport pathlib\np = pathlib.Path('calc/parser.py')\ns = p.read_text()\n"
+              "s = s.replace('    def expr(self):\\n', '    def expr(self):\\n        from calc.fixed_expr import expr\\n"
+              "        return expr(self, BinOp)\\n\\n    def old_expr(self):\\n', 1)\np.write_text(s)\nEOF")
+    agent(sb, "mkdir -p 'calc/data dir' && printf 'x\\0\\377' > 'calc/data dir/blob one.bin' "
+              "&& ln -s parser.py calc/link.py && mkdir -p calc/__pycache__ && echo junk > calc/__pycache__/x.cpython-311.pyc")
+    assert sb.exec("git status --porcelain --ignored", timeout=30).output.count("fixed_expr") == 1
+    r = score(sb, CALC2)
+    assert (r.reward, r.status, r.tampered) == (1.0, "ok", False), (r.reason, r.test_output[-1500:])
+    assert "__pycache__" not in r.agent_diff and "calc/fixed_expr.py" in r.agent_diff  # bytecode never travels
+    graded = sb.exec("od -An -c 'calc/data dir/blob one.bin'; readlink calc/link.py; [ -e calc/__pycache__ ] || echo gone",
+                     timeout=30).output.split()
+    assert graded == ["x", "\\0", "377", "parser.py", "gone"], graded
+
+
 # --- a. the runner shadowed from the repository root ------------------------------------------
 
 @pytest.mark.timeout(180)
