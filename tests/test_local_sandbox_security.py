@@ -19,8 +19,8 @@ import pytest
 from harnessrl.sandboxes import RepoSpec, SandboxError
 
 pytestmark = pytest.mark.bwrap
-ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: only root can plant a root-only file "
-                               "and only root has a uid to drop")
+ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: to plant root-only files, to have a "
+                               "uid to drop to, to loop-mount a quota")
 SECRET = "hunter2-do-not-leak-7f3a"
 
 
