@@ -191,9 +191,11 @@ fi
 
 #: The agent's changes against base as one binary git patch: every file of the working tree,
 #: untracked and ignored ones included, but not what set-up left (the pristine harnessrl-keep
-#: list) and not `__pycache__` / `*.pyc` (never graded). Read through a private git dir whose
-#: objects are the pristine base's, with a fresh index and no global config, so neither the
-#: agent's .git (gone, forged index, hooks, filters) nor its ~/.gitconfig shapes the result.
+#: list) and not bytecode or tool caches (`*.pyc`, `__pycache__`, `.pytest_cache`,
+#: `.mypy_cache`, `.ruff_cache`, `.hypothesis`, `.tox`, `.nox`: never graded, often large).
+#: Read through a private git dir whose objects are the pristine base's, with a fresh index
+#: and no global config, so neither the agent's .git (gone, forged index, hooks, filters) nor
+#: its ~/.gitconfig shapes the result.
 #: Files the agent made unreadable are made readable first (it owns every one of them).
 DIFF_SCRIPT = r"""
 set -euo pipefail
@@ -215,7 +217,11 @@ fi
 export GIT_WORK_TREE="$PWD" GIT_INDEX_FILE="$tmp/index" GIT_CONFIG_GLOBAL=/dev/null
 g() { git -c core.hooksPath=/dev/null -c core.fsmonitor=false -c core.excludesFile=/dev/null \
   -c core.autocrlf=false -c core.safecrlf=false -c core.quotePath=true "$@"; }
-g add -A -f -- . ':(exclude,glob)**/__pycache__/**' ':(exclude,glob)**/*.py[co]' >/dev/null
+caches=()
+for d in __pycache__ .pytest_cache .mypy_cache .ruff_cache .hypothesis .tox .nox; do
+  caches+=(":(exclude,glob)**/$d/**")
+done
+g add -A -f -- . "${caches[@]}" ':(exclude,glob)**/*.py[co]' >/dev/null
 specs=()
 if [ -s "$keep" ]; then
   mapfile -t lines < "$keep"
