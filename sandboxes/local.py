@@ -166,12 +166,12 @@ class LocalBackend:
                 builder._script(FINALIZE_SCRIPT, spec.workdir, sha, PRISTINE_DIR)
                 (tmp / "base_sha").write_text(sha)
                 (tmp / "ready").touch()
-                shutil.rmtree(tmp / "tmp", ignore_errors=True)
+                remove(tmp / "tmp")
                 os.rename(tmp, cdir)  # keeps home/ as set-up left it: each sandbox starts from it
             finally:
                 if builder is not None:
                     builder._binds.remove()
-                shutil.rmtree(tmp, ignore_errors=True)
+                remove(tmp)
         return cdir
 
     def reap(self, older_than_s: float = 0.0, run_id: str | None = None) -> int:
