@@ -14,7 +14,7 @@ import json
 from typing import Any
 
 from . import fields as F
-from .canonical import MAX_STOP, ChatRequest, Completion, Message, Tool, ToolCall, check_tool_results, dumps, text_of
+from .canonical import MAX_ID, MAX_STOP, ChatRequest, Completion, Message, Tool, ToolCall, check_tool_results, dumps, text_of
 from .errors import bad_request
 
 DIALECT = "anthropic_messages"
@@ -34,14 +34,14 @@ def _blocks(role: str, content: Any, where: str) -> list[Message]:
         w = f"{where}.content[{j}]"
         if b.__class__ is not dict:
             raise bad_request(f"{w} must be a content block object, got {F.kind(b)}", w)
-        t = F.string(b, "type", w, required=True)
+        t = F.string(b, "type", w, required=True, max_len=64)
         if t == "text":
             text.append(F.string(b, "text", w, required=True))
         elif t == "tool_use" and role == "assistant":
-            tid, name = F.string(b, "id", w, required=True), F.string(b, "name", w, required=True)
+            tid, name = F.string(b, "id", w, required=True, max_len=MAX_ID), F.string(b, "name", w, required=True)
             calls.append(ToolCall(tid, name, json.dumps(F.obj(b, "input", w) or {})))
         elif t == "tool_result" and role == "user":
-            tid = F.string(b, "tool_use_id", w, required=True)
+            tid = F.string(b, "tool_use_id", w, required=True, max_len=MAX_ID)
             results.append(Message("tool", text_of(b.get("content"), f"{w}.content"), tool_call_id=tid))
         elif t in _SKIP:
             continue
@@ -83,7 +83,7 @@ def parse(body: dict) -> ChatRequest:
         where = f"messages[{i}]"
         if m.__class__ is not dict:
             raise bad_request(f"{where} must be an object, got {F.kind(m)}", where)
-        role = F.string(m, "role", where, required=True)
+        role = F.string(m, "role", where, required=True, max_len=64)
         if role not in ("user", "assistant", "system"):
             raise bad_request(f"{where}.role {role!r} is not one of user, assistant, system", f"{where}.role")
         if role == "system":
@@ -92,7 +92,7 @@ def parse(body: dict) -> ChatRequest:
             messages.extend(_blocks(role, m.get("content"), where))
     check_tool_results(messages, "messages")
     return ChatRequest(
-        dialect=DIALECT, model=F.string(body, "model") or "", messages=messages, tools=_tools(body),
+        dialect=DIALECT, model=F.string(body, "model", max_len=MAX_ID) or "", messages=messages, tools=_tools(body),
         tool_choice=F.obj(body, "tool_choice"), max_tokens=F.integer(body, "max_tokens", lo=1),
         temperature=F.number(body, "temperature", lo=0.0, hi=1.0), top_p=F.number(body, "top_p", lo=0.0, hi=1.0),
         top_k=F.integer(body, "top_k", lo=0, hi=2 ** 31 - 1),

@@ -328,8 +328,9 @@ def build_app(core: ProxyCore, admin_token: str) -> Starlette:
             raise ValueError(f"reward must be a finite number or null, got {r!r}")
         status = body.get("status", "ok")
         termination = body.get("termination") or ""
-        if status.__class__ is not str or termination.__class__ is not str or len(termination) > 4096:
-            raise ValueError("status and termination must be strings (termination at most 4096 characters)")
+        if status.__class__ is not str or termination.__class__ is not str or len(status) > 64 \
+                or len(termination) > 4096:
+            raise ValueError("status and termination must be strings (at most 64 and 4096 characters)")
         core.set_reward(request.path_params["sid"], None if r is None else float(r), status, termination)
         return {"ok": True}
 

@@ -29,6 +29,9 @@ ROLES = ("system", "user", "assistant", "tool")
 MAX_STOP = 64
 """Most stop strings one request may name (each is searched for in every streamed chunk)."""
 
+MAX_ID = 512
+"""Longest model name or tool-call id accepted (they are echoed back, in replies and errors)."""
+
 
 @dataclass(slots=True)
 class ToolCall:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import fields as F
-from .canonical import MAX_STOP, ChatRequest, Completion, Message, Tool, ToolCall, check_tool_results, dumps, text_of
+from .canonical import MAX_ID, MAX_STOP, ChatRequest, Completion, Message, Tool, ToolCall, check_tool_results, dumps, text_of
 from .errors import bad_request
 
 DIALECT = "openai_chat"
@@ -28,14 +28,14 @@ def _tool_calls(m: dict, where: str) -> tuple[ToolCall, ...]:
             raise bad_request(f"{w}.function is required", f"{w}.function")
         name = F.string(fn, "name", f"{w}.function", required=True)
         args = F.json_args(fn, "arguments", f"{w}.function")
-        out.append(ToolCall(F.string(tc, "id", w) or f"call_{i}", name, "{}" if args is None else args))
+        out.append(ToolCall(F.string(tc, "id", w, max_len=MAX_ID) or f"call_{i}", name, "{}" if args is None else args))
     return tuple(out)
 
 
 def _message(m: Any, where: str) -> Message:
     if m.__class__ is not dict:
         raise bad_request(f"{where} must be an object, got {F.kind(m)}", where)
-    r = F.string(m, "role", where, required=True)
+    r = F.string(m, "role", where, required=True, max_len=64)
     role = _ROLES.get(r)
     if role is None:
         raise bad_request(f"{where}.role {r!r} is not one of system, developer, user, assistant, tool",
@@ -47,7 +47,7 @@ def _message(m: Any, where: str) -> Message:
     if role == "assistant":
         return Message("assistant", content, _tool_calls(m, where))
     if role == "tool":
-        return Message("tool", content, tool_call_id=F.string(m, "tool_call_id", where) or name, name=name)
+        return Message("tool", content, tool_call_id=F.string(m, "tool_call_id", where, max_len=MAX_ID) or name, name=name)
     return Message(role, content)
 
 
@@ -79,7 +79,7 @@ def parse(body: dict) -> ChatRequest:
     if max_tokens is None:
         max_tokens = F.integer(body, "max_tokens", lo=1)
     return ChatRequest(
-        dialect=DIALECT, model=F.string(body, "model") or "", messages=messages, tools=_tools(body),
+        dialect=DIALECT, model=F.string(body, "model", max_len=MAX_ID) or "", messages=messages, tools=_tools(body),
         tool_choice=F.str_or_obj(body, "tool_choice"), max_tokens=max_tokens,
         temperature=F.number(body, "temperature", lo=0.0, hi=2.0), top_p=F.number(body, "top_p", lo=0.0, hi=1.0),
         top_k=F.integer(body, "top_k", lo=-1, hi=2 ** 31 - 1),

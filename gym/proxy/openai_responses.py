@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import fields as F
-from .canonical import ChatRequest, Completion, Message, Tool, ToolCall, check_tool_results, dumps, text_of
+from .canonical import MAX_ID, ChatRequest, Completion, Message, Tool, ToolCall, check_tool_results, dumps, text_of
 from .errors import bad_request
 
 DIALECT = "openai_responses"
@@ -24,15 +24,15 @@ def _item(item: Any, where: str, messages: list[Message]) -> None:
     """Append what one input item adds to the conversation."""
     if item.__class__ is not dict:
         raise bad_request(f"{where} must be an object, got {F.kind(item)}", where)
-    t = F.string(item, "type", where) or ("message" if "role" in item else None)
+    t = F.string(item, "type", where, max_len=64) or ("message" if "role" in item else None)
     if t == "message":
-        r = F.string(item, "role", where, required=True)
+        r = F.string(item, "role", where, required=True, max_len=64)
         role = _ROLES.get(r)
         if role is None:
             raise bad_request(f"{where}.role {r!r} is not one of system, developer, user, assistant", f"{where}.role")
         messages.append(Message(role, text_of(item.get("content"), f"{where}.content")))
     elif t == "function_call":
-        name, cid = F.string(item, "name", where, required=True), F.string(item, "call_id", where, required=True)
+        name, cid = F.string(item, "name", where, required=True), F.string(item, "call_id", where, required=True, max_len=MAX_ID)
         args = F.json_args(item, "arguments", where)
         tc = ToolCall(cid, name, "{}" if args is None else args)
         last = messages[-1] if messages else None
@@ -43,7 +43,7 @@ def _item(item: Any, where: str, messages: list[Message]) -> None:
     elif t == "function_call_output":
         out = item.get("output")
         text = out if out.__class__ is str else text_of(out, f"{where}.output")
-        messages.append(Message("tool", text, tool_call_id=F.string(item, "call_id", where) or ""))
+        messages.append(Message("tool", text, tool_call_id=F.string(item, "call_id", where, max_len=MAX_ID) or ""))
     elif t in ("reasoning", "item_reference"):
         return
     else:
@@ -81,7 +81,7 @@ def parse(body: dict) -> ChatRequest:
         _item(item, f"input[{i}]", messages)
     check_tool_results(messages, "input")
     return ChatRequest(
-        dialect=DIALECT, model=F.string(body, "model") or "", messages=messages, tools=_tools(body),
+        dialect=DIALECT, model=F.string(body, "model", max_len=MAX_ID) or "", messages=messages, tools=_tools(body),
         tool_choice=F.str_or_obj(body, "tool_choice"), max_tokens=F.integer(body, "max_output_tokens", lo=1),
         temperature=F.number(body, "temperature", lo=0.0, hi=2.0), top_p=F.number(body, "top_p", lo=0.0, hi=1.0),
         stream=bool(F.boolean(body, "stream")),
