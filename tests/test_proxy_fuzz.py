@@ -151,6 +151,8 @@ CHAT = [
     ({"n": "1"}, "n"),
     ({"stream": "false"}, "stream"),
     ({"model": 5}, "model"),
+    ({"model": "m" * 600}, "model"),
+    ({"messages": [{"role": "u" * 100, "content": "a"}]}, "messages[0].role"),
     ({"tool_choice": 5}, "tool_choice"),
     ({"messages": [{"role": "user", "content": [{"type": ["text"], "text": "a"}]}]}, "messages[0].content[0].type"),
 ]
