@@ -76,11 +76,15 @@ def check_binary(name: str, package: str) -> Check:
 def check_bwrap() -> Check:
     if shutil.which("bwrap") is None:
         return Check("bwrap", False, "not on PATH", "apt-get install -y bubblewrap")
-    out = subprocess.run(["bwrap", "--ro-bind", "/", "/", "--unshare-net", "true"], capture_output=True, text=True)
-    if out.returncode != 0:
-        return Check("bwrap", False, f"cannot create namespaces: {out.stderr.strip()[:120]}",
-                     "run as root or enable unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1)")
-    return Check("bwrap", True, "creates a network-less namespace")
+    from harnessrl.sandboxes.bwrap import Identity, probe  # the local backend's own probe: as root
+    from harnessrl.sandboxes.local import LocalConfig      # it runs as the unprivileged sandbox uid
+    c = LocalConfig()
+    problem = probe(Identity(c.sandbox_uid, c.sandbox_gid))
+    if problem is not None:
+        return Check("bwrap", False, f"cannot run a sandbox: {problem[:200]}",
+                     "enable unprivileged user namespaces (sysctl user.max_user_namespaces=15000, "
+                     "kernel.unprivileged_userns_clone=1)")
+    return Check("bwrap", True, "runs a network-less sandbox as an unprivileged uid")
 
 
 CHECKS: list[Callable[[], Check]] = [
