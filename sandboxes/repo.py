@@ -145,10 +145,11 @@ mkdir -p "$3"/refs/heads "$3"/refs/tags && echo "$2" > "$3"/refs/heads/main
 """
 
 #: Back to base: make everything the agent owns writable again (a `chmod -R a-w` must not
-#: block reset), rebuild .git from the pristine copy (no index: every file is rewritten, so no
-#: forged index entry or skip-worktree bit keeps a change alive), reset the tree, remove
-#: untracked files except what set-up left, and restore that from its copy if it changed
-#: since $4 (epoch seconds of the last reset; without it, set-up's files are trusted as left).
+#: block reset), rebuild .git from the pristine copy (and the index from base's tree, checked
+#: against file contents: no forged index entry or skip-worktree bit keeps a change alive),
+#: reset the tree, remove untracked files except what set-up left, and restore that from its
+#: copy if it changed since $4 (epoch seconds of the last reset; without it, set-up's files are
+#: trusted as left).
 RESET_SCRIPT = r"""
 set -euo pipefail
 shopt -s nullglob dotglob
@@ -168,6 +169,10 @@ else  # no pristine copy (a checkout being built): the same with git itself
     [ "$ref" = refs/heads/main ] || git update-ref -d "$ref"
   done
 fi
+# A fresh index from base (no skip-worktree or assume-unchanged bits, no forged stat data),
+# refreshed by content, so reset rewrites only the files that differ.
+git read-tree "$2"
+git update-index -q --refresh >/dev/null || true
 git reset -q --hard "$2"
 keep=()
 if [ -f .git/info/harnessrl-keep ]; then
