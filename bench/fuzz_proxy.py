@@ -12,9 +12,9 @@ prompts beyond a 32k-token context, as a real one does). Two parts, one run:
             connection. Counted: answers by status code, 5xx, hangs (no answer within the
             per-request timeout), resets (connection closed or broken), error events inside
             a 200, 400s that name no field, good follow-ups that failed.
-  big       K sessions send small calls in a closed loop: their latency p99 alone (10 s before
-            and 10 s after), and while 7.5 MB requests (each a new text: nothing cached) are
-            parsed, rendered, tokenized and refused by the engine, one after another.
+  big       K sessions send small calls in a closed loop: their latency p99 alone (5 s windows
+            before, between and after) and while 7.5 MB requests (each a new text: nothing
+            cached) are parsed, rendered, tokenized and refused by the engine, one at a time.
             Target: p99 under the big requests <= 2x p99 alone.
 
 Ends with ONE JSON line; `target_met` = N >= 5000 and 0 x 5xx, 0 hangs, 0 resets, no other
@@ -216,26 +216,31 @@ async def big_request(port: int, token: str, k: int, base_s: float, n_big: int, 
         bodies.append(json.dumps({"model": "policy", "messages": [{"role": "user", "content": text}]}).encode())
     tasks = [asyncio.ensure_future(loop(c, p)) for c, p in conns]
     await asyncio.sleep(1.0)  # warm-up
-    b0 = time.perf_counter()
-    await asyncio.sleep(base_s)
-    b1 = time.perf_counter()
+    # Baseline windows interleave with the big requests (base, big, base, big, ..., base):
+    # the machine's own load drifts, and pairing keeps that drift out of the ratio.
+    windows: list[tuple[str, float, float]] = []
     big = []
-    for body in bodies:
+    for body in bodies + [None]:
+        t = time.perf_counter()
+        await asyncio.sleep(base_s)
+        windows.append(("base", t, time.perf_counter()))
+        if body is None:
+            break
         t = time.perf_counter()
         try:
             st, data = await asyncio.wait_for(big_conn.request("POST", big_path, body), timeout * 4)
         except (asyncio.TimeoutError, Reset) as e:
             st, data = type(e).__name__, b""
             big_conn.close()
+        windows.append(("big", t, time.perf_counter()))
         big.append({"status": st, "s": round(time.perf_counter() - t, 2), "bytes": len(body),
                     "answer": data[:160].decode("utf-8", "replace")})
-    b2 = time.perf_counter()
-    await asyncio.sleep(base_s)  # a second baseline after: the machine's own load drifts
-    b3 = time.perf_counter()
     phase["stop"] = True
     await asyncio.gather(*tasks)
-    base = [d for t, d in lat if b0 <= t < b1 or b2 <= t < b3]
-    under = [d for t, d in lat if b1 <= t < b2]
+
+    def within(kind: str) -> list[float]:
+        return [d for t, d in lat if any(k == kind and a <= t < b for k, a, b in windows)]
+    base, under = within("base"), within("big")
     return {"sessions": k, "base_calls": len(base), "under_big_calls": len(under),
             "p50_base_ms": round(statistics.median(base) * 1e3, 2) if base else None,
             "p99_base_ms": round(_p99(base) * 1e3, 2), "p50_big_ms": round(statistics.median(under) * 1e3, 2)
@@ -251,7 +256,7 @@ def main() -> int:
     ap.add_argument("--conc", type=int, default=8, help="concurrent fuzz connections")
     ap.add_argument("--timeout", type=float, default=30.0, help="per-request timeout: past it, a hang")
     ap.add_argument("--big-mb", type=float, default=7.5)
-    ap.add_argument("--big-n", type=int, default=3, help="huge requests, one after another")
+    ap.add_argument("--big-n", type=int, default=4, help="huge requests, one at a time")
     ap.add_argument("--sessions", type=int, default=4, help="sessions sending small calls meanwhile")
     ap.add_argument("--quick", action="store_true", help="500 requests, one big one (a smoke run)")
     ap.add_argument("--no-fuzz", action="store_true", help="only the big-request part (target_met stays false)")
@@ -280,7 +285,7 @@ def main() -> int:
         for kind, ex in f["examples"].items():
             for e in ex:
                 print(f"  {kind}: {e}")
-        b = asyncio.run(big_request(pport, token, a.sessions, 10.0, a.big_n, int(a.big_mb * 1e6), a.timeout))
+        b = asyncio.run(big_request(pport, token, a.sessions, 5.0, a.big_n, int(a.big_mb * 1e6), a.timeout))
         print(f"big: {a.sessions} sessions of small calls: p99 {b['p99_base_ms']} ms alone, {b['p99_big_ms']} ms "
               f"while {a.big_n} x {a.big_mb} MB requests ran (ratio {b['p99_ratio']}, max {b['max_big_ms']} ms); "
               f"big answers: {[(x['status'], x['s']) for x in b['big_requests']]}", flush=True)

@@ -39,7 +39,7 @@ from . import fields as F
 from ..engine_client import EngineError
 from .core import Prepared, ProxyCore
 from .errors import ProxyError
-from .offload import HEAVY_BYTES, offload
+from .offload import HEAVY_BYTES, OFF_LOOP_BYTES, offload
 
 try:
     from jinja2 import TemplateError
@@ -104,9 +104,11 @@ def _decode(raw: bytes) -> dict:
 
 
 async def _parsed(parse, raw: bytes):
-    """`parse(_decode(raw))`, in the heavy lane when the body is large; its size noted."""
-    heavy = len(raw) > HEAVY_BYTES
-    req = await offload(lambda: parse(_decode(raw)), heavy=True) if heavy else parse(_decode(raw))
+    """`parse(_decode(raw))`, in a worker thread when the body is large; its size noted."""
+    if len(raw) > OFF_LOOP_BYTES:
+        req = await offload(lambda: parse(_decode(raw)), heavy=len(raw) > HEAVY_BYTES)
+    else:
+        req = parse(_decode(raw))
     req.body_bytes = len(raw)
     return req
 

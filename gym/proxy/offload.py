@@ -3,8 +3,8 @@ decoding and parsing large bodies, building trajectory exports.
 
 Contract: `await offload(fn, *args, heavy=...)` runs `fn` in a worker thread and returns
 its result (or raises its exception). Two lanes: ordinary calls share a few workers; heavy
-ones (bodies over `HEAVY_BYTES`) queue for their own worker, which runs at a lower CPU
-priority than the event loop (Linux `setpriority` on the thread, best effort). So one huge
+ones (bodies over `HEAVY_BYTES`) queue for their own worker, which only gets CPU time
+nothing else wants (Linux SCHED_IDLE on the thread, else a nice value). So one huge
 request that tokenizes for seconds neither waits in front of the other sessions' renders
 nor takes the CPU from the loop, and their calls keep flowing. The tokenizer releases the
 GIL while it encodes (`render._ids`), which is what lets the loop run meanwhile at all.
@@ -19,8 +19,12 @@ from typing import Any, Callable, TypeVar
 
 T = TypeVar("T")
 
-HEAVY_BYTES = 256 * 1024
-"""Requests with bodies larger than this take the heavy lane."""
+OFF_LOOP_BYTES = 256 * 1024
+"""Bodies larger than this are decoded and parsed in a worker thread, not on the loop."""
+
+HEAVY_BYTES = 2 * 1024 * 1024
+"""Requests with bodies larger than this take the heavy lane (a long agent session's whole
+history is well under it; a body this large is an outlier, which may wait for idle CPU)."""
 
 WORKERS = 4
 """Worker threads of the ordinary lane (a render is one thread's work)."""
@@ -29,15 +33,22 @@ HEAVY_WORKERS = 1
 """Worker threads of the heavy lane: huge requests are rare, one at a time is enough."""
 
 NICE = 10
-"""How much lower the heavy lane's CPU priority is than the event loop's."""
+"""Where SCHED_IDLE is not available: how much lower the heavy lane's CPU priority is."""
 
 _pools: dict[bool, ThreadPoolExecutor] = {}
 _lock = threading.Lock()
 
 
 def _lower_priority() -> None:
-    try:  # on Linux, PRIO_PROCESS with a thread id changes only that thread
-        tid = threading.get_native_id()
+    """Linux: SCHED_IDLE for this thread only (it runs when no other thread wants the CPU, and
+    yields at once when one does); else a higher nice value. Best effort."""
+    tid = threading.get_native_id()
+    try:
+        os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+        return
+    except (AttributeError, OSError):
+        pass
+    try:  # PRIO_PROCESS with a thread id changes only that thread
         os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + NICE))
     except (AttributeError, OSError):
         pass
