@@ -271,9 +271,11 @@ def _score(sandbox: Sandbox, task: Task, config: RewardConfig, out: RewardResult
     # 1. The agent's work, read before anything changes it.
     head = sandbox.exec("git -c core.fsmonitor=false rev-parse -q --verify HEAD", timeout=quick,
                         workdir=sandbox.workdir)
-    out.agent_diff = _twice(sandbox, sandbox.diff, "the agent's changes could not be read")
+    diff = _twice(sandbox, sandbox.diff, "the agent's changes could not be read")
+    # The record is plain text; what is applied keeps any non-UTF-8 bytes (surrogate escapes).
+    out.agent_diff = diff.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
     try:
-        changes = split_patch(out.agent_diff)
+        changes = split_patch(diff)
     except ValueError as e:
         raise _agent(f"the agent's diff is unreadable: {e}") from None
     protected = set(patch_files(task.test_patch)) | set(task.test_files())

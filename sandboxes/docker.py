@@ -297,8 +297,10 @@ class DockerSandbox:
         return out
 
     def diff(self) -> str:
+        """Bytes that are not UTF-8 (a latin-1 source file) come back as PEP 383 surrogate
+        escapes, so `text.encode("utf-8", "surrogateescape")` is the patch git wrote."""
         return self._script(DIFF_SCRIPT, self.workdir, self.base_sha, PRISTINE_DIR,
-                            limit=self.config.diff_limit).decode("utf-8", "replace")
+                            limit=self.config.diff_limit).decode("utf-8", "surrogateescape")
 
     def reset(self) -> None:
         """Through PID 1's attach channel (no `docker exec`): `kill -9 -1` in the reset script

@@ -363,7 +363,7 @@ class LocalSandbox:
         return out
 
     def diff(self) -> str:
-        return self._script(DIFF_SCRIPT, self.workdir, self.base_sha).decode("utf-8", "replace")
+        return self._script(DIFF_SCRIPT, self.workdir, self.base_sha).decode("utf-8", "surrogateescape")
 
     def reset(self) -> None:
         """Base state again: /tmp and home from the checkout first (freeing a full quota), then

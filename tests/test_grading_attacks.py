@@ -131,6 +131,16 @@ def test_every_file_of_the_agents_tree_is_graded_bytecode_aside(sb):
     assert graded == ["x", "\\0", "377", "parser.py", "gone"], graded
 
 
+@pytest.mark.timeout(180)
+def test_bytes_that_are_not_utf8_reach_grading_unchanged(sb):
+    run_plan(sb, CALC2)
+    agent(sb, "printf '# caf\\351\\n' > calc/latin1_note.py")
+    r = score(sb, CALC2)
+    assert (r.reward, r.status) == (1.0, "ok"), r.reason
+    assert "+# caf\ufffd" in r.agent_diff  # the record is text
+    assert sb.read_file("calc/latin1_note.py") == b"# caf\xe9\n"  # the graded tree has the bytes
+
+
 # --- a. the runner shadowed from the repository root ------------------------------------------
 
 @pytest.mark.timeout(180)
