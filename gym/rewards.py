@@ -13,7 +13,8 @@ and its plugins coming from the grader. In order:
 3. in a fresh, unguessable directory, the hidden test patch is applied (it must apply on the
    pristine base, else infra), then the kept part of the agent's diff (if that fails, the
    agent's 0), and `grade_runner.py` runs the tests under `python3 -I`, recording outcomes
-   per node id and checking the framework's integrity (a violation: tampered, 0).
+   per node id and checking the framework's integrity (a violation: tampered, 0); its verdict
+   comes back on the run's own output between per-run markers, never from a file.
 A failure is classified by cause. The sandbox dying, a hidden patch that does not apply on a
 clean base, a test command the grader cannot own, an error of the grader itself: `reward=None`,
 status "infra_error" (masked, reason recorded). The agent's code hanging the tests (timeout),
