@@ -338,10 +338,8 @@ def build_app(core: ProxyCore, admin_token: str) -> Starlette:
 
     async def a_traj(request, body):
         sid = request.path_params["sid"]
-        if sid not in core.sessions:
-            raise KeyError(f"unknown session {sid!r}")
         # Built and encoded in a worker thread: a long session's export must not stall streams.
-        body = await offload(lambda: _dumps(core.store.trajectory(sid).to_dict()))
+        body = await offload(lambda: _dumps(core.export_trajectory(sid)))
         return Response(body, media_type="application/json")
 
     async def a_pause(request, body):

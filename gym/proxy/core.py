@@ -155,7 +155,7 @@ class ProxyCore:
     def export_trajectory(self, sid: str) -> dict[str, Any]:
         """The session's trajectory as a JSON-ready dict, linear in its tokens (prompts as
         deltas). Blocking (SQLite and list building): the admin handler runs it with
-        `await asyncio.to_thread(core.export_trajectory, sid)` so streams keep flowing."""
+        `await offload(...)` (a worker thread) so streams keep flowing."""
         if sid not in self.sessions:
             raise KeyError(f"unknown session {sid!r}")
         return self.store.trajectory(sid).to_dict()
