@@ -155,6 +155,9 @@ CHAT = [
     ({"messages": [{"role": "u" * 100, "content": "a"}]}, "messages[0].role"),
     ({"tool_choice": 5}, "tool_choice"),
     ({"messages": [{"role": "user", "content": [{"type": ["text"], "text": "a"}]}]}, "messages[0].content[0].type"),
+    ({"messages": [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c", "function": {"name": "b", "arguments": "[" * 50000 + "]" * 50000}}]}]},
+     "messages[0].tool_calls[0].function.arguments"),
 ]
 
 
@@ -222,6 +225,22 @@ def test_responses_field_errors_name_the_field(env, patch, param, stream):
     r, _ = conn.send("POST", "/v1/responses", json.dumps(body).encode())
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param, r.text
+
+
+def test_policy_output_nested_past_the_json_parser_is_flagged_not_raised():
+    """The policy's own text reaches the tool-call parser: nesting deep enough to exhaust
+    Python's JSON decoder must flag the call, never fail it (a failed call is not scored)."""
+    from harnessrl.gym.proxy.canonical import Tool
+    from harnessrl.gym.proxy.toolcalls import HermesToolFormat
+
+    deep = "[" * 5000 + "]" * 5000
+    tools = [Tool("bash")]
+    nested = '{"a": ' * 100 + "1" + "}" * 100  # parses, but a request may not carry it back
+    for text in (f"<tool_call>{deep}</tool_call>", f'<tool_call>{{"name": "bash", "arguments": "{deep}"}}</tool_call>',
+                 f'<tool_call>{{"name": "bash", "arguments": {nested}}}</tool_call>'):
+        parsed = HermesToolFormat().parse(text, tools)
+        assert parsed.tool_calls == [] and parsed.content == text
+        assert parsed.flag in ("tool_call_bad_json", "tool_call_bad_arguments")
 
 
 def test_deep_nesting_is_a_400_not_a_recursion_error(env):

@@ -43,14 +43,14 @@ class ToolCall:
     def key(self) -> tuple[str, str]:
         try:
             args = json.dumps(json.loads(self.arguments), sort_keys=True, separators=(",", ":"))
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, RecursionError):
             args = self.arguments.strip()
         return (self.name, args)
 
     def arguments_obj(self) -> Any:
         try:
             return json.loads(self.arguments) if self.arguments.strip() else {}
-        except ValueError:
+        except (ValueError, RecursionError):
             return self.arguments
 
 

@@ -8,10 +8,19 @@ field never becomes a TypeError deep in the pipeline, a 5xx, or an error event a
 """
 from __future__ import annotations
 
+import json
 import math
+import sys
 from typing import Any
 
 from .errors import bad_request
+
+try:
+    import orjson
+
+    _loads = orjson.loads  # a depth limit of its own: never a RecursionError
+except ImportError:  # pragma: no cover
+    _loads = json.loads
 
 INT63 = 2 ** 63
 """Integers on the wire stay below this (SQLite, torch seeds and JSON readers agree on int64)."""
@@ -135,15 +144,23 @@ def stop_list(o: dict, key: str, *, max_items: int, single: bool) -> list[str]:
 
 
 def json_args(o: dict, key: str, where: str) -> str | None:
-    """Tool-call arguments: JSON text, or an object (re-encoded as JSON text)."""
-    import json
-
+    """Tool-call arguments: JSON text, or an object (re-encoded as JSON text). Text that is
+    not JSON passes as it is (a harness may replay a malformed call); JSON text nested past
+    `MAX_DEPTH` is refused, like any body (the renderer decodes it again)."""
     v = o.get(key)
-    if v is None or v.__class__ is str:
+    p = path(where, key)
+    if v.__class__ is str:
+        try:
+            check_depth(_loads(v), p)
+        except ValueError:  # not JSON (orjson's JSONDecodeError), unless it was too deep for orjson
+            if "depth" in str(sys.exc_info()[1]):
+                raise bad_request(f"{p} holds JSON nested deeper than {MAX_DEPTH} levels", p) from None
+        return v
+    if v is None:
         return v
     if v.__class__ is dict:
         return json.dumps(v)
-    raise _wrong(path(where, key), "a string of JSON or an object", v)
+    raise _wrong(p, "a string of JSON or an object", v)
 
 
 def check_depth(value: Any, where: str = "", limit: int = MAX_DEPTH) -> None:

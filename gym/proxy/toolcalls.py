@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from .canonical import Message, Tool, ToolCall
+from .errors import ProxyError
+from .fields import check_depth
 
 
 @dataclass(slots=True)
@@ -97,7 +99,7 @@ class HermesToolFormat:
         for body in self._block.findall(text):
             try:
                 obj = json.loads(body.strip())
-            except ValueError:
+            except (ValueError, RecursionError):  # the policy's text: nested past the parser's depth too
                 return ParsedCompletion(text, [], "tool_call_bad_json")
             if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
                 return ParsedCompletion(text, [], "tool_call_no_name")
@@ -105,9 +107,9 @@ class HermesToolFormat:
             if isinstance(args, str):
                 try:
                     args = json.loads(args)
-                except ValueError:
+                except (ValueError, RecursionError):
                     return ParsedCompletion(text, [], "tool_call_bad_arguments")
-            if not isinstance(args, dict):
+            if not isinstance(args, dict) or _too_deep(args):
                 return ParsedCompletion(text, [], "tool_call_bad_arguments")
             calls.append(ToolCall(new_call_id(), obj["name"], json.dumps(args, ensure_ascii=False)))
         rest = self._block.sub("", text)
@@ -118,6 +120,16 @@ class HermesToolFormat:
         if known and any(c.name not in known for c in calls):
             flag = "tool_call_unknown_tool"
         return ParsedCompletion(rest.strip(), calls, flag)
+
+
+def _too_deep(args: dict) -> bool:
+    """Arguments nested past what a request may carry (`fields.MAX_DEPTH`): the harness would
+    send them back in its next request, which would then be refused."""
+    try:
+        check_depth(args)
+    except ProxyError:
+        return True
+    return False
 
 
 #: Registered tool formats: short name -> "module:Class".
