@@ -155,7 +155,8 @@ set -euo pipefail
 shopt -s nullglob dotglob
 cd "$1"
 pristine="${3:-}"
-chmod -R u+rwX . 2>/dev/null || true
+# only what lacks the owner's rights: chmod bumps ctime, which tells reset what the agent touched
+find . ! -type l \( ! -perm -u=rw -o \( -type d ! -perm -u=x \) \) -exec chmod u+rwX {} + 2>/dev/null || true
 if [ -d "$pristine/objects/pack" ]; then
   rm -rf .git
   mkdir -p .git/objects/info .git/objects/pack
@@ -186,7 +187,9 @@ if [ -n "${4:-}" ] && [ -f "$pristine/keep.tar" ]; then
   mapfile -t kept < <(sed 's|^/||; s|/$||' .git/info/harnessrl-keep)
   changed=""
   for p in "${kept[@]}"; do [ -e "$p" ] || [ -L "$p" ] || changed=1; done
-  [ -n "$changed" ] || changed="$(find "${kept[@]}" -newerct "@$4" -print -quit 2>/dev/null || echo 1)"
+  # find's -newerct drops the fraction of "@secs.frac"; compare ctimes at full precision.
+  [ -n "$changed" ] || changed="$( { find "${kept[@]}" -printf '%C@\n' 2>/dev/null || echo 9e99; } \
+    | awk -v since="$4" '$1 + 0 > since + 0 { print 1; exit }')"
   if [ -n "$changed" ]; then
     rm -rf "${kept[@]}"
     tar -xf "$pristine/keep.tar"
@@ -206,7 +209,8 @@ DIFF_SCRIPT = r"""
 set -euo pipefail
 cd "$1"
 pristine="${3:-/opt/harnessrl/pristine}"
-chmod -R u+rwX . 2>/dev/null || true
+# only what lacks the owner's rights: chmod bumps ctime, which tells reset what the agent touched
+find . ! -type l \( ! -perm -u=rw -o \( -type d ! -perm -u=x \) \) -exec chmod u+rwX {} + 2>/dev/null || true
 tmp="$(mktemp -d /tmp/.harnessrl-diff.XXXXXX)"
 trap 'rm -rf "$tmp"' EXIT
 if [ -d "$pristine/objects/pack" ]; then

@@ -67,7 +67,8 @@ def test_reset_restores_what_set_up_left_once_the_agent_touched_it(backend):
     sb = backend.create(spec)
     try:
         def state():
-            return sb.exec("stat -c %Z vendored/helper.py; cat vendored/helper.py; ls vendored", timeout=30).output.split()
+            return sb.exec("stat -c %z vendored/helper.py | tr ' ' _; cat vendored/helper.py; ls vendored",
+                           timeout=30).output.split()
         first = state()
         assert first[1:] == ["X", "=", "1", "helper.py"]
         assert sb.diff() == ""  # set-up's files are not the agent's change
