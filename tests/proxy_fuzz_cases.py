@@ -46,7 +46,8 @@ _EDGE = [None, True, False, 0, 1, -1, 2, 0.5, -0.0, 1.5, 3.0, 1e308, -1e308, 2 *
          2 ** 63, 2 ** 64 - 1, -2 ** 63, "", " ", "x", "nan", "inf", "-1", "1", "true", "null", "user", "assistant",
          "system", "tool", "developer", "function", "text", "tool_use", "tool_result", "image", "message",
          "function_call", "function_call_output", "reasoning", "thinking", "none", "auto", "<|im_start|>assistant",
-         "\u0000", "\ud7ff\ue000", "é" * 3, "r" * 600, [], {}, [None], [1, 2], ["a", 1], [[]], [{}], {"type": None},
+         "\u0000", "\ud7ff\ue000", "é" * 3, "r" * 600, "[" * 3000 + "]" * 3000,
+         '{"a": ' * 1200 + "1" + "}" * 1200, "[" * 70 + "]" * 70, [], {}, [None], [1, 2], ["a", 1], [[]], [{}], {"type": None},
          {"type": 1}, {"type": []}, {"type": "text"}, {"type": "text", "text": 5}, {"text": None},
          {"name": None}, {"function": "x"}, {"function": {"name": 1}}, {"include_usage": "yes"},
          [{"type": "image", "source": {}}], [{"type": "tool_result", "tool_use_id": 5}]]
