@@ -330,6 +330,10 @@ def run_episode(task: Task, adapter: HarnessAdapter, make_sandbox: SandboxFactor
                           "harness_exit_code": h.exit_code if h else None, "timings": run.timings, "error": error})
     if cleanup:
         traj.metadata["cleanup_error"] = "; ".join(cleanup)
+    if reward is not None:  # why the grader decided as it did travels with the record
+        traj.metadata["grading"] = {"status": reward.status, "reason": reward.reason, "tampered": reward.tampered,
+                                    "cause": reward.cause, "restored_files": reward.restored_files,
+                                    "dropped_files": reward.dropped_files}
     return EpisodeResult(traj, h, reward, reason, status, run.timings, error)
 
 

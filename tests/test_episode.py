@@ -3,6 +3,7 @@ real proxy, the scripted engine (or a dead one), real processes as harnesses (ge
 command adapter) and the real mini-swe-agent for the call limit."""
 from __future__ import annotations
 
+import re
 import sys
 import tempfile
 import threading
@@ -63,6 +64,9 @@ def test_timeout_is_truncated_and_scored(stack):
     res = _run(stack, _command("sleep", "60"), wall_time_s=2)
     assert (res.reason, res.status, res.trajectory.termination) == ("timeout", "truncated", "timeout")
     assert res.trajectory.reward == 0.0 and res.trajectory.status == "truncated"
+    grading = res.trajectory.metadata["grading"]  # why the grader decided travels with the record
+    assert (grading["status"], grading["tampered"], grading["cause"]) == ("ok", False, "")
+    assert re.match(r"\d+ of \d+ tests not passing", grading["reason"]), grading
 
 
 @pytest.mark.timeout(300)
@@ -139,6 +143,7 @@ def test_call_limit_with_real_mini_swe_agent(stack):
     assert (res.reason, res.status, res.harness.harness_status) == ("call_limit", "truncated", "LimitsExceeded")
     assert len(res.trajectory.calls) == len(task.gold_plan)
     assert res.trajectory.reward == 1.0  # the fix was applied before the budget ran out
+    assert res.trajectory.metadata["grading"]["reason"].startswith("all ")
 
 
 @pytest.mark.harness
