@@ -312,7 +312,7 @@ def test_admin_accepts_good_values_and_limits_body_size(env):
 def test_loopback_is_decided_by_address(host, ok):
     from starlette.datastructures import Address
 
-    from harnessrl.gym.proxy.app import is_loopback
+    from harnessrl.gym.proxy.admin import is_loopback
 
     assert is_loopback(Address(host, 1234)) is ok
     assert is_loopback(None) is False  # a unix-socket client has no address: not loopback

@@ -1,0 +1,151 @@
+"""The admin API (`/admin/...`): sessions, rewards, exports, pause/resume, the policy version.
+
+Contract: it answers loopback TCP clients only, decided on the parsed address (127/8, ::1,
+::ffff:127.x; a unix-socket client, which harnesses inside containers use, is not one), or
+any client with `admin_clients = "any"`; always with its own bearer token. Bodies are small
+JSON objects (`admin_max_body_bytes`, 413 past it) and every value is checked before it is
+stored: rewards finite numbers or null, policy versions integers in [0, 2**63), session
+meta an object of short keys whose counts are such integers. Refusals are 4xx JSON errors;
+nothing raised escapes to the server (that would reset the connection).
+`POST /admin/policy_version {"version": V}` tells the proxy the trainer's current version.
+"""
+from __future__ import annotations
+
+import ipaddress
+import logging
+import math
+import secrets
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from . import fields as F
+from .core import ProxyCore
+from .errors import ProxyError
+from .offload import offload
+from .wire import decode, dumps, json_response, read_body
+
+log = logging.getLogger(__name__)
+
+META_INTS = ("max_calls", "max_tokens", "staleness_limit", "start_version")
+"""Session meta keys the proxy or the scheduler read as counts: non-negative int64 or null."""
+
+
+def is_loopback(client) -> bool:
+    """A TCP client on a loopback address (127/8, ::1, ::ffff:127.x). A unix-socket client
+    (no address) is not: harnesses inside containers reach the proxy that way."""
+    if client is None or not client.host:
+        return False
+    try:
+        ip = ipaddress.ip_address(client.host.split("%", 1)[0])
+    except ValueError:
+        return False
+    if ip.version == 6 and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip.is_loopback
+
+
+def session_meta(v: Any) -> dict[str, Any]:
+    """An admin-supplied session meta: an object of at most 64 short string keys whose count
+    fields (`META_INTS`) are non-negative int64 (the budgets and staleness checks read them)."""
+    if v is None:
+        return {}
+    if v.__class__ is not dict:
+        raise ValueError(f"meta must be an object, got {F.kind(v)}")
+    if len(v) > 64:
+        raise ValueError(f"meta has {len(v)} keys; at most 64 are accepted")
+    for k in v:
+        if len(k) > 128:
+            raise ValueError(f"meta key {k[:40]!r}... is longer than 128 characters")
+    for k in META_INTS:
+        x = v.get(k)
+        if x is not None and (x.__class__ is not int or not 0 <= x < F.INT63):
+            raise ValueError(f"meta.{k} must be null or an integer in [0, 2**63), got {repr(x)[:60]}")
+    F.check_depth(v, "meta", limit=8)
+    return v
+
+
+def admin_routes(core: ProxyCore, admin_token: str) -> list[Route]:
+    cfg = core.config
+
+    def admin(fn):
+        async def handler(request: Request) -> Response:
+            if cfg.admin_clients == "loopback" and not is_loopback(request.client):
+                return json_response({"error": {"message": "the admin API answers loopback clients only "
+                                                           "(ProxyConfig.admin_clients)"}}, 403)
+            auth = request.headers.get("authorization", "")
+            if not secrets.compare_digest(auth.encode(), f"Bearer {admin_token}".encode()):
+                return json_response({"error": {"message": "invalid admin token"}}, 401)
+            try:
+                body: Any = {}
+                if request.method == "POST":
+                    raw = await read_body(request, cfg.admin_max_body_bytes)
+                    body = decode(raw) if raw.strip() else {}
+                out = await fn(request, body)
+                return out if isinstance(out, Response) else json_response(out)
+            except ProxyError as e:
+                return json_response({"error": {"message": e.message, "param": e.param}}, e.status)
+            except KeyError as e:
+                return json_response({"error": {"message": str(e.args[0]) if e.args else "not found"}}, 404)
+            except (ValueError, TypeError) as e:
+                return json_response({"error": {"message": str(e)}}, 400)
+            except Exception as e:  # a bug: a 500 naming it, never a reset connection
+                log.error("admin call failed", exc_info=e)
+                return json_response({"error": {"message": f"{type(e).__name__}: {e}"}}, 500)
+        return handler
+
+    async def a_open(request, body):
+        sid, key = core.open_session(session_meta(body.get("meta")))
+        return {"session_id": sid, "key": key, "openai_base_url": f"/s/{sid}/v1", "anthropic_base_url": f"/s/{sid}"}
+
+    async def a_close(request, body):
+        core.close_session(request.path_params["sid"])
+        return {"closed": True}
+
+    async def a_reward(request, body):
+        r = body.get("reward")
+        if r is not None and (r.__class__ not in (int, float) or not math.isfinite(r)):
+            raise ValueError(f"reward must be a finite number or null, got {repr(r)[:60]}")
+        status = body.get("status", "ok")
+        termination = body.get("termination") or ""
+        if status.__class__ is not str or termination.__class__ is not str or len(status) > 64 \
+                or len(termination) > 4096:
+            raise ValueError("status and termination must be strings (at most 64 and 4096 characters)")
+        core.set_reward(request.path_params["sid"], None if r is None else float(r), status, termination)
+        return {"ok": True}
+
+    async def a_traj(request, body):
+        sid = request.path_params["sid"]
+        # Built and encoded in a worker thread: a long session's export must not stall streams.
+        return Response(await offload(lambda: dumps(core.export_trajectory(sid))), media_type="application/json")
+
+    async def a_pause(request, body):
+        core.gate.pause()
+        return {"paused": True}
+
+    async def a_resume(request, body):
+        core.gate.resume()
+        return {"paused": False}
+
+    async def a_version(request, body):
+        v = body.get("version")
+        if v.__class__ is not int or not 0 <= v < F.INT63:
+            raise ValueError(f"version: {repr(v)[:60]} is not a policy version (an integer in [0, 2**63))")
+        core.set_policy_version(v)
+        return {"policy_version": core.policy_version}
+
+    async def a_stats(request, body):
+        return core.stats()
+
+    return [
+        Route("/admin/sessions", admin(a_open), methods=["POST"]),
+        Route("/admin/sessions/{sid}/close", admin(a_close), methods=["POST"]),
+        Route("/admin/sessions/{sid}/reward", admin(a_reward), methods=["POST"]),
+        Route("/admin/sessions/{sid}/trajectory", admin(a_traj), methods=["GET"]),
+        Route("/admin/pause", admin(a_pause), methods=["POST"]),
+        Route("/admin/resume", admin(a_resume), methods=["POST"]),
+        Route("/admin/stats", admin(a_stats), methods=["GET"]),
+        Route("/admin/policy_version", admin(a_version), methods=["POST"]),
+    ]
