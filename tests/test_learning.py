@@ -65,7 +65,7 @@ async def _learn(seed: int, tmp_path) -> tuple[list[float], list[set[int]]]:
     rewards, versions = [], []
     model = _peaked_model(tmp_path)
     with EngineServer(model=model, port=0, weight_version="0", random_seed=seed) as engine, \
-            ProxyServer(ProxyConfig(engine_url=engine.url, model=model)) as proxy:
+            ProxyServer(ProxyConfig(engine_url=engine.url, model=model, honor_seed=True)) as proxy:
         client = EngineClient(engine.url)
         trainer = TorchTrainer(TorchTrainerConfig(model=model, device="cpu", lr=LR, seed=seed,
                                                   policy_loss="ppo_clip", max_grad_norm=1.0))

@@ -32,7 +32,7 @@ def stack(tok):
 
     # "honor": these tests send their own temperature (0: greedy) and check the record against it
     with EngineServer(model="tiny-llama") as engine, \
-            ProxyServer(ProxyConfig(engine_url=engine.url, sampling_policy="honor"), tokenizer=tok) as proxy:
+            ProxyServer(ProxyConfig(engine_url=engine.url, sampling_policy="honor", honor_seed=True), tokenizer=tok) as proxy:
         yield engine, proxy
 
 
@@ -141,7 +141,7 @@ def test_weight_update_mid_generation_resumes_with_two_versions(tok, stream):
     from harnessrl.trainers.weight_sync import DiskWeightSync
 
     with EngineServer(model="tiny-llama") as engine, \
-            ProxyServer(ProxyConfig(engine_url=engine.url, sampling_policy="honor"), tokenizer=tok) as proxy:
+            ProxyServer(ProxyConfig(engine_url=engine.url, sampling_policy="honor", honor_seed=True), tokenizer=tok) as proxy:
         sid, key = proxy.open_session({})
         out = {}
         body = {"model": "policy", "messages": [{"role": "user", "content": "Tell a long story."}],

@@ -164,3 +164,18 @@ def test_the_logprob_space_probe_of_a_silent_engine_is_bounded():
         with pytest.raises(EngineTimeout, match="get_model_info") as e:
             asyncio.run(probe())
         assert e.value.phase == "first_byte"
+
+
+def test_a_harness_seed_is_not_passed_on_by_default(env):
+    # One fixed seed from a harness would make every member of a GRPO group sample the same tokens.
+    proxy, bodies = env
+    chat(proxy, {"seed": 42})
+    chat(proxy, {"seed": 42})
+    assert [b["sampling_params"].get("sampling_seed") for b in bodies[-2:]] == [None, None]
+
+
+@pytest.mark.parametrize("env", [dict(honor_seed=True)], indirect=True)
+def test_honor_seed_passes_the_harness_seed(env):
+    proxy, bodies = env
+    chat(proxy, {"seed": 42})
+    assert bodies[-1]["sampling_params"]["sampling_seed"] == 42

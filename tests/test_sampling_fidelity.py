@@ -82,7 +82,7 @@ def n_sampled(batch) -> int:
 
 
 def test_honored_mixed_sampling_trains_with_mismatch_under_1e_4(engine, tok):
-    with ProxyServer(ProxyConfig(engine_url=engine.url, sampling_policy="honor"), tokenizer=tok) as proxy:
+    with ProxyServer(ProxyConfig(engine_url=engine.url, sampling_policy="honor", honor_seed=True), tokenizer=tok) as proxy:
         batch = group(proxy, MIXED)
     for t in batch:
         recs = [c.flags["sampling"] for c in t.calls]
@@ -105,7 +105,7 @@ def test_honored_mixed_sampling_trains_with_mismatch_under_1e_4(engine, tok):
 
 def test_the_run_overrides_a_greedy_harness_and_trains_with_mismatch_under_1e_4(engine, tok):
     run = dict(temperature=0.7, top_p=0.9, top_k=40)
-    with ProxyServer(ProxyConfig(engine_url=engine.url, **run), tokenizer=tok) as proxy:
+    with ProxyServer(ProxyConfig(engine_url=engine.url, honor_seed=True, **run), tokenizer=tok) as proxy:
         batch = group(proxy, [{"temperature": 0}, {"temperature": 0, "top_p": 1.0}])  # aider-style greedy
     recs = [c.flags["sampling"] for t in batch for c in t.calls]
     assert {(r["policy"], r["temperature"], r["top_p"], r["top_k"], r["logprobs"]) for r in recs} == {
@@ -124,7 +124,7 @@ def test_the_run_overrides_a_greedy_harness_and_trains_with_mismatch_under_1e_4(
 
 
 def test_greedy_records_are_refused_naming_the_field(engine, tok):
-    with ProxyServer(ProxyConfig(engine_url=engine.url, sampling_policy="honor"), tokenizer=tok) as proxy:
+    with ProxyServer(ProxyConfig(engine_url=engine.url, sampling_policy="honor", honor_seed=True), tokenizer=tok) as proxy:
         batch = group(proxy, [{"temperature": 0.7}, {"temperature": 0}])
     assert [c.flags["sampling"]["temperature"] for c in batch[0].calls] == [0.7, 0.0]
     with pytest.raises(RecordError, match=re.escape("field 'calls[1].flags.sampling.temperature': is 0: greedy")):
@@ -135,7 +135,7 @@ def test_an_sglang_style_engine_is_recomputed_in_its_own_space(tok):
     # logprobs at the temperature before top-p/top-k, as SGLang reports them; the proxy asks
     # the engine which space it reports and records it, the trainer recomputes in that space
     with EngineServer(model="tiny-llama", random_seed=3, logprob_space="tempered") as e, \
-            ProxyServer(ProxyConfig(engine_url=e.url, temperature=0.7, top_p=0.8, top_k=50), tokenizer=tok) as proxy:
+            ProxyServer(ProxyConfig(engine_url=e.url, temperature=0.7, top_p=0.8, top_k=50, honor_seed=True), tokenizer=tok) as proxy:
         batch = group(proxy, [{}, {}])
     assert {c.flags["sampling"]["logprobs"] for t in batch for c in t.calls} == {"tempered"}
     m = trainer().step(batch)

@@ -79,6 +79,11 @@ class ProxyConfig(BaseModel):
     top_k: int = Field(-1, ge=-1)
     """The run's top-k; -1 is off (0 is not a value: use -1)."""
 
+    honor_seed: bool = False
+    """Pass a harness's `seed` to the engine. Off by default (under either `sampling_policy`): a
+    harness that sends one fixed seed would make every member of a GRPO group sample the same
+    tokens, so the group's advantages are all zero. Tests that need reproducible samples turn it on."""
+
     engine_logprobs: Literal["auto", "sampled", "tempered"] = "auto"
     """Which distribution the engine's logprobs belong to: "sampled" (filtered, renormalized: the
     local engine), "tempered" (temperature applied, top-p/top-k not: SGLang's default). "auto" asks

@@ -228,7 +228,7 @@ class ProxyCore:
         sampling, ignored = self.sampling.effective(req)
         return {"max_new_tokens": min(mt, c.max_tokens_cap), **sampling,
                 "stop_token_ids": self.renderer.stop_token_ids,
-                "seed": req.seed if isinstance(req.seed, int) else None}, ignored
+                "seed": req.seed if c.honor_seed and isinstance(req.seed, int) else None}, ignored
 
     async def run(self, p: Prepared, stream_cls=None) -> AsyncIterator[Any]:
         """The whole call; yields SSE bytes when `stream_cls` (a dialect Stream) is given, else one Completion.
