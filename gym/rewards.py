@@ -100,6 +100,14 @@ class RewardConfig(BaseModel, extra="forbid", use_attribute_docstrings=True):
     """When the run leaves no complete report, re-run the hidden tests on the pristine base to
     tell the agent's failure (base completes: reward 0) from the infrastructure's (masked)."""
 
+    def worst_case_s(self) -> float:
+        """About the longest scoring may take: two hidden-test runs (the agent's, and the
+        pristine base's when the first left no report) and the bookkeeping commands around
+        them. A backstop timeout around an episode (the scheduler's `episode_timeout_s`) must
+        leave this much after the harness's wall time, or an agent whose code hangs the hidden
+        tests would be masked by the backstop instead of scored 0 by the grader."""
+        return 2 * self.test_timeout_s + 6 * self.command_timeout_s
+
 
 class TestOutcome(BaseModel):
     """One listed test's result after the hidden tests ran."""

@@ -109,4 +109,7 @@ def test_a_train_config_with_greedy_run_sampling_is_refused(field, value):
 
     with pytest.raises(ValueError, match=rf"rollout\.{field}: {int(value)} is greedy sampling"):
         TrainConfig(rollout=RolloutConfig(**{field: value}))
-    assert TrainConfig(rollout=RolloutConfig(temperature=0.7, top_p=0.9, top_k=40)).rollout.top_k == 40
+    from harnessrl.gym.episode import EpisodeConfig
+
+    ok = RolloutConfig(temperature=0.7, top_p=0.9, top_k=40, episode=EpisodeConfig(wall_time_s=300))
+    assert TrainConfig(rollout=ok, scheduler={"episode_timeout_s": 2000}).rollout.top_k == 40

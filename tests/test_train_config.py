@@ -61,3 +61,18 @@ def test_unparseable_and_missing_files(tmp_path: Path) -> None:
     (tmp_path / "c.json").write_text("{}")
     with pytest.raises(ConfigError, match=".toml or .yaml"):
         load_config(tmp_path / "c.json")
+
+
+def test_the_episode_backstop_cannot_cut_off_scoring():
+    # A backstop that fires while the grader may still run the hidden tests would mask an agent
+    # whose code hangs them, instead of the grader scoring it 0.
+    default = TrainConfig()
+    ep = default.rollout.episode
+    need = ep.wall_time_s + 2 * ep.reward.test_timeout_s + 6 * ep.reward.command_timeout_s + 120
+    assert default.scheduler.episode_timeout_s >= need
+    with pytest.raises(ValueError, match=r"scheduler\.episode_timeout_s: 600 s would cut off .* at least 1020 s"):
+        TrainConfig.model_validate({"scheduler": {"episode_timeout_s": 600}})
+    with pytest.raises(ValueError, match=r"at least 2280 s"):  # harness 600 s, hidden tests 600 s (twice)
+        TrainConfig.model_validate({"rollout": {"episode": {"wall_time_s": 600, "reward": {"test_timeout_s": 600}}}})
+    for example in ("train.toml", "train-tiny.toml"):
+        load_config(Path(__file__).resolve().parents[1] / "examples" / example)

@@ -26,6 +26,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from harnessrl.gym.episode import EpisodeConfig
+from harnessrl.gym.rewards import RewardConfig
 from harnessrl.gym.rollout import Rollout, RolloutConfig, report
 from harnessrl.gym.scheduler import RolloutScheduler, SchedulerConfig
 from harnessrl.trainers.run_report import RunFigures, summary_line
@@ -34,8 +35,14 @@ from harnessrl.trainers.torch_trainer import TorchTrainerConfig
 
 def _default_rollout() -> RolloutConfig:
     # Sized for the embedded default: 2 steps in well under 15 minutes on 2 CPU cores.
+    # The built-in tasks' hidden tests take about a second; 120 s still scores a hang 0.
     return RolloutConfig(difficulties=["trivial"], max_new_tokens=192,
-                         episode=EpisodeConfig(max_calls=3, wall_time_s=300))
+                         episode=EpisodeConfig(max_calls=3, wall_time_s=300, reward=RewardConfig(test_timeout_s=120)))
+
+
+#: Sandbox start, session open and close, record fetch: time an episode needs besides the
+#: harness's wall time and scoring.
+EPISODE_OVERHEAD_S = 120.0
 
 
 class TrainConfig(BaseModel):
@@ -56,7 +63,7 @@ class TrainConfig(BaseModel):
     rollout: RolloutConfig = Field(default_factory=_default_rollout)
     """Harness, suite, sandboxes, per-episode limits (its `model` is overridden by `model`)."""
     scheduler: SchedulerConfig = Field(default_factory=lambda: SchedulerConfig(
-        env_pool_size=2, group_size=2, groups_per_step=1, staleness=1, episode_timeout_s=600))
+        env_pool_size=2, group_size=2, groups_per_step=1, staleness=1, episode_timeout_s=1200))
     """Env pool size, GRPO group size G, groups per step, staleness η and its policy."""
     trainer: TorchTrainerConfig = Field(default_factory=lambda: TorchTrainerConfig(lr=1e-6, micro_batch_tokens=4096))
     """The built-in torch trainer (its `model` is overridden by `model`)."""
@@ -78,6 +85,21 @@ class TrainConfig(BaseModel):
             name = "rollout.temperature: 0" if r.temperature == 0 else "rollout.top_k: 1"
             raise ValueError(f"{name} is greedy sampling, a point mass with no importance ratio: the trainer "
                              "would refuse every episode; train at a temperature > 0 with top_k -1 or >= 2")
+        return self
+
+    @model_validator(mode="after")
+    def _backstop_after_scoring(self) -> "TrainConfig":
+        """The scheduler's episode timeout masks what it cuts off, so it must never fire while
+        the harness may still run or the grader may still score: otherwise a policy whose code
+        hangs the hidden tests would turn its 0 into a mask."""
+        ep = self.rollout.episode
+        need = ep.wall_time_s + ep.reward.worst_case_s() + EPISODE_OVERHEAD_S
+        if self.scheduler.episode_timeout_s < need:
+            raise ValueError(
+                f"scheduler.episode_timeout_s: {self.scheduler.episode_timeout_s:g} s would cut off episodes that are "
+                f"still running or being scored and mask them: it must be at least {need:g} s (rollout.episode."
+                f"wall_time_s {ep.wall_time_s:g} + scoring's worst case {ep.reward.worst_case_s():g} (2 x "
+                f"reward.test_timeout_s + 6 x reward.command_timeout_s) + {EPISODE_OVERHEAD_S:g} s of overhead)")
         return self
 
 
