@@ -59,10 +59,7 @@ def _blocks(role: str, content: Any, where: str) -> list[Message]:
 
 def _tools(body: dict) -> list[Tool]:
     tools = []
-    for i, t in enumerate(F.array(body, "tools") or []):
-        w = f"tools[{i}]"
-        if t.__class__ is not dict:
-            raise bad_request(f"{w} must be an object, got {F.kind(t)}", w)
+    for w, t in F.objects(body, "tools"):
         kind = F.string(t, "type", w)
         if "input_schema" not in t and kind not in (None, "custom"):
             continue  # server tools (web_search_..., bash_...) the local policy cannot serve

@@ -112,6 +112,17 @@ def array(obj: dict, key: str, where: str = "") -> list | None:
     raise _wrong(path(where, key), "an array", v)
 
 
+def objects(o: dict, key: str, where: str = "") -> list[tuple[str, dict]]:
+    """The array `key` of objects, each with its path (e.g. "tools[2]"); absent: []."""
+    out = []
+    for i, v in enumerate(array(o, key, where) or []):
+        p = path(path(where, key), i)
+        if v.__class__ is not dict:
+            raise _wrong(p, "an object", v)
+        out.append((p, v))
+    return out
+
+
 def obj(o: dict, key: str, where: str = "") -> dict | None:
     v = o.get(key)
     if v is None or v.__class__ is dict:

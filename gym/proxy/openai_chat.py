@@ -15,14 +15,8 @@ _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant"
 
 
 def _tool_calls(m: dict, where: str) -> tuple[ToolCall, ...]:
-    raw = F.array(m, "tool_calls", where)
-    if not raw:
-        return ()
     out = []
-    for i, tc in enumerate(raw):
-        w = f"{where}.tool_calls[{i}]"
-        if tc.__class__ is not dict:
-            raise bad_request(f"{w} must be an object, got {F.kind(tc)}", w)
+    for i, (w, tc) in enumerate(F.objects(m, "tool_calls", where)):
         fn = F.obj(tc, "function", w)
         if fn is None:
             raise bad_request(f"{w}.function is required", f"{w}.function")
@@ -53,10 +47,7 @@ def _message(m: Any, where: str) -> Message:
 
 def _tools(body: dict) -> list[Tool]:
     tools = []
-    for i, t in enumerate(F.array(body, "tools") or []):
-        w = f"tools[{i}]"
-        if t.__class__ is not dict:
-            raise bad_request(f"{w} must be an object, got {F.kind(t)}", w)
+    for w, t in F.objects(body, "tools"):
         fn = F.obj(t, "function", w)
         if fn is None:
             raise bad_request(f"{w}.function is required", f"{w}.function")

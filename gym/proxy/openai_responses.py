@@ -53,10 +53,7 @@ def _item(item: Any, where: str, messages: list[Message]) -> None:
 
 def _tools(body: dict) -> list[Tool]:
     tools = []
-    for i, t in enumerate(F.array(body, "tools") or []):
-        w = f"tools[{i}]"
-        if t.__class__ is not dict:
-            raise bad_request(f"{w} must be an object, got {F.kind(t)}", w)
+    for w, t in F.objects(body, "tools"):
         if (F.string(t, "type", w) or "function") != "function":
             continue  # built-in tools (web_search, ...) cannot be served by a local policy
         tools.append(Tool(F.string(t, "name", w, required=True), F.string(t, "description", w) or "",
