@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "bench")]
 from proxy_fuzz_cases import (DIALECT_PATHS, GOOD, Case, admin_case, admin_problems,  # noqa: E402
                               base_bodies, mutate, problems)
-from proxy_overhead import admin, free_port, wait_http  # noqa: E402
+from proxy_overhead import admin, free_port, read_response, wait_http  # noqa: E402
 
 PY = sys.executable
 
@@ -64,35 +64,7 @@ class Conn:
                           f"Authorization: Bearer {self.auth}\r\nContent-Length: {len(body)}\r\n\r\n").encode()
                          + body)
             await self.w.drain()
-            head = await self.r.readline()
-            if not head:
-                raise Reset("connection closed before a status line")
-            status = int(head.split()[1])
-            length, chunked, close = None, False, False
-            while True:
-                line = await self.r.readline()
-                if line in (b"\r\n", b""):
-                    break
-                k, _, v = line.decode("latin-1").partition(":")
-                k = k.strip().lower()
-                if k == "content-length":
-                    length = int(v)
-                elif k == "transfer-encoding" and "chunked" in v:
-                    chunked = True
-                elif k == "connection" and "close" in v.lower():
-                    close = True
-            if chunked:
-                parts = []
-                while True:
-                    size = int((await self.r.readline()).split(b";")[0], 16)
-                    if size == 0:
-                        await self.r.readline()
-                        break
-                    parts.append(await self.r.readexactly(size))
-                    await self.r.readexactly(2)
-                data = b"".join(parts)
-            else:
-                data = await self.r.readexactly(length or 0)
+            status, data, close = await read_response(self.r)
         except (ConnectionError, asyncio.IncompleteReadError, ValueError, IndexError) as e:
             self.close()
             raise Reset(f"{type(e).__name__}: {e}") from None

@@ -81,9 +81,41 @@ def wait_http(port: int, path: str, timeout: float, proc: subprocess.Popen | Non
     raise RuntimeError(f"nothing answered on port {port}{path} within {timeout} s")
 
 
+async def read_response(r: asyncio.StreamReader) -> tuple[int, bytes, bool]:
+    """One HTTP/1.1 response from `r`: (status, body, whether the server closes the connection).
+    Content-Length and chunked bodies. Minimal on purpose: a full client's CPU would crowd the
+    servers on a 2-core machine. An empty read raises ConnectionError."""
+    head = await r.readline()
+    if not head:
+        raise ConnectionError("connection closed before a status line")
+    status = int(head.split()[1])
+    length, chunked, close = None, False, False
+    while True:
+        line = await r.readline()
+        if line in (b"\r\n", b""):
+            break
+        k, _, v = line.decode("latin-1").partition(":")
+        k = k.strip().lower()
+        if k == "content-length":
+            length = int(v)
+        elif k == "transfer-encoding" and "chunked" in v:
+            chunked = True
+        elif k == "connection" and "close" in v.lower():
+            close = True
+    if not chunked:
+        return status, await r.readexactly(length or 0), close
+    parts = []
+    while True:
+        size = int((await r.readline()).split(b";")[0], 16)
+        if size == 0:
+            await r.readline()
+            return status, b"".join(parts), close
+        parts.append(await r.readexactly(size))
+        await r.readexactly(2)
+
+
 class Conn:
-    """One keep-alive HTTP/1.1 connection; Content-Length and chunked bodies. Minimal on
-    purpose: a full client's CPU would crowd the servers on a 2-core machine."""
+    """One keep-alive HTTP/1.1 connection (see read_response)."""
 
     def __init__(self, port: int):
         self.port = port
@@ -94,29 +126,8 @@ class Conn:
             self.r, self.w = await asyncio.open_connection("127.0.0.1", self.port)
         self.w.write((f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                       f"Content-Length: {len(body)}\r\n{headers}\r\n").encode() + body)
-        status = int((await self.r.readline()).split()[1])
-        length, chunked = None, False
-        while True:
-            line = await self.r.readline()
-            if line in (b"\r\n", b""):
-                break
-            k, _, v = line.decode().partition(":")
-            k = k.strip().lower()
-            if k == "content-length":
-                length = int(v)
-            elif k == "transfer-encoding" and "chunked" in v:
-                chunked = True
-        if chunked:
-            parts = []
-            while True:
-                size = int((await self.r.readline()).split(b";")[0], 16)
-                if size == 0:
-                    await self.r.readline()
-                    break
-                parts.append(await self.r.readexactly(size))
-                await self.r.readexactly(2)
-            return status, b"".join(parts)
-        return status, await self.r.readexactly(length or 0)
+        status, data, _ = await read_response(self.r)
+        return status, data
 
     def close(self) -> None:
         if self.w is not None:
