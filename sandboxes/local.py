@@ -247,6 +247,9 @@ class LocalSandbox:
         self.disk = disk
         self._closed = False
         self.cgroup: Cgroup | None = None
+        # When the repo was last in its base state (made after the copy above): reset restores
+        # what set-up left if anything in it changed since. Host memory: the agent cannot move it.
+        self._clean_since = time.time()
         for d in (box / "tmp", box / "home"):
             d.mkdir(exist_ok=True)
         own(backend.identity, box, box / "tmp", box / "home")
@@ -374,7 +377,7 @@ class LocalSandbox:
         self._copy_or_mkdir(self.home_template, self.box / "home")
         self._copy_or_mkdir(None, self.box / "tmp")
         try:
-            self._script(RESET_SCRIPT, self.workdir, self.base_sha, PRISTINE_DIR)
+            self._script(RESET_SCRIPT, self.workdir, self.base_sha, PRISTINE_DIR, f"{self._clean_since:.6f}")
         except SandboxDied:
             raise
         except SandboxError:
@@ -382,6 +385,7 @@ class LocalSandbox:
                 raise
             remove(self.box / "repo")
             self._copy_or_mkdir(self.repo_template, self.box / "repo")
+        self._clean_since = time.time()
 
     def _copy_or_mkdir(self, template: Path | None, dest: Path) -> None:
         if template is not None:  # cp -a: owned as set-up left it (by the sandbox uid)

@@ -207,6 +207,18 @@ def test_write_read_diff_reset(sb):
     assert sb.read_file("build/out.txt") == b"artifact\n"
 
 
+def test_reset_undoes_an_agents_change_to_what_set_up_left(sb):
+    # Set-up's files are outside the diff (part of the base state), so a change to them that
+    # survived reset would reach the grader unseen: reset puts them back, on every backend.
+    assert sb.exec("echo forged > build/out.txt && echo extra > build/planted.py").exit_code == 0
+    assert "build/" not in sb.diff()
+    sb.reset()
+    assert sb.read_file("build/out.txt") == b"artifact\n"
+    assert sb.exec("test -e build/planted.py").exit_code == 1
+    sb.reset()  # nothing changed since: still the base state
+    assert sb.read_file("build/out.txt") == b"artifact\n"
+
+
 def test_diff_is_against_base_even_after_agent_commits_and_reset_drops_them(sb, source):
     _, base, _ = source
     sb.write_file("calc.py", b"def add(a, b):\n    return a + b\n")
