@@ -60,6 +60,11 @@ class RolloutConfig(BaseModel):
     """The run's top-k; -1 is off."""
     max_new_tokens: int = Field(512, ge=1)
     """Cap on tokens generated per model call."""
+    engine_timeout_s: float = Field(900.0, gt=0)
+    """The longest one engine call may take (the proxy's `engine_total_timeout_s`; its first
+    token must also come within min(this, 300 s)). Past it the call fails and is recorded, and
+    the episode is masked as an engine failure: keep it well above the slowest legitimate reply
+    (`max_new_tokens` at the engine's speed under load)."""
 
 
 def load_suite_tasks(cfg: RolloutConfig) -> list:
@@ -99,7 +104,8 @@ class Rollout:
             db_path=str(self.out_dir / "trajectories.db"), uds_path=str(self.out_dir / "proxy.sock"),
             sampling_policy=cfg.sampling_policy, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
             default_max_tokens=cfg.max_new_tokens,
-            max_tokens_cap=cfg.max_new_tokens))
+            max_tokens_cap=cfg.max_new_tokens, engine_total_timeout_s=cfg.engine_timeout_s,
+            engine_first_byte_timeout_s=min(cfg.engine_timeout_s, 300.0)))
         self.results: list[Any] = []
         self.release_wait_s = 120.0
         """How long a cancelled `episode` waits for its thread to release everything."""

@@ -211,6 +211,12 @@ def test_the_rollout_handle_carries_the_engine_url(tmp_path: Path) -> None:
     with Rollout(cfg, "http://127.0.0.1:9", tmp_path) as ro:
         h = ro.handle
     assert (h.engine_url, h.uds_path, h.url) == ("http://127.0.0.1:9", str(tmp_path / "proxy.sock"), ro.proxy.url)
+    # the run's engine-call limit reaches the proxy
+    cfg = RolloutConfig(harness="mini-swe-agent", tasks=[TASK], model="tiny-llama", sandbox="docker",
+                        engine_timeout_s=42)
+    with Rollout(cfg, "http://127.0.0.1:9", tmp_path / "b") as ro:
+        pc = ro.proxy.config
+    assert (pc.engine_total_timeout_s, pc.engine_first_byte_timeout_s) == (42, 42)
 
 
 def test_episode_threads_are_not_capped_by_the_default_executor() -> None:
