@@ -68,8 +68,10 @@ class SchedulerConfig(BaseModel, extra="forbid", use_attribute_docstrings=True):
     it with its too-old tokens masked out of the loss."""
     downweight_factor: float = Field(0.5, gt=0, le=1)
     """Weight multiplier per version of excess staleness, for `downweight`."""
-    episode_timeout_s: float = Field(1800.0, gt=0)
-    """Wall-clock limit of one episode; past it the episode ends `timeout` and is masked."""
+    episode_timeout_s: float = Field(3600.0, gt=0)
+    """Wall-clock limit of one episode, a backstop: past it the episode ends `timeout` and is
+    masked, so it must leave the harness's wall time plus scoring's worst case (`harnessrl
+    train` checks this: `RewardConfig.worst_case_s`); the harness's own limit is what scores."""
     max_requeues: int = Field(3, ge=0)
     """How often one task's rollout may be rerun for staleness before it is dropped."""
 
