@@ -69,17 +69,13 @@ def _tools(body: dict) -> list[Tool]:
 
 
 def parse(body: dict) -> ChatRequest:
-    msgs = F.array(body, "messages")
-    if not msgs:
+    if not F.array(body, "messages"):
         raise bad_request("'messages' must be a non-empty list", "messages")
     messages: list[Message] = []
     system = text_of(body.get("system"), "system")
     if system:
         messages.append(Message("system", system))
-    for i, m in enumerate(msgs):
-        where = f"messages[{i}]"
-        if m.__class__ is not dict:
-            raise bad_request(f"{where} must be an object, got {F.kind(m)}", where)
+    for where, m in F.objects(body, "messages"):
         role = F.string(m, "role", where, required=True, max_len=64)
         if role not in ("user", "assistant", "system"):
             raise bad_request(f"{where}.role {role!r} is not one of user, assistant, system", f"{where}.role")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 import sys
-from typing import Any
+from typing import Any, Iterator
 
 from .errors import bad_request
 
@@ -112,15 +112,15 @@ def array(obj: dict, key: str, where: str = "") -> list | None:
     raise _wrong(path(where, key), "an array", v)
 
 
-def objects(o: dict, key: str, where: str = "") -> list[tuple[str, dict]]:
-    """The array `key` of objects, each with its path (e.g. "tools[2]"); absent: []."""
-    out = []
+def objects(o: dict, key: str, where: str = "") -> Iterator[tuple[str, dict]]:
+    """The array `key` of objects, each with its path (e.g. "tools[2]"); absent: nothing.
+    Lazy: an item that is not an object is refused when it is reached, so a caller checking
+    each item as it goes names the first bad field in order."""
     for i, v in enumerate(array(o, key, where) or []):
         p = path(path(where, key), i)
         if v.__class__ is not dict:
             raise _wrong(p, "an object", v)
-        out.append((p, v))
-    return out
+        yield p, v
 
 
 def obj(o: dict, key: str, where: str = "") -> dict | None:

@@ -26,9 +26,7 @@ def _tool_calls(m: dict, where: str) -> tuple[ToolCall, ...]:
     return tuple(out)
 
 
-def _message(m: Any, where: str) -> Message:
-    if m.__class__ is not dict:
-        raise bad_request(f"{where} must be an object, got {F.kind(m)}", where)
+def _message(m: dict, where: str) -> Message:
     r = F.string(m, "role", where, required=True, max_len=64)
     role = _ROLES.get(r)
     if role is None:
@@ -58,10 +56,9 @@ def _tools(body: dict) -> list[Tool]:
 
 
 def parse(body: dict) -> ChatRequest:
-    msgs = F.array(body, "messages")
-    if not msgs:
+    if not F.array(body, "messages"):
         raise bad_request("'messages' must be a non-empty list", "messages")
-    messages = [_message(m, f"messages[{i}]") for i, m in enumerate(msgs)]
+    messages = [_message(m, where) for where, m in F.objects(body, "messages")]
     check_tool_results(messages, "messages")
     if body.get("n") is not None and F.integer(body, "n") != 1:
         raise bad_request("only n=1 is supported", "n")
