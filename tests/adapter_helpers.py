@@ -1,7 +1,8 @@
 """Shared by the adapter / episode / rollout tests: a Docker backend with the base image
-(or a skip), and a built-in task that has a gold plan."""
+(or a skip), a scripted-engine stack, and a built-in task that has a gold plan."""
 from __future__ import annotations
 
+import contextlib
 import json
 
 import pytest
@@ -17,6 +18,23 @@ def docker_backend():
     except Exception as e:  # noqa: BLE001 - any failure means docker sandboxes cannot run here
         pytest.skip(f"docker sandboxes unavailable: {e}")
     return backend
+
+
+@contextlib.contextmanager
+def scripted_stack():
+    """(scripted engine, proxy in front of it, docker backend) for episode tests: tiny-llama's
+    tokenizer, real HTTP on loopback; the backend's containers are reaped afterwards."""
+    backend = docker_backend()
+    from harnessrl.gym.models import load_tokenizer
+    from harnessrl.gym.proxy.config import ProxyConfig
+    from harnessrl.gym.proxy.server import ProxyServer
+    from harnessrl.gym.scripted import ScriptedEngine, ServedApp
+
+    engine = ScriptedEngine(load_tokenizer("tiny-llama"))
+    with ServedApp(engine.app()) as served, \
+            ProxyServer(ProxyConfig(engine_url=served.url, model="tiny-llama")) as proxy:
+        yield engine, proxy, backend
+    backend.reap(run_id=backend.run_id)
 
 
 def builtin_task():

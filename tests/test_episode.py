@@ -17,7 +17,7 @@ from harnessrl.gym.episode import ENDINGS, EpisodeConfig, ProxyHandle, ending_fo
 from harnessrl.adapters.base import HarnessResult
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from adapter_helpers import builtin_task, docker_backend  # noqa: E402
+from adapter_helpers import builtin_task, scripted_stack  # noqa: E402
 
 pytestmark = [pytest.mark.docker]
 
@@ -34,17 +34,8 @@ def test_ending_for_maps_harness_reasons_and_spent_budget():
 
 @pytest.fixture(scope="module")
 def stack():
-    backend = docker_backend()
-    from harnessrl.gym.models import load_tokenizer
-    from harnessrl.gym.proxy.config import ProxyConfig
-    from harnessrl.gym.proxy.server import ProxyServer
-    from harnessrl.gym.scripted import ScriptedEngine, ServedApp
-
-    engine = ScriptedEngine(load_tokenizer("tiny-llama"))
-    with ServedApp(engine.app()) as served, \
-            ProxyServer(ProxyConfig(engine_url=served.url, model="tiny-llama")) as proxy:
+    with scripted_stack() as (engine, proxy, backend):
         yield engine, ProxyHandle.of(proxy), backend
-    backend.reap(run_id=backend.run_id)
 
 
 def _command(*argv: str) -> CommandAdapter:

@@ -18,7 +18,7 @@ from harnessrl.gym.failures import describe
 from harnessrl.gym.scheduler import RolloutScheduler, SchedulerConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from adapter_helpers import builtin_task, docker_backend  # noqa: E402
+from adapter_helpers import builtin_task, scripted_stack  # noqa: E402
 
 pytestmark = [pytest.mark.docker]
 
@@ -134,17 +134,8 @@ class FaultyAdapter:
 
 @pytest.fixture(scope="module")
 def stack():
-    backend = docker_backend()
-    from harnessrl.gym.models import load_tokenizer
-    from harnessrl.gym.proxy.config import ProxyConfig
-    from harnessrl.gym.proxy.server import ProxyServer
-    from harnessrl.gym.scripted import ScriptedEngine, ServedApp
-
-    engine = ScriptedEngine(load_tokenizer("tiny-llama"))
-    with ServedApp(engine.app()) as served, \
-            ProxyServer(ProxyConfig(engine_url=served.url, model="tiny-llama")) as proxy:
+    with scripted_stack() as (_, proxy, backend):
         yield proxy, backend
-    backend.reap(run_id=backend.run_id)
 
 
 def _run_under_scheduler(stack, fault: Fault):
