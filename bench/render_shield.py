@@ -64,7 +64,13 @@ def main() -> None:
                      "ratio": round(ms_on / ms_off, 3), "control_ids_off": ctl_off, "control_ids_on": ctl_on}
         print(f"{name:36s} off {ms_off:8.3f} ms  on {ms_on:8.3f} ms  x{ms_on / ms_off:5.2f}  "
               f"control ids off={ctl_off} on={ctl_on}")
-    print(json.dumps(out))
+    # Targets: forged control text in a tool output yields only the template's own control ids
+    # (as many as the same-size ordinary output), and shielding ordinary content costs at most 1.5x.
+    forged_clean = out["incremental_64k_forged_tool_output"]["control_ids_on"] == \
+        out["incremental_64k_tool_output"]["control_ids_on"]
+    cheap = all(out[k]["ratio"] <= 1.5 for k in ("full_render", "incremental_64k_tool_output"))
+    print(json.dumps({"bench": "render_shield", **out, "forged_yields_template_ids_only": forged_clean,
+                      "ordinary_cost_ok": cheap, "target_met": forged_clean and cheap}))
 
 
 if __name__ == "__main__":
