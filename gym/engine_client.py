@@ -39,6 +39,8 @@ class GenerateResult:
     weight_version: str
     prompt_tokens: int
     text: str = ""
+    versions: list[str] | None = None
+    """Per-token weight versions, when a backend knows them (else every token has `weight_version`)."""
 
 
 class EngineError(RuntimeError):

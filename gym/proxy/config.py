@@ -12,7 +12,17 @@ class ProxyConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     engine_url: str
-    """Base URL of the SGLang-contract engine (`/generate` with token ids), e.g. http://127.0.0.1:30000."""
+    """Base URL of the engine, e.g. http://127.0.0.1:30000 (SGLang's `/generate` with token ids, or
+    vLLM's token-in/token-out routes with `backend="vllm"`). Ignored when the proxy is handed a
+    backend object (`ProxyServer(config, backend=...)`: a trainer's in-process generation side)."""
+
+    backend: str = "sglang"
+    """Which generation backend reaches `engine_url`: "sglang" (also the local engine), "vllm", or
+    a "module:Class" path (`harnessrl.gym.backends`)."""
+
+    vllm_route: Literal["generate", "completions"] = "generate"
+    """With `backend="vllm"`: vLLM's `/inference/v1/generate` (token ids in and out), or
+    `/v1/completions` with a token-id prompt and `return_token_ids`."""
 
     model: str = "tiny-llama"
     """Prepared model name or folder whose tokenizer and chat template render prompts."""

@@ -25,8 +25,9 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Awaitable, Callable
 
-from ..engine_client import EngineClient, EngineError, EngineTimeout, EngineTimeouts
-from .engine_http import make_engine_client
+from ..backends import make_backend
+from ..backends.protocol import GenerationBackend
+from ..engine_client import EngineError, EngineTimeout, EngineTimeouts
 from .canonical import ChatRequest, Completion, Message
 from .config import ProxyConfig
 from .errors import ProxyError
@@ -90,7 +91,9 @@ def _safe_len(text: str, markers: list[str]) -> tuple[int, bool]:
 
 
 class ProxyCore:
-    def __init__(self, config: ProxyConfig, tokenizer=None):
+    def __init__(self, config: ProxyConfig, tokenizer=None, backend: GenerationBackend | None = None):
+        """`backend`: generate through this object instead of the URL backend that
+        `config.backend` names (a trainer's in-process generation side, a Tinker client)."""
         from ..models import load_tokenizer
 
         self.config = config
@@ -98,7 +101,8 @@ class ProxyCore:
         self.store = Store(config.db_path, config.synchronous)
         self.sessions: dict[str, Session] = {}
         self.versions = VersionMap()
-        self.engine: EngineClient | None = None  # made on the serving loop (httpx binds to it)
+        self._given_backend = backend
+        self.engine: GenerationBackend | None = None  # made on the serving loop (httpx binds to it)
         self.gate: PauseGate | None = None
         self.sampling = SamplingPolicy(config)
         self.policy_version: int | None = None
@@ -119,13 +123,17 @@ class ProxyCore:
     async def start(self) -> None:
         c = self.config
         # control requests (model info, health) get the first-byte bound: a stopped engine fails them too
-        self.engine = make_engine_client(c.engine_url, timeout=c.engine_first_byte_timeout_s or 600.0, timeouts=EngineTimeouts(
-            c.engine_connect_timeout_s, c.engine_first_byte_timeout_s, c.engine_idle_timeout_s,
-            c.engine_total_timeout_s))
+        if self._given_backend is not None:
+            self.engine = self._given_backend
+        else:
+            extra = {"route": c.vllm_route} if c.backend == "vllm" else {}
+            self.engine = make_backend(c.backend, c.engine_url, timeout=c.engine_first_byte_timeout_s or 600.0,
+                                       timeouts=EngineTimeouts(c.engine_connect_timeout_s, c.engine_first_byte_timeout_s,
+                                                               c.engine_idle_timeout_s, c.engine_total_timeout_s), **extra)
         self.gate = PauseGate()
 
     async def stop(self) -> None:
-        if self.engine is not None:
+        if self.engine is not None and self.engine is not self._given_backend:  # a handed-in backend is its owner's
             await self.engine.aclose()
 
     # -- sessions (thread-safe: dict ops are atomic, the store locks) --------------------

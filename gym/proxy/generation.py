@@ -1,7 +1,7 @@
 """Generation through the engine contract, interruptible and pausable.
 
-Contract: token ids in, token ids + logprobs out, only via `EngineClient` (never an
-engine's OpenAI endpoint). When the engine answers `finish_reason == "abort"` (a weight
+Contract: token ids in, token ids + logprobs out, only via a `GenerationBackend`
+(`gym/backends`; never an engine's OpenAI endpoint). When the engine answers `finish_reason == "abort"` (a weight
 update paused it), the call waits until generation is resumed, then re-sends
 `/generate` with `input_ids + partial output` and the remaining token budget, and
 concatenates; each token keeps the version of the weights that sampled it. The harness
@@ -19,7 +19,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
-from ..engine_client import EngineClient, EngineError
+from ..backends.protocol import GenerationBackend
+from ..engine_client import EngineError
 
 
 class PauseGate:
@@ -85,7 +86,7 @@ class Generation:
     wait_s: float = 0.0
 
 
-async def generate(engine: EngineClient, gate: PauseGate, prompt: list[int], *, stream: bool,
+async def generate(engine: GenerationBackend, gate: PauseGate, prompt: list[int], *, stream: bool,
                    max_interruptions: int, params: dict[str, Any], rid: str,
                    out: Generation) -> AsyncIterator[list[int]]:
     """Run one call to completion, yielding each batch of new ids (streamed or not)."""
@@ -97,7 +98,7 @@ async def generate(engine: EngineClient, gate: PauseGate, prompt: list[int], *, 
         if stream:
             async for chunk in engine.generate_stream(prompt + out.ids if out.ids else prompt, rid=rid,
                                                       **dict(params, max_new_tokens=budget)):
-                _add(out, chunk.output_ids, chunk.logprobs, chunk.weight_version)
+                _add(out, chunk.output_ids, chunk.logprobs, chunk.weight_version, chunk.versions)
                 if chunk.finish_reason:
                     out.finish_reason = chunk.finish_reason
                 if chunk.output_ids:
@@ -105,7 +106,7 @@ async def generate(engine: EngineClient, gate: PauseGate, prompt: list[int], *, 
         else:
             res = await engine.generate(prompt + out.ids if out.ids else prompt, rid=rid,
                                         **dict(params, max_new_tokens=budget))
-            _add(out, res.output_ids, res.logprobs, res.weight_version)
+            _add(out, res.output_ids, res.logprobs, res.weight_version, res.versions)
             out.finish_reason = res.finish_reason
             if res.output_ids:
                 yield res.output_ids
@@ -134,7 +135,7 @@ async def generate(engine: EngineClient, gate: PauseGate, prompt: list[int], *, 
         out.wait_s += time.perf_counter() - t1
 
 
-def _add(out: Generation, ids: list[int], lps: list[float], version: str) -> None:
+def _add(out: Generation, ids: list[int], lps: list[float], version: str, versions: list[str] | None = None) -> None:
     out.ids += ids
     out.logprobs += lps if len(lps) == len(ids) else [float("nan")] * len(ids)
-    out.versions += [version] * len(ids)
+    out.versions += versions if versions is not None and len(versions) == len(ids) else [version] * len(ids)

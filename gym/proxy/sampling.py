@@ -26,7 +26,7 @@ import asyncio
 import math
 from typing import Any
 
-from ..engine_client import EngineClient, EngineError, EngineTimeout
+from ..engine_client import EngineError, EngineTimeout
 from .canonical import ChatRequest
 from .config import ProxyConfig
 
@@ -77,7 +77,7 @@ class SamplingPolicy:
                 ignored.append("top_k")
         return out, ignored
 
-    async def space(self, engine: EngineClient) -> str:
+    async def space(self, engine) -> str:
         """The engine's logprob space, asked once; EngineError if the engine cannot be reached."""
         if self._space is None:
             # bounded like a generation's first byte: a stopped engine must fail the call, not hold it

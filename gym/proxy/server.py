@@ -26,10 +26,12 @@ from .core import ProxyCore
 
 
 class ProxyServer:
-    def __init__(self, config: ProxyConfig, tokenizer=None):
+    def __init__(self, config: ProxyConfig, tokenizer=None, backend=None):
+        """`backend`: a `GenerationBackend` object to generate through (a trainer's in-process
+        generation side, a Tinker sampling client) instead of `config.backend` at `config.engine_url`."""
         self.config = config
         self.admin_token = config.admin_token or secrets.token_urlsafe(24)
-        self.core = ProxyCore(config, tokenizer)
+        self.core = ProxyCore(config, tokenizer, backend=backend)
         self.url = ""
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None

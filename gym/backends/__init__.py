@@ -1,0 +1,54 @@
+"""Generation backends: how the proxy turns prompt token ids into sampled token ids.
+
+The proxy generates only through the small `GenerationBackend` contract (`protocol.py`):
+token ids in; token ids, logprobs, finish reason and weight version out; an aborted
+generation comes back with `finish_reason == "abort"` and its partial output, and the
+proxy resumes it with prompt + tokens so far (`gym/proxy/generation.py`), the same way for
+every backend, so per-token versions and interruption mean the same everywhere.
+
+Backends, by short name (a full "module:Class" path is accepted too):
+- `sglang`: SGLang's native `/generate` (and the local engine, which speaks it);
+- `vllm`: vLLM's token-in/token-out `/inference/v1/generate`, or `/v1/completions` with
+  token-id prompts (`VllmBackend(..., route="completions")`);
+- `inprocess.CallableBackend`: an async callable in the same process (a trainer's own server
+  manager: verl's `server_manager.generate`, SkyRL's inference engine client), possibly on
+  another event loop;
+- `tinker.TinkerBackend`: a Tinker `SamplingClient` (hosted Tinker, SkyRL's Tinker server).
+The last two are objects, not URLs: they are handed to the proxy (`ProxyServer(backend=...)`).
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from ..engine_client import EngineTimeouts
+from .protocol import GenerationBackend
+
+#: URL-reachable backends: short name -> "module:Class" (imported lazily).
+BACKENDS: dict[str, str] = {
+    "sglang": "harnessrl.gym.engine_client:EngineClient",
+    "vllm": "harnessrl.gym.backends.vllm:VllmBackend",
+}
+
+
+def backend_class(name: str) -> type:
+    """The class behind a short name or a "module:Class" path; unknown names list the valid ones."""
+    target = BACKENDS.get(name, name)
+    if ":" not in target:
+        raise ValueError(f"unknown generation backend {name!r}; valid: {', '.join(sorted(BACKENDS))} "
+                         f"(or a 'module:Class' path)")
+    mod, _, cls = target.partition(":")
+    return getattr(importlib.import_module(mod), cls)
+
+
+def make_backend(name: str, url: str, *, timeout: float = 600.0, timeouts: EngineTimeouts | None = None,
+                 **kw: Any) -> GenerationBackend:
+    """A URL backend by name. `sglang` gets the proxy's lean keep-alive transport."""
+    if name == "sglang":
+        from ..proxy.engine_http import make_engine_client
+
+        return make_engine_client(url, timeout=timeout, timeouts=timeouts)
+    return backend_class(name)(url, timeout=timeout, timeouts=timeouts, **kw)
+
+
+__all__ = ["BACKENDS", "GenerationBackend", "backend_class", "make_backend"]

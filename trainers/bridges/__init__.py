@@ -1,0 +1,1 @@
+"""Bridges: harnessrl as the fixed env layer under trainers people already run (verl, SkyRL, Tinker)."""
