@@ -4,7 +4,7 @@ One run, side by side: trajectories/s and generator slot occupancy for staleness
 η = 0 (the synchronous baseline), 1, 2, 4, for environments whose per-turn latency is
 lognormal with CV 1 and CV 2, and one resampled from latencies measured on the built-in
 suite (`--measured FILE`, a JSON list of seconds; see `--measure`). The generator is a
-simulated batching engine (`harnessrl.gym.sim.SimEngine`: `slots` sequences decode one
+simulated batching engine (`harnessrl.gym.doubles.sim.SimEngine`: `slots` sequences decode one
 token per step together; waiting requests are admitted oldest episode first, as the proxy's
 earliest-deadline `priority` makes SGLang and the local engine do; `--fifo` turns that
 off), the trainer a fixed `train_s` per step. Data over η is handled by `--policy`
@@ -50,7 +50,7 @@ import sys
 from pathlib import Path
 
 from harnessrl.gym.scheduler import SchedulerConfig
-from harnessrl.gym.sim import empirical, lognormal, run_simulation
+from harnessrl.gym.doubles.sim import empirical, lognormal, run_simulation
 
 
 def main() -> int:

@@ -239,7 +239,7 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="fuzz-bench-"))
     try:
         eport = free_port()
-        procs.append(subprocess.Popen([PY, "-m", "harnessrl.gym.proxy.standin", "--port", str(eport),
+        procs.append(subprocess.Popen([PY, "-m", "harnessrl.gym.doubles.standin", "--port", str(eport),
                                        "--max-context", "32768"], cwd=ROOT))
         wait_http(eport, "/health", 60, procs[-1])
         pport, token = free_port(), "fuzz-admin"

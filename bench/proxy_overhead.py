@@ -283,7 +283,7 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="proxy-bench-"))
     try:
         eport = free_port()
-        procs.append(subprocess.Popen([PY, "-m", "harnessrl.gym.proxy.standin", "--port", str(eport)], cwd=ROOT))
+        procs.append(subprocess.Popen([PY, "-m", "harnessrl.gym.doubles.standin", "--port", str(eport)], cwd=ROOT))
         wait_http(eport, "/health", 60)
         pport, token = free_port(), "bench-admin"
         pp = subprocess.Popen([PY, "-m", "harnessrl.gym.proxy", "--engine-url", f"http://127.0.0.1:{eport}",

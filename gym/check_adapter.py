@@ -107,7 +107,8 @@ def check_adapter(target: str, backend: str = "auto", wall_time_s: float = 300.0
     from harnessrl.gym.models import load_tokenizer
     from harnessrl.gym.proxy.config import ProxyConfig
     from harnessrl.gym.proxy.server import ProxyServer
-    from harnessrl.gym.scripted import ScriptedEngine, ServedApp
+    from harnessrl.gym.doubles.scripted import ScriptedEngine
+    from harnessrl.gym.served import ServedApp
     from harnessrl.gym.suites.builtin import load
     from harnessrl.sandboxes import make_backend
 

@@ -112,7 +112,7 @@ class SweEnv(gymnasium.Env):
         from harnessrl.gym.env_bridge import BridgeEngine
         from harnessrl.gym.episode import ProxyHandle
         from harnessrl.gym.rollout import Rollout
-        from harnessrl.gym.scripted import ServedApp
+        from harnessrl.gym.served import ServedApp
 
         out = tempfile.mkdtemp(prefix="harnessrl-env-")
         bridge = BridgeEngine([self.eos_id], lambda: self.policy_version)

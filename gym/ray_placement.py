@@ -240,7 +240,7 @@ class RayEpisodes:
 
 # -- env workers ------------------------------------------------------------------------------
 class SimWorker:
-    """Simulated episodes on a worker (gym/sim.py's engine and episode, one engine per actor):
+    """Simulated episodes on a worker (gym/doubles/sim.py's engine and episode, one engine per actor):
     for testing placement and sizing pools without sandboxes."""
 
     def __init__(self, turns: int = 3, tokens_per_turn: int = 4, step_s: float = 0.001, slots: int = 8,
@@ -251,7 +251,7 @@ class SimWorker:
     async def run(self, slot: RemoteSlot) -> Trajectory:
         import random
 
-        from harnessrl.gym.sim import SimEngine, lognormal, sim_episode
+        from harnessrl.gym.doubles.sim import SimEngine, lognormal, sim_episode
 
         if self._run is None:  # made on the actor's loop, with its version view
             turns, tokens, step_s, slots, mean, cv, seed = self.args

@@ -28,7 +28,8 @@ def scripted_stack():
     from harnessrl.gym.models import load_tokenizer
     from harnessrl.gym.proxy.config import ProxyConfig
     from harnessrl.gym.proxy.server import ProxyServer
-    from harnessrl.gym.scripted import ScriptedEngine, ServedApp
+    from harnessrl.gym.doubles.scripted import ScriptedEngine
+    from harnessrl.gym.served import ServedApp
 
     engine = ScriptedEngine(load_tokenizer("tiny-llama"))
     with ServedApp(engine.app()) as served, \

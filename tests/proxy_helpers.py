@@ -11,7 +11,7 @@ from collections import deque
 import httpx
 import uvicorn
 
-from harnessrl.gym.proxy.standin import StandinEngine
+from harnessrl.gym.doubles.standin import StandinEngine
 
 
 class ServedApp:
@@ -51,7 +51,7 @@ class Script:
             self.queue.append(self.tok.encode(t, add_special_tokens=False) + ([2] if eos else []))
 
     def __call__(self, input_ids: list[int]) -> list[int]:
-        from harnessrl.gym.proxy.standin import default_responder
+        from harnessrl.gym.doubles.standin import default_responder
 
         return self.queue.popleft() if self.queue else default_responder(input_ids)
 

@@ -79,7 +79,8 @@ def stack():
     from harnessrl.gym.models import load_tokenizer
     from harnessrl.gym.proxy.config import ProxyConfig
     from harnessrl.gym.proxy.server import ProxyServer
-    from harnessrl.gym.scripted import ScriptedEngine, ServedApp
+    from harnessrl.gym.doubles.scripted import ScriptedEngine
+    from harnessrl.gym.served import ServedApp
 
     try:
         tok = load_tokenizer("tiny-llama")
@@ -122,7 +123,7 @@ def assert_token_exact(traj, engine_calls) -> None:
 
 def test_token_exact_check_catches_a_tampered_record():
     from harnessrl.gym.check_adapter import token_exact_problems
-    from harnessrl.gym.scripted import ScriptedCall
+    from harnessrl.gym.doubles.scripted import ScriptedCall
     from harnessrl.gym.trajectory import CallRecord, Segment, Trajectory
 
     sampled = [ScriptedCall([1, 5, 6], [7, 2], "x", None, 0), ScriptedCall([1, 5, 6, 7, 2, 9], [8, 2], "y", None, 1)]

@@ -182,7 +182,7 @@ def test_a_failed_engine_call_is_engine_error_even_when_the_harness_exits_0_and_
 
     from harnessrl.gym.proxy.config import ProxyConfig
     from harnessrl.gym.proxy.server import ProxyServer
-    from harnessrl.gym.scripted import ServedApp
+    from harnessrl.gym.served import ServedApp
 
     engine, _, _ = stack
 

@@ -19,7 +19,7 @@ import pytest
 
 from harnessrl.gym.models import load_tokenizer
 from harnessrl.gym.proxy import ProxyConfig, ProxyServer, Store
-from harnessrl.gym.proxy.standin import StandinEngine, default_responder
+from harnessrl.gym.doubles.standin import StandinEngine, default_responder
 
 sys.path.insert(0, str(Path(__file__).parent))  # --import-mode=importlib: helpers sit beside us
 from proxy_helpers import ServedApp, check_exact, post, standin

@@ -153,7 +153,8 @@ def test_real_harness_episodes_run_on_ray_workers(cluster):
     from harnessrl.gym.proxy.server import ProxyServer
     from harnessrl.gym.ray_placement import RolloutWorker
     from harnessrl.gym.rollout import load_suite_tasks
-    from harnessrl.gym.scripted import ScriptedEngine, ServedApp
+    from harnessrl.gym.doubles.scripted import ScriptedEngine
+    from harnessrl.gym.served import ServedApp
 
     task_id = "harnessrl-builtin__calc-1"
     cfg = _tiny_agent(task_id)
@@ -199,7 +200,8 @@ def test_ray_rollout_worker_turns_a_proxy_stale_abort_into_a_requeue():
     from harnessrl.gym.ray_placement import RemoteSlot, RolloutWorker
     from harnessrl.gym.rollout import load_suite_tasks
     from harnessrl.gym.scheduler import StaleEpisode
-    from harnessrl.gym.scripted import ScriptedEngine, ServedApp
+    from harnessrl.gym.doubles.scripted import ScriptedEngine
+    from harnessrl.gym.served import ServedApp
 
     task_id = "harnessrl-builtin__calc-1"
     cfg = _tiny_agent(task_id)

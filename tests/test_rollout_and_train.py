@@ -34,7 +34,8 @@ def _need_stack() -> None:
 def test_rollout_report_with_the_scripted_policy(tmp_path: Path) -> None:
     _need_stack()
     from harnessrl.gym.models import load_tokenizer
-    from harnessrl.gym.scripted import ScriptedEngine, ServedApp
+    from harnessrl.gym.doubles.scripted import ScriptedEngine
+    from harnessrl.gym.served import ServedApp
     from harnessrl.gym.task_loaders import load_suite
 
     task = next(t for t in load_suite("builtin") if t.instance_id == TASK)
@@ -128,7 +129,8 @@ def test_requeue_per_turn_check_aborts_a_real_harness_episode_and_reruns_it(tmp_
     from harnessrl.gym.models import load_tokenizer
     from harnessrl.gym.rollout import Rollout
     from harnessrl.gym.scheduler import RolloutScheduler, SchedulerConfig
-    from harnessrl.gym.scripted import ScriptedEngine, ServedApp
+    from harnessrl.gym.doubles.scripted import ScriptedEngine
+    from harnessrl.gym.served import ServedApp
     from harnessrl.gym.task_loaders import load_suite
 
     task = next(t for t in load_suite("builtin") if t.instance_id == TASK)

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from harnessrl.gym.scheduler import RolloutScheduler, SchedulerConfig, StaleEpisode
-from harnessrl.gym.sim import lognormal, run_simulation
+from harnessrl.gym.doubles.sim import lognormal, run_simulation
 from harnessrl.gym.trajectory import Segment, Trajectory
 
 
@@ -213,7 +213,7 @@ def test_a_run_resumed_at_a_later_version_keeps_the_bound() -> None:
 def test_sim_engine_gives_free_slots_to_the_oldest_episode_first(priority: bool, expected: list[str]) -> None:
     """The simulated engine admits like the proxy's earliest-deadline priority makes a real
     engine admit: the oldest episode first, FIFO among equals (or plain FIFO when off)."""
-    from harnessrl.gym.sim import SimEngine
+    from harnessrl.gym.doubles.sim import SimEngine
 
     async def main() -> list[str]:
         engine = SimEngine(slots=1, step_s=0.001, version=lambda: 0, priority=priority)

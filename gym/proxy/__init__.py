@@ -13,7 +13,8 @@ Modules: app (routes, auth, admin), core (the call pipeline), openai_chat /
 openai_responses / anthropic_messages (one per dialect), render (chat template +
 incremental suffix), toolcalls (Hermes/Qwen format, registry), recorder (segments),
 generation (interruptible), store (SQLite WAL, JSONL/Parquet export), engine_http (lean
-transport under EngineClient), standin (a contract-speaking stand-in engine), server.
+transport under EngineClient), server. (The stand-in engine lives with the other test
+doubles, in `harnessrl.gym.doubles.standin`.)
 """
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ for tests and benchmarks. Not a model: its output is scripted or derived from th
 - Every /generate call is logged (`calls`: input ids, output ids, finish reason).
 - `max_context`: prompts that long get the local engine's 400 (the context does not fit).
 
-`python -m harnessrl.gym.proxy.standin --port N` serves it as its own process.
+`python -m harnessrl.gym.doubles.standin --port N` serves it as its own process.
 """
 from __future__ import annotations
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 import threading
 import uuid
 from dataclasses import dataclass, field
@@ -227,30 +226,3 @@ def search_replace_blocks(patch: str) -> str:
     flush()
     return "\n".join(out)
 
-
-class ServedApp:
-    """Run an ASGI app with uvicorn on 127.0.0.1:<free port> in a thread (a context manager)."""
-
-    def __init__(self, app: Any):
-        import uvicorn
-
-        self._sock = socket.socket()
-        self._sock.bind(("127.0.0.1", 0))
-        self.port = self._sock.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-        self._thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self._sock]}, daemon=True)
-
-    def __enter__(self) -> "ServedApp":
-        self._thread.start()
-        import time
-        while not self.server.started:  # uvicorn flips this once it is accepting
-            if not self._thread.is_alive():
-                raise RuntimeError("scripted engine server failed to start")
-            time.sleep(0.01)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.server.should_exit = True
-        self._thread.join(timeout=10)
-        self._sock.close()
