@@ -5,7 +5,8 @@ Contract: one Starlette app on 127.0.0.1 serves two things for one env:
 - SGLang's /generate contract (plus /health, /get_model_info, /abort_request), so the real
   proxy generates through it unchanged. Instead of sampling, each /generate call becomes a
   `Turn` put on the env's event queue (the prompt ids, and the harness request that caused
-  it); its reply is the completion the env hands to `Turn.answer` (from `step(action)`).
+  it); its reply is the completion the env hands to `Turn.answer` (from `step(action)`),
+  written by the one encoder of that reply shape (`gym/backends/encode.py`).
   Logprobs are sent as null (recorded as NaN): in env mode the policy keeps its own.
 - A transparent tap in front of the proxy (every other path): harness and admin requests
   are forwarded byte for byte, streams included, and the body of each harness model call
@@ -27,6 +28,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+
+from .backends.encode import finish_reason, sglang_reply
 
 _HOP = {"host", "content-length", "connection", "transfer-encoding", "keep-alive"}
 
@@ -184,10 +187,8 @@ class BridgeEngine:
                                  Route("/{path:path}", tap, methods=methods)])
 
     def _reply(self, prompt: list[int], ids: list[int], finish: str, rid: str) -> dict:
-        fr = {"type": "stop", "matched": ids[-1]} if finish == "stop" and ids and ids[-1] in self.stop_ids else (
-            {"type": "length", "length": len(ids)} if finish == "length" else {"type": "stop"})
-        return {"text": "", "output_ids": ids,
-                "meta_info": {"id": rid, "finish_reason": fr, "prompt_tokens": len(prompt),
-                              "completion_tokens": len(ids), "cached_tokens": 0,
-                              "weight_version": str(self.version()),
-                              "output_token_logprobs": [[None, t, None] for t in ids]}}
+        """The /generate body: a stop names its stop token when the completion ends with one."""
+        matched = ids[-1] if finish == "stop" and ids and ids[-1] in self.stop_ids else None
+        return sglang_reply(rid=rid, output_ids=ids, logprobs=[None] * len(ids),
+                            finish=finish_reason(finish, matched=matched, length=len(ids)),
+                            prompt_tokens=len(prompt), weight_version=str(self.version()))

@@ -1,8 +1,8 @@
 """The one encoder of SGLang's `/generate` reply shape (../shared/docs/sglang-contract.md).
 
-Every in-tree server that speaks the contract (the local engine, the proxy stand-in, the
-scripted policy, the gym env's bridge) builds its bodies here, so the shape the proxy's
-client reads (`gym/engine_client.py`) is written in one place.
+Every in-tree server that speaks the contract (the local engine, the stand-in engine and
+the scripted policy in `gym/doubles/`, the gym env's bridge) builds its bodies here, so
+the shape the proxy's client reads (`gym/engine_client.py`) is written in one place.
 """
 from __future__ import annotations
 

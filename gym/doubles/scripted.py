@@ -1,4 +1,5 @@
-"""A scripted policy behind the engine contract (POST /generate), for end-to-end tests.
+"""A scripted policy behind the engine contract (POST /generate, bodies from
+`gym/backends/encode.py`), for end-to-end tests.
 
 Given tasks' gold plans (shell commands), it answers each /generate call with the next
 action in the format the harness asked for, as real tokenizer ids: the intended assistant
@@ -28,6 +29,8 @@ import threading
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Iterable
+
+from harnessrl.gym.backends.encode import finish_reason, sglang_reply
 
 SHELL_TOOLS = ("bash", "Bash", "exec_command", "shell", "run_shell_command")
 COMMAND_ARGS = ("command", "cmd")
@@ -151,13 +154,11 @@ class ScriptedEngine:
         return ids, finish, text
 
     def _body(self, input_ids: list[int], ids: list[int], finish: str | None, rid: str) -> dict:
-        fr = None if finish is None else ({"type": "stop", "matched": self.eos_id} if finish == "stop"
-                                          else {"type": "length", "length": len(ids)})
-        return {"text": self.tokenizer.decode(ids, skip_special_tokens=True), "output_ids": ids,
-                "meta_info": {"id": rid, "finish_reason": fr, "prompt_tokens": len(input_ids),
-                              "completion_tokens": len(ids), "cached_tokens": 0,
-                              "weight_version": self.weight_version,
-                              "output_token_logprobs": [[self.logprob, t, None] for t in ids]}}
+        """One reply or cumulative chunk (finish None) over `ids`; a stop matched eos."""
+        fr = finish_reason(finish, matched=self.eos_id, length=len(ids))
+        return sglang_reply(rid=rid, output_ids=ids, logprobs=[self.logprob] * len(ids), finish=fr,
+                            prompt_tokens=len(input_ids), weight_version=self.weight_version,
+                            text=self.tokenizer.decode(ids, skip_special_tokens=True))
 
     def app(self):
         """A Starlette app serving /generate, /health, /get_model_info, /abort_request."""

@@ -8,6 +8,10 @@ a free slot goes to the waiting request with the best priority (the proxy's
 earliest-deadline priority: the oldest episode first), else to the first come. A running
 request keeps its slot until it finishes, as in the local engine, and in SGLang, whose
 priority preemption needs a gap (default 10) far wider than our version priorities.
+
+It speaks no wire contract and models no token ids: `SimEngine.generate` returns only the
+policy version of each decoded token (all the scheduler reads), in-process, so there is no
+SGLang reply to encode; simulated episodes build real `Trajectory` records.
 """
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """A stand-in engine that speaks the engine contract (and a minimal OpenAI chat endpoint),
 for tests and benchmarks. Not a model: its output is scripted or derived from the prompt.
 
-- `POST /generate` (SGLang shape, non-streamed and SSE; cumulative chunks like SGLang's
-  default, or incremental): output ids come from `responder(input_ids) -> ids`; logprobs
+- `POST /generate` (SGLang shape, written by `gym/backends/encode.py`; non-streamed and SSE;
+  cumulative chunks like SGLang's default, or incremental): output ids come from `responder(input_ids) -> ids`; logprobs
   are a deterministic function of position; `weight_version` is settable.
 - `POST /pause_generation {"mode":"abort"}` returns running requests with their partial
   output and finish reason `abort`; `/generate` calls made while paused wait for
@@ -33,6 +33,8 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
+
+from harnessrl.gym.backends.encode import finish_reason, sglang_reply
 
 
 def default_responder(input_ids: list[int]) -> list[int]:
@@ -87,11 +89,11 @@ class StandinEngine:
         yield [], "length" if len(out) >= max_new else "stop"
 
     def _body(self, req, ids, lps_start, finish, n_total):
-        meta = {"id": req.get("rid") or "", "prompt_tokens": len(req["input_ids"]), "completion_tokens": n_total,
-                "finish_reason": {"type": finish} if finish else None,
-                "weight_version": req.get("_version", self.weight_version),
-                "output_token_logprobs": [[self._lp(lps_start + i), t, None] for i, t in enumerate(ids)]}
-        return {"text": "", "output_ids": ids, "meta_info": meta}
+        """One reply or chunk over `ids` (a bare finish reason: no matched token, no length)."""
+        return sglang_reply(rid=req.get("rid") or "", output_ids=ids,
+                            logprobs=[self._lp(lps_start + i) for i in range(len(ids))],
+                            finish=finish_reason(finish), prompt_tokens=len(req["input_ids"]),
+                            completion_tokens=n_total, weight_version=req.get("_version", self.weight_version))
 
     def app(self) -> Starlette:
         async def generate(request: Request) -> Response:
