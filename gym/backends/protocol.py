@@ -10,11 +10,18 @@ top_p, top_k with -1 = off, stop_token_ids, seed, priority); a backend translate
 """
 from __future__ import annotations
 
+from contextvars import ContextVar
 from typing import Any, AsyncIterator, Protocol, runtime_checkable
 
 from ..engine_client import EngineError, EngineTimeout, EngineTimeouts, GenerateResult
 
 FINISH_REASONS = ("stop", "length", "abort")
+
+SESSION: ContextVar[str | None] = ContextVar("harnessrl_proxy_session", default=None)
+"""The proxy session (one episode) whose call is generating now, set by the proxy before
+each call reaches its backend. A backend that routes an episode's calls together reads it
+(SkyRL's `session_ids`, verl's request id); it reaches a callable on another loop too
+(`run_coroutine_threadsafe` copies the calling context)."""
 
 
 @runtime_checkable
@@ -63,5 +70,5 @@ def normalize_finish(reason: Any, n_out: int, max_new_tokens: int) -> str:
     return "length" if n_out >= max_new_tokens else "stop"
 
 
-__all__ = ["FINISH_REASONS", "EngineError", "EngineTimeout", "EngineTimeouts", "GenerateResult",
+__all__ = ["FINISH_REASONS", "SESSION", "EngineError", "EngineTimeout", "EngineTimeouts", "GenerateResult",
            "GenerationBackend", "normalize_finish", "stream_once"]

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 from ..backends import make_backend
-from ..backends.protocol import GenerationBackend
+from ..backends.protocol import SESSION, GenerationBackend
 from ..engine_client import EngineError, EngineTimeout, EngineTimeouts
 from .canonical import ChatRequest, Completion, Message
 from .config import ProxyConfig
@@ -251,6 +251,7 @@ class ProxyCore:
         is recorded detached with `flags["undelivered"]`, and the session does not advance
         past it. Detached rows are in no segment, so nothing trains on them."""
         s, req = p.session, p.req
+        SESSION.set(s.id)  # in-process backends route an episode's calls together by it
         if s.lock is None:
             s.lock = asyncio.Lock()
         async with s.lock:
