@@ -52,7 +52,16 @@ def resolve_model(name_or_path: str) -> Path:
 
 
 def load_tokenizer(name_or_path: str):
-    """The model's own tokenizer with its chat template (transformers, no torch needed)."""
-    from transformers import AutoTokenizer
+    """The model's own tokenizer with its chat template (transformers, no torch needed).
 
-    return AutoTokenizer.from_pretrained(str(resolve_model(name_or_path)))
+    A folder with `tokenizer.json` loads that file verbatim. transformers 5 otherwise builds
+    the pipeline of the class the config names: its `LlamaTokenizer` is sentencepiece-style
+    (Metaspace), which drops the newlines of SmolLM2's byte-level BPE; 4.x's AutoTokenizer
+    read the file as is, so both give the same ids.
+    """
+    import transformers
+
+    path = resolve_model(name_or_path)
+    if (path / "tokenizer.json").exists() and int(transformers.__version__.split(".")[0]) >= 5:
+        return transformers.PreTrainedTokenizerFast.from_pretrained(str(path))
+    return transformers.AutoTokenizer.from_pretrained(str(path))

@@ -34,7 +34,7 @@ def test_prepared_model_has_real_tokenizer_and_chatml(name: str) -> None:
     assert tok.convert_ids_to_tokens([0, 1, 2]) == ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
     assert tok.eos_token_id == 2
     ids = tok.apply_chat_template([{"role": "system", "content": "S"}, {"role": "user", "content": "hi"}],
-                                  add_generation_prompt=True, tokenize=True)
+                                  add_generation_prompt=True, tokenize=True, return_dict=False)
     assert tok.decode(ids) == "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
     assert ids[0] == 1 and ids.count(2) == 2
 
@@ -48,7 +48,8 @@ def test_smollm2_answers_sensibly() -> None:
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
     assert model.config.num_hidden_layers == 30 and model.config.hidden_size == 576
     tok = load_tokenizer("smollm2-135m")
-    ids = tok.apply_chat_template([{"role": "user", "content": "What is 2+2?"}], add_generation_prompt=True, return_tensors="pt")
+    ids = tok.apply_chat_template([{"role": "user", "content": "What is 2+2?"}], add_generation_prompt=True, return_tensors="pt",
+                                  return_dict=False)
     out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=16, do_sample=False)
     text = tok.decode(out[0, ids.shape[1]:])
     assert "4" in text  # the real de-quantized weights, not a random init
