@@ -1,9 +1,10 @@
-"""The one config of the local CPU engine (validation only, no side effects)."""
+"""The one config of the local engine (validation only, no side effects)."""
 from __future__ import annotations
 
+import re
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 
 class EngineConfig(BaseModel):
@@ -44,3 +45,18 @@ class EngineConfig(BaseModel):
 
     api_key: str | None = None
     """If set, every request must carry `Authorization: Bearer <api_key>` (SGLang's --api-key)."""
+
+    device: str = "cpu"
+    """Where the model runs: "cpu" (default), "cuda" or "cuda:N". Sampling stays on CPU, so a
+    seeded request draws the same tokens from the same logits on every device."""
+
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Dtype of the weights and the forward pass; float32 by default. Logprobs are always taken
+    from the logits cast to float32."""
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, v: str) -> str:
+        if not re.fullmatch(r"cpu|cuda(:\d+)?", v):
+            raise ValueError(f"{v!r} is not 'cpu', 'cuda' or 'cuda:N'")
+        return v

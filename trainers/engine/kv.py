@@ -41,11 +41,11 @@ class BatchKV:
     def add(self, row_cache: DynamicCache) -> None:
         """Append one prefilled request (batch 1, no padding) as the last row."""
         new = _layers(row_cache)
-        n = new[0][0].shape[-2]
+        n, dev = new[0][0].shape[-2], new[0][0].device
         if self.cache is None:
             self.cache = DynamicCache(ddp_cache_data=new)
-            self.mask = torch.ones(1, n, dtype=torch.long)
-            self.lengths = torch.tensor([n])
+            self.mask = torch.ones(1, n, dtype=torch.long, device=dev)
+            self.lengths = torch.tensor([n], device=dev)
             return
         old = _layers(self.cache)
         L = max(old[0][0].shape[-2], n)
@@ -55,8 +55,8 @@ class BatchKV:
         ]
         self.cache = DynamicCache(ddp_cache_data=merged)
         self.mask = torch.cat([F.pad(self.mask, (L - self.mask.shape[1], 0)),
-                               F.pad(torch.ones(1, n, dtype=torch.long), (L - n, 0))])
-        self.lengths = torch.cat([self.lengths, torch.tensor([n])])
+                               F.pad(torch.ones(1, n, dtype=torch.long, device=dev), (L - n, 0))])
+        self.lengths = torch.cat([self.lengths, torch.tensor([n], device=dev)])
 
     def keep(self, rows: list[int]) -> None:
         """Keep only `rows` (indices into the current order), then trim shared padding."""
@@ -65,7 +65,7 @@ class BatchKV:
             return
         if rows == list(range(self.size)):
             return
-        idx = torch.tensor(rows)
+        idx = torch.tensor(rows, device=self.lengths.device)
         self.lengths = self.lengths.index_select(0, idx)
         drop = self.mask.shape[1] - int(self.lengths.max())  # columns that are padding in every row
         self.mask = self.mask.index_select(0, idx)[:, drop:]
@@ -77,7 +77,8 @@ class BatchKV:
     def step_inputs(self) -> dict:
         """Forward kwargs for one decode step (the caller adds input_ids [B, 1])."""
         assert self.cache is not None and self.mask is not None and self.lengths is not None
-        self.mask = torch.cat([self.mask, torch.ones(self.size, 1, dtype=torch.long)], dim=1)
+        dev, dtype = self.mask.device, self.cache.layers[0].keys.dtype
+        self.mask = torch.cat([self.mask, torch.ones(self.size, 1, dtype=torch.long, device=dev)], dim=1)
         position_ids = self.lengths.unsqueeze(1).clone()
         self.lengths = self.lengths + 1
         L = self.mask.shape[1]
@@ -85,14 +86,14 @@ class BatchKV:
             attention_mask = None  # no padding: the exact path of an unbatched generate step
         else:
             # a ready 4D additive mask [B, 1, 1, L]: HF uses it as is, instead of building one
-            # from the 2D mask per step (slow on CPU for padded batches)
-            attention_mask = torch.zeros(self.size, 1, 1, L).masked_fill(
-                self.mask[:, None, None, :] == 0, torch.finfo(torch.float32).min)
+            # from the 2D mask per step (slow on CPU for padded batches); in the model's dtype
+            attention_mask = torch.zeros(self.size, 1, 1, L, dtype=dtype, device=dev).masked_fill(
+                self.mask[:, None, None, :] == 0, torch.finfo(dtype).min)
         return {
             "past_key_values": self.cache,
             "attention_mask": attention_mask,
             "position_ids": position_ids,
-            "cache_position": torch.tensor([L - 1]),
+            "cache_position": torch.tensor([L - 1], device=dev),
             "use_cache": True,
         }
 

@@ -46,10 +46,12 @@ def build_state(config: EngineConfig):
 
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
+    if config.device.startswith("cuda") and not torch.cuda.is_available():
+        raise EngineStartupError(f"device {config.device!r}: torch sees no CUDA device here; use device 'cpu'")
     try:
         path = resolve_model(config.model)
         tokenizer = load_tokenizer(str(path))
-        model = load_model(path)
+        model = load_model(path, dtype=getattr(torch, config.dtype), device=config.device)
     except (ModelNotPrepared, KeyError) as e:
         raise EngineStartupError(str(e.args[0] if e.args else e)) from None
     except WeightLoadError as e:

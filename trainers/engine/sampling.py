@@ -76,12 +76,12 @@ def processed_logprobs(logits: torch.Tensor, temperature: torch.Tensor, top_p: t
         desc = desc.masked_fill(desc < kth[:, None], -torch.inf)
         probs = torch.softmax(desc, dim=-1)
         before = torch.cumsum(probs, dim=-1) - probs  # mass of the tokens ranked above
-        n_keep = ((before < top_p.to(probs.dtype)[:, None]) | (torch.arange(v) == 0)).sum(-1)
+        n_keep = ((before < top_p.to(probs.dtype)[:, None]) | (torch.arange(v, device=s.device) == 0)).sum(-1)
         pth = desc.gather(1, (n_keep - 1)[:, None])[:, 0]
         threshold = torch.where(p_on & ~greedy, torch.maximum(pth, kth), kth)
         keep = s >= threshold[:, None]
         if always_keep is not None:
-            keep[torch.arange(n), always_keep] = True
+            keep[torch.arange(n, device=keep.device), always_keep] = True
     return torch.log_softmax(scaled.masked_fill(~keep, -torch.inf), dim=-1)
 
 

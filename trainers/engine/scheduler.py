@@ -257,16 +257,16 @@ class Scheduler:
             return
         seq = r.input_ids + r.output_ids[:-1] if resumed else r.input_ids
         cache = DynamicCache()
-        out = self.model(input_ids=torch.tensor([seq]), past_key_values=cache, use_cache=True,
-                         logits_to_keep=0 if wants_input_lp else 1)
+        out = self.model(input_ids=torch.tensor([seq], device=self.model.device), past_key_values=cache,
+                         use_cache=True, logits_to_keep=0 if wants_input_lp else 1)
         if wants_input_lp:
-            r.input_logprobs = self._input_logprobs(out.logits[0], r)
+            r.input_logprobs = self._input_logprobs(out.logits[0].float().cpu(), r)
         if r.params.max_new_tokens == 0:
             self._finish(r, {"type": "length", "length": 0})
             return
         if not resumed:
-            ids, lps, tops = sample(out.logits[:, -1, :], [r.row()], self.default_gen, r.top_logprobs_num,
-                                    self.logprob_space)
+            ids, lps, tops = sample(out.logits[:, -1, :].float().cpu(), [r.row()], self.default_gen,
+                                    r.top_logprobs_num, self.logprob_space)
             self._append(r, ids[0], lps[0], tops[0] if tops else None)
             if r.finish is not None:
                 return
@@ -284,12 +284,13 @@ class Scheduler:
 
     # ---- decode -------------------------------------------------------------------
     def _decode_step(self) -> None:
-        input_ids = torch.tensor([[r.output_ids[-1]] for r in self._running])
+        input_ids = torch.tensor([[r.output_ids[-1]] for r in self._running], device=self.model.device)
         out = self.model(input_ids=input_ids, **self._kv.step_inputs())
         self._kv.cache = out.past_key_values
         top_n = max(r.top_logprobs_num for r in self._running)
-        ids, lps, tops = sample(out.logits[:, -1, :], [r.row() for r in self._running], self.default_gen, top_n,
-                                self.logprob_space)
+        # sampling runs on CPU: seeded CPU generators draw the same tokens on every device
+        ids, lps, tops = sample(out.logits[:, -1, :].float().cpu(), [r.row() for r in self._running],
+                                self.default_gen, top_n, self.logprob_space)
         self.steps += 1
         for i, r in enumerate(self._running):
             self._append(r, ids[i], lps[i], tops[i][: r.top_logprobs_num] if tops else None)

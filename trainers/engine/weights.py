@@ -15,11 +15,12 @@ class WeightLoadError(ValueError):
     """New weights cannot be used; the message says which file or tensor and why."""
 
 
-def load_model(path: str | Path):
-    """The model in float32 on CPU, in eval mode, checked to be one the engine can batch."""
+def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu"):
+    """The model in `dtype` on `device` (float32 on CPU by default), in eval mode, checked to be
+    one the engine can batch."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).to(device)
     model.eval()
     layer_types = getattr(model.config.get_text_config(decoder=True), "layer_types", None) or []
     if any(t != "full_attention" for t in layer_types):
