@@ -126,11 +126,8 @@ def tok():
 @pytest.fixture(scope="module")
 def scripted():
     """The scripted gold policy behind /generate, on loopback."""
+    from harnessrl.gym.doubles.scripted import ScriptedEngine
     from harnessrl.gym.served import ServedApp
-    try:
-        from harnessrl.gym.doubles.scripted import ScriptedEngine
-    except ImportError:  # before the test doubles moved
-        from harnessrl.gym.scripted import ScriptedEngine
 
     engine = ScriptedEngine(load_tokenizer("tiny-llama"), weight_version="3")
     with ServedApp(engine.app()) as served:
