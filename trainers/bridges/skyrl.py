@@ -111,7 +111,11 @@ class HarnessrlGenerator(GeneratorInterface):
     """SkyRL generator running harnessrl episodes (see the module doc)."""
 
     def __init__(self, generator_cfg: Any, tokenizer: Any, inference_engine_client: Any,
-                 config: SkyRLBridgeConfig | None = None, policy_model_name: str | None = None):
+                 config: SkyRLBridgeConfig | None = None, policy_model_name: str | None = None,
+                 adapter: Any = None):
+        """`generator_cfg`: SkyRL's `cfg.generator`; `policy_model_name`: what the client knows the
+        policy by (SkyRL's `resolve_policy_model_name(cfg)`); `adapter`: a harness adapter object
+        to use instead of `config.harness`."""
         from harnessrl.adapters import get_adapter
         from harnessrl.sandboxes import make_backend
 
@@ -119,7 +123,7 @@ class HarnessrlGenerator(GeneratorInterface):
         self.config = config or SkyRLBridgeConfig()
         self.policy_model_name = policy_model_name
         self.step_wise = bool(_cfg(generator_cfg, "step_wise_trajectories", False))
-        self.adapter = get_adapter(self.config.harness)
+        self.adapter = adapter if adapter is not None else get_adapter(self.config.harness)
         self.sandboxes = make_backend(self.config.sandbox)
         self.out_dir = Path(self.config.out_dir or tempfile.mkdtemp(prefix="harnessrl-skyrl-"))
         self.out_dir.mkdir(parents=True, exist_ok=True)

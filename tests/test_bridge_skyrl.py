@@ -1,0 +1,343 @@
+"""The SkyRL bridge (trainers/bridges/skyrl.py) on real parts: SkyRL's own types, its output
+validation and step-wise merge; an inference-engine client double whose `generate` runs on our
+real engines (the scripted gold policy and the local tiny-llama engine, through EngineClient);
+real mini-swe-agent and real harness processes in Docker sandboxes; hidden tests."""
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+import pytest
+
+try:
+    base = pytest.importorskip("skyrl.train.generators.base", reason="skyrl not installed (scripts/setup.sh installs it)")
+except Exception as e:  # noqa: BLE001 - skyrl 0.3.0 on Python < 3.12 without the typing_extensions fix
+    pytest.skip(f"skyrl does not import here: {type(e).__name__}: {str(e)[:200]}", allow_module_level=True)
+
+from harnessrl.adapters.command import CommandAdapter
+from harnessrl.adapters.toolchain import installed_spec
+from harnessrl.gym.engine_client import EngineClient
+from harnessrl.gym.models import load_tokenizer
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from adapter_helpers import builtin_task, docker_backend  # noqa: E402
+
+TrajectoryID = base.TrajectoryID
+pytestmark = [pytest.mark.docker, pytest.mark.timeout(600)]
+
+
+class EngineClientDouble:
+    """SkyRL's inference engine client contract (`generate(InferenceEngineInput, model=None) ->
+    InferenceEngineOutput`, `finish_session`, `weight_version`) over one of our real engines'
+    /generate; it keeps what it was asked and what the engine answered."""
+
+    def __init__(self, url: str):
+        self.url, self.calls, self.finished, self.weight_version = url, [], [], 3
+        self._engine: EngineClient | None = None
+        self._loop = None
+
+    async def generate(self, batch: dict, model: str | None = None) -> dict:
+        if self._loop is not asyncio.get_running_loop():  # httpx binds to the trainer's loop
+            self._engine, self._loop = EngineClient(self.url), asyncio.get_running_loop()
+        sp, outs = batch["sampling_params"], []
+        for ids, sid in zip(batch["prompt_token_ids"], batch["session_ids"]):
+            r = await self._engine.generate(ids, max_new_tokens=sp["max_tokens"], temperature=sp["temperature"],
+                                            top_p=sp["top_p"], top_k=sp["top_k"], stop_token_ids=sp.get("stop_token_ids"),
+                                            seed=sp.get("seed"))
+            self.calls.append({"session_id": sid, "input_ids": list(ids), "output_ids": r.output_ids,
+                               "logprobs": r.logprobs, "sampling_params": dict(sp), "model": model})
+            outs.append(r)
+        return {"responses": [r.text for r in outs], "response_ids": [r.output_ids for r in outs],
+                "stop_reasons": [r.finish_reason for r in outs], "prompt_logprobs": None,
+                "response_logprobs": [r.logprobs for r in outs] if sp.get("logprobs") is not None else None,
+                "rollout_expert_indices": None}
+
+    async def finish_session(self, session_id: str) -> None:
+        self.finished.append(session_id)
+
+
+# A harness that rewrites its history: two model calls, the second a new conversation.
+_TWO_CONVERSATIONS = (
+    "import json,sys,urllib.request as u\n"
+    "def ask(text):\n"
+    "    r=u.Request(sys.argv[1]+'/chat/completions',data=json.dumps({'model':'policy','max_tokens':12,"
+    "'messages':[{'role':'user','content':text}]}).encode(),headers={'Authorization':'Bearer '+sys.argv[2],"
+    "'Content-Type':'application/json'})\n"
+    "    return json.load(u.urlopen(r,timeout=300))\n"
+    "ask('First conversation: describe the repository.')\n"
+    "ask('A different conversation: list two files.')\n")
+
+
+def _two_conversations() -> CommandAdapter:
+    return CommandAdapter({"name": "two-conversations", "dialect": "openai-chat", "placement": "beside",
+                           "command": [sys.executable, "-c", _TWO_CONVERSATIONS, "${openai_base_url}", "${api_key}"]})
+
+
+SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "max_tokens": 512, "min_p": 0.0, "logprobs": 1,
+            "min_tokens": 1, "skip_special_tokens": True, "include_stop_str_in_output": True, "stop": None}
+
+
+def _batch(task_ids: list[str], instances: list[str], sampling: dict | None = None) -> dict:
+    return {"prompts": [[{"role": "user", "content": "(unused: the harness writes its own prompts)"}]] * len(task_ids),
+            "env_classes": ["harnessrl"] * len(task_ids), "env_extras": [{"task_id": t} for t in task_ids],
+            "sampling_params": dict(sampling or SAMPLING),
+            "trajectory_ids": [TrajectoryID(inst, rep) for inst, rep in zip(instances, range(len(instances)))],
+            "batch_metadata": base.BatchMetadata(global_step=1, training_phase="train")}
+
+
+def _generator(client, adapter=None, step_wise=False, **cfg):
+    from skyrl.train.config import GeneratorConfig
+
+    from harnessrl.trainers.bridges.skyrl import HarnessrlGenerator, SkyRLBridgeConfig
+
+    gcfg = GeneratorConfig(step_wise_trajectories=step_wise)
+    return HarnessrlGenerator(gcfg, load_tokenizer("tiny-llama"), client, SkyRLBridgeConfig(sandbox="docker", **cfg),
+                              adapter=adapter)
+
+
+def _validate(out: dict, n_prompts: int, step_wise: bool) -> None:
+    from skyrl.train.utils.trainer_utils import validate_generator_output
+
+    validate_generator_output(n_prompts, out, step_wise=step_wise)
+
+
+@pytest.fixture(scope="module")
+def scripted():
+    docker_backend()
+    from harnessrl.gym.doubles.scripted import ScriptedEngine
+    from harnessrl.gym.served import ServedApp
+
+    engine = ScriptedEngine(load_tokenizer("tiny-llama"))
+    with ServedApp(engine.app()) as served:
+        yield engine, served.url
+
+
+@pytest.fixture(scope="module")
+def gold(scripted):
+    """One real mini-swe-agent episode with the scripted gold policy, through the bridge."""
+    if installed_spec("venvs", "mini-swe-agent") is None:
+        pytest.skip("mini-swe-agent not installed: run scripts/install_harnesses.sh mini-swe-agent")
+    engine, url = scripted
+    task = builtin_task()
+    engine.set_tasks([task])
+    client = EngineClientDouble(url)
+    gen = _generator(client, episode={"max_calls": 8, "wall_time_s": 400})
+    start = len(engine.calls)
+    try:
+        out = asyncio.run(gen.generate(_batch([task.instance_id], ["p0"])))
+    finally:
+        gen.close()
+        gen.sandboxes.reap(run_id=gen.sandboxes.run_id)
+    return task, client, gen, out, engine.calls[start:]
+
+
+@pytest.mark.harness
+def test_gold_mini_swe_agent_episode_is_reward_1_and_token_exact(gold):
+    task, client, gen, out, scripted_calls = gold
+    _validate(out, 1, step_wise=False)
+    (ep,) = gen.last_episodes
+    traj = ep.trajectory
+    assert (traj.termination, traj.status, traj.reward) == ("submitted", "ok", 1.0)
+    assert out["rewards"] == [1.0] and out["stop_reasons"] == ["stop"] and out["is_last_step"] is None
+    assert out["trajectory_ids"] == [TrajectoryID("p0", 0)]
+    # every call went through SkyRL's client, sticky on the episode's session, then finished
+    assert len(client.calls) == len(traj.calls) == len(task.gold_plan) + 1 == len(scripted_calls)
+    assert {c["session_id"] for c in client.calls} == {traj.session_id} and client.finished == [traj.session_id]
+    assert all(c["sampling_params"]["temperature"] == 1.0 and c["sampling_params"]["logprobs"] == 1
+               and c["sampling_params"]["min_p"] == 0.0 and "stop" not in c["sampling_params"] for c in client.calls)
+    # the row is the proxy's record, token for token, and the record is what the engine sampled
+    (seg,) = traj.segments
+    p = len(traj.call_prompt(traj.calls[0]))
+    assert out["prompt_token_ids"] == [seg.token_ids[:p]] == [client.calls[0]["input_ids"]]
+    assert out["response_ids"] == [seg.token_ids[p:]]
+    assert out["loss_masks"] == [seg.loss_mask[p:]]
+    assert out["rollout_logprobs"] == [seg.logprobs[p:]]
+    sampled = [t for t, m in zip(out["response_ids"][0], out["loss_masks"][0]) if m]
+    assert sampled == [t for c in client.calls for t in c["output_ids"]] == [t for c in scripted_calls for t in c.output_ids]
+    lps = [lp for lp, m in zip(out["rollout_logprobs"][0], out["loss_masks"][0]) if m]
+    assert lps == [lp for c in client.calls for lp in c["logprobs"]]
+    assert all(lp == 0.0 for lp, m in zip(out["rollout_logprobs"][0], out["loss_masks"][0]) if not m)
+    m = out["rollout_metrics"]
+    assert (m["harnessrl/episodes"], m["harnessrl/masked_episodes"], m["harnessrl/dropped_tokens"]) == (1, 0, 0)
+    assert m["harnessrl/success_rate"] == 1.0 and m["harnessrl/endings/submitted"] == 1
+    assert m["harnessrl/env_latency_s_p50"] > 0 and m["generate/avg_assistant_tokens"] == len(sampled)
+    assert out["trajectory_generation_times"][0] == pytest.approx(ep.seconds) and ep.seconds > 0
+
+
+@pytest.mark.harness
+def test_step_wise_call_rows_merge_back_into_the_segment(gold):
+    """Harbor's shape: one row per model call, reward on the last; SkyRL's own
+    merge_stepwise_output turns them back into exactly the segment row."""
+    from skyrl.train.generators.utils import merge_stepwise_output
+
+    from harnessrl.trainers.bridges.skyrl_output import build_output
+
+    task, client, gen, out, _ = gold
+    calls = build_output(gen.last_episodes, step_wise=True, step_rows="call")
+    _validate(calls, 1, step_wise=True)
+    n = len(task.gold_plan) + 1
+    assert calls["prompt_token_ids"] == [c["input_ids"] for c in client.calls]
+    assert calls["response_ids"] == [c["output_ids"] for c in client.calls]
+    assert calls["loss_masks"] == [[1] * len(c["output_ids"]) for c in client.calls]
+    assert calls["rollout_logprobs"] == [c["logprobs"] for c in client.calls]
+    assert calls["is_last_step"] == [False] * (n - 1) + [True] and calls["rewards"] == [0.0] * (n - 1) + [1.0]
+    assert calls["trajectory_ids"] == [TrajectoryID("p0", 0)] * n
+    merged = merge_stepwise_output(calls)
+    segs = build_output(gen.last_episodes, step_wise=True, step_rows="segment")
+    for key in ("prompt_token_ids", "response_ids", "loss_masks", "rollout_logprobs", "is_last_step"):
+        assert merged[key] == segs[key] == (out[key] if key != "is_last_step" else [True]), key
+    assert merged["rewards"] == segs["rewards"] == [1.0]  # a per-turn reward: the last turn's
+
+
+def _rewrite(scripted, step_wise, **cfg):
+    engine, url = scripted
+    task = builtin_task()
+    client = EngineClientDouble(url)
+    gen = _generator(client, _two_conversations(), step_wise=step_wise, **cfg)
+    try:
+        out = asyncio.run(gen.generate(_batch([task.instance_id], ["p1"])))
+    finally:
+        gen.close()
+        gen.sandboxes.reap(run_id=gen.sandboxes.run_id)
+    return client, gen, out
+
+
+def test_history_rewrite_not_step_wise_keeps_one_segment_and_reports_the_dropped_tokens(scripted):
+    client, gen, out = _rewrite(scripted, step_wise=False, segment_policy="last")
+    _validate(out, 1, step_wise=False)
+    traj = gen.last_episodes[0].trajectory
+    assert (traj.termination, traj.reward) == ("submitted", 0.0)  # nothing fixed: scored, not masked
+    assert [s.split_reason for s in traj.segments] == [None, "new_conversation"]
+    first, second = client.calls
+    assert out["prompt_token_ids"] == [second["input_ids"]] and out["response_ids"] == [second["output_ids"]]
+    assert out["loss_masks"] == [[1] * len(second["output_ids"])] and out["rollout_logprobs"] == [second["logprobs"]]
+    m = out["rollout_metrics"]
+    assert m["harnessrl/dropped_tokens"] == len(first["output_ids"]) > 0 and m["harnessrl/history_rewrites"] == 1
+    assert out["rewards"] == [0.0] and client.finished == [traj.session_id]
+
+
+def test_history_rewrite_step_wise_gives_one_row_per_segment(scripted):
+    client, gen, out = _rewrite(scripted, step_wise=True)
+    _validate(out, 1, step_wise=True)
+    first, second = client.calls
+    assert out["prompt_token_ids"] == [first["input_ids"], second["input_ids"]]
+    assert out["response_ids"] == [first["output_ids"], second["output_ids"]]
+    assert out["loss_masks"] == [[1] * len(first["output_ids"]), [1] * len(second["output_ids"])]
+    assert out["is_last_step"] == [False, True] and out["rewards"] == [0.0, 0.0]
+    assert out["trajectory_ids"] == [TrajectoryID("p1", 0)] * 2
+    assert out["rollout_metrics"]["harnessrl/dropped_tokens"] == 0
+
+
+def test_engine_failure_is_masked_as_skyrl_masks_a_failed_trial(scripted, gold):
+    """The client's engine is down: the call fails, the episode is an engine error (infra),
+    and its row is SkyRL Harbor's placeholder: nothing trains on it, no zero is taught. A
+    masked rollout masks the other rollouts of its prompt too."""
+    from harnessrl.trainers.bridges.skyrl_output import Episode, build_output
+
+    client = EngineClientDouble("http://127.0.0.1:9")  # nothing listens on the discard port
+    gen = _generator(client, _two_conversations())
+    task = builtin_task()
+    try:
+        out = asyncio.run(gen.generate(_batch([task.instance_id], ["p2"])))
+    finally:
+        gen.close()
+        gen.sandboxes.reap(run_id=gen.sandboxes.run_id)
+    _validate(out, 1, step_wise=False)
+    traj = gen.last_episodes[0].trajectory
+    assert (traj.termination, traj.status, traj.reward) == ("engine_error", "infra_error", None)
+    assert (out["prompt_token_ids"], out["response_ids"], out["loss_masks"]) == ([[0]], [[0]], [[0]])
+    assert (out["rewards"], out["stop_reasons"], out["rollout_logprobs"]) == ([0.0], ["error"], [[0.0]])
+    m = out["rollout_metrics"]
+    assert (m["harnessrl/masked_episodes"], m["harnessrl/masked_fraction"], m["harnessrl/infra_errors"]) == (1, 1.0, 1)
+    assert "generate/avg_num_tokens" not in m  # nothing trained, nothing to average
+    # one group: the gold rollout and the failed one share a prompt -> both masked; apart, only the failure
+    ok, bad = gold[2].last_episodes[0], gen.last_episodes[0]
+    same = [Episode(TrajectoryID("g", 0), ok.trajectory, 1.0), Episode(TrajectoryID("g", 1), bad.trajectory, 1.0)]
+    grouped = build_output(same, step_wise=True)
+    assert grouped["loss_masks"] == [[0], [0]] and grouped["is_last_step"] == [True, True]
+    alone = build_output(same, step_wise=True, mask_failed_groups=False)
+    assert alone["loss_masks"][0] == gold[3]["loss_masks"][0] and alone["loss_masks"][1] == [0]
+    assert alone["rewards"] == [1.0, 0.0]
+
+
+def test_bad_rows_name_their_field(scripted):
+    client = EngineClientDouble(scripted[1])
+    gen = _generator(client)
+    with pytest.raises(ValueError, match=r"env_extras\[0\]\.task_id"):
+        gen.task({"suite": "builtin"}, 0)
+    with pytest.raises(ValueError, match=r"env_extras\[1\]\.task_id: 'nope' is not in suite 'builtin'"):
+        gen.task({"task_id": "nope"}, 1)
+    batch = _batch(["x"], ["p"])
+    batch["env_extras"] = None
+    with pytest.raises(ValueError, match="env_extras: one dict per prompt"):
+        asyncio.run(gen.generate(batch))
+
+
+@pytest.mark.model
+def test_sampled_episode_on_the_real_local_engine(scripted):
+    """tiny-llama sampling through SkyRL's client contract: the rows hold exactly the tokens and
+    logprobs the engine sampled, at the batch's temperature; a greedy eval batch gets a proxy
+    of its own, recorded as greedy."""
+    from harnessrl.trainers.engine import EngineServer
+
+    task = builtin_task()
+    with EngineServer(model="tiny-llama") as engine:
+        client = EngineClientDouble(engine.url)
+        gen = _generator(client, _two_conversations(), step_wise=True, step_rows="call")
+        try:
+            out = asyncio.run(gen.generate(_batch([task.instance_id], ["s0"], dict(SAMPLING, temperature=0.7, top_k=20))))
+            train_traj = gen.last_episodes[0].trajectory
+            evals = asyncio.run(gen.generate(_batch([task.instance_id], ["s1"], dict(SAMPLING, temperature=0.0))))
+            eval_traj = gen.last_episodes[0].trajectory
+        finally:
+            gen.close()
+            gen.sandboxes.reap(run_id=gen.sandboxes.run_id)
+    _validate(out, 1, step_wise=True)
+    _validate(evals, 1, step_wise=True)
+    first, second = client.calls[:2]
+    assert out["response_ids"] == [first["output_ids"], second["output_ids"]]
+    assert out["rollout_logprobs"] == [first["logprobs"], second["logprobs"]]
+    assert all(lp < 0 for c in (first, second) for lp in c["logprobs"])
+    assert out["prompt_token_ids"] == [first["input_ids"], second["input_ids"]]
+    assert [c["sampling_params"]["temperature"] for c in client.calls] == [0.7, 0.7, 0.0, 0.0]
+    assert [c["sampling_params"]["top_k"] for c in client.calls] == [20, 20, -1, -1]
+    assert {c.flags["sampling"]["temperature"] for c in train_traj.calls} == {0.7}
+    assert {c.flags["sampling"]["temperature"] for c in eval_traj.calls} == {0.0}
+    assert {c["session_id"] for c in client.calls[:2]} == {train_traj.session_id} != {eval_traj.session_id}
+    assert train_traj.segments[0].versions[-1] == 3  # the client's weight_version is the tokens' version
+
+
+def test_example_entrypoint_builds_the_bridge_from_skyrl_config(scripted):
+    """examples/skyrl/main_harnessrl.py: SkyRL parses `harnessrl.*` with its own config, and the
+    experiment's `get_generator` hook returns the bridge (no Ray, no GPUs: only the hook)."""
+    import importlib.util
+    import multiprocessing as mp
+
+    import pydantic
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "skyrl" / "main_harnessrl.py"
+    before = mp.get_start_method(allow_none=True)
+    try:
+        spec = importlib.util.spec_from_file_location("harnessrl_skyrl_main", path)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = mod
+        spec.loader.exec_module(mod)
+    finally:
+        mp.set_start_method(before, force=True)  # SkyRL's main_base forces "spawn" on import
+    args = ["trainer.policy.model.path=tiny", "trainer.logger=console", "generator.step_wise_trajectories=true",
+            "generator.merge_stepwise_output=true", "trainer.algorithm.max_seq_len=4096",
+            "harnessrl.harness=mini-swe-agent", "harnessrl.sandbox=docker", "harnessrl.max_concurrency=3",
+            "harnessrl.episode.max_calls=5", "harnessrl.step_rows=call"]
+    cfg = mod.HarnessrlSkyRLConfig.from_cli_overrides(args)
+    from skyrl.train.utils import validate_cfg
+
+    validate_cfg(cfg)
+    bridge = mod.bridge_config(cfg)
+    assert (bridge.max_concurrency, bridge.episode.max_calls, bridge.max_seq_len, bridge.step_rows) == (3, 5, 4096, "call")
+    exp = mod.HarnessrlExp.__new__(mod.HarnessrlExp)
+    gen = exp.get_generator(cfg, load_tokenizer("tiny-llama"), EngineClientDouble(scripted[1]))
+    assert isinstance(gen, base.GeneratorInterface) and gen.step_wise and gen.policy_model_name == "tiny"
+    assert gen.adapter.name == "mini-swe-agent" and gen.config == bridge
+    with pytest.raises(pydantic.ValidationError, match="max_concurency"):
+        mod.bridge_config(mod.HarnessrlSkyRLConfig.from_cli_overrides(["harnessrl.max_concurency=3"]))
