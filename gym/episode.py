@@ -18,6 +18,12 @@ recorded as failed (even if the harness then exited 0), or an engine that no lon
 A `Cancel` set by the scheduler (episode timeout) kills the harness's process tree and
 closes the sandbox; the episode ends `cancelled`, masked.
 
+Where the sandbox comes from: `make_sandbox` is either a `SandboxFactory` (a fresh sandbox per
+episode, closed at its end) or a `SandboxSource` (gym.sandbox_source.PooledSandboxes: a warm
+sandbox leased for the episode, reset and kept on release, discarded when cancelled).
+`timings` holds `sandbox_s` (getting the sandbox, any wait included) and, from a pool,
+`sandbox_reset_s` (the reset on release).
+
 Endings travel as a small exception family (`EpisodeEnded` and its subclasses), so an
 adapter or any code under it can end an episode with a reason by raising one.
 """
@@ -41,6 +47,7 @@ from harnessrl.adapters.relay import Relay
 from harnessrl.gym.failures import describe
 from harnessrl.gym.proxy_admin import EpisodeAdmin, ProxyAdmin, ProxyHandle, engine_down
 from harnessrl.gym.rewards import RewardConfig, RewardResult, score
+from harnessrl.gym.sandbox_source import SandboxLease, SandboxSource
 from harnessrl.gym.tasks import Task
 from harnessrl.gym.trajectory import Trajectory
 from harnessrl.sandboxes.base import RepoSpec, Sandbox, SandboxDied
@@ -162,6 +169,8 @@ class _Run:
     cancel: Cancel
     relay: Relay | None = None
     sandbox: Sandbox | None = None
+    lease: SandboxLease | None = None
+    """Set when the sandbox came from a pool: released (reset, kept) at the end, discarded on cancel."""
     harness: HarnessResult | None = None
     timings: dict[str, float] = field(default_factory=dict)
     stage: str = "start"
@@ -169,45 +178,63 @@ class _Run:
     _sandbox_lock: threading.Lock = field(default_factory=threading.Lock)
     _sandbox_closed: bool = False
 
-    def adopt(self, sandbox: Sandbox) -> None:
+    def adopt(self, sandbox: Sandbox, lease: SandboxLease | None = None) -> None:
         """The episode's sandbox: closed when the episode is cancelled, and at its end."""
-        self.sandbox = sandbox
+        self.sandbox, self.lease = sandbox, lease
         self.cancel.on_set(self.close_sandbox)
 
-    def close_sandbox(self) -> None:
-        """Once, from whichever thread comes first; a second caller waits until it is closed."""
+    def close_sandbox(self, keep: bool = False) -> None:
+        """Once, from whichever thread comes first; a second caller waits until it is closed.
+        keep (the episode's own end): a leased sandbox goes back to its pool, reset; else closed."""
         with self._sandbox_lock:
             if self._sandbox_closed or self.sandbox is None:
                 return
             self._sandbox_closed = True
-            self.sandbox.close()
+            if self.lease is None:
+                self.sandbox.close()
+            elif keep and not self.cancel.is_set():
+                reset_s = self.lease.release()
+                if reset_s is not None:
+                    self.timings["sandbox_reset_s"] = reset_s
+            else:
+                self.lease.discard()
 
 
 def _endpoint(run: _Run, adapter: HarnessAdapter, proxy: ProxyHandle, sid: str, key: str, model: str,
-              scratch: Path) -> Endpoint:
+              scratch: Path | None, socket_dir: Path | None = None) -> Endpoint:
     """The session as plain data; an inside harness also gets a private socket dir whose
-    `proxy.sock` (a host relay) reaches the proxy, to be bind-mounted into its sandbox."""
-    socket_dir = None
+    `proxy.sock` (a host relay) reaches the proxy, to be bind-mounted into its sandbox (a
+    leased sandbox has its own, mounted already: `socket_dir`)."""
     if adapter.placement == "inside":
-        socket_dir = scratch / "sock"
-        socket_dir.mkdir()
-        os.chmod(socket_dir, 0o755)  # the sandbox user (uid 1000) must reach the socket
+        if socket_dir is None:
+            socket_dir = scratch / "sock"
+            socket_dir.mkdir()
+            os.chmod(socket_dir, 0o755)  # the sandbox user (uid 1000) must reach the socket
         target = f"unix:{proxy.uds_path}" if proxy.uds_path else "tcp:" + proxy.url.split("://", 1)[1].rstrip("/")
         run.relay = Relay(f"unix:{socket_dir / SOCKET_NAME}", target).start()
     return Endpoint(f"{proxy.url.rstrip('/')}/s/{sid}", key, model, str(socket_dir) if socket_dir else None)
 
 
-def _play(run: _Run, task: Task, adapter: HarnessAdapter, make_sandbox: SandboxFactory, endpoint: Endpoint,
-          cfg: EpisodeConfig, scratch: Path, toolchain: Path | None) -> EpisodeEnded | None:
+def _play(run: _Run, task: Task, adapter: HarnessAdapter, make_sandbox: SandboxFactory | SandboxSource,
+          endpoint: Endpoint | Callable[[Path | None], Endpoint], cfg: EpisodeConfig, scratch: Path,
+          toolchain: Path | None) -> EpisodeEnded | None:
     """Sandbox up, harness run to its end. Returns None when the harness ran to an end of its
-    own (judged once its record is read), else the ending that stopped it early."""
+    own (judged once its record is read), else the ending that stopped it early. From a
+    source, `endpoint` makes the endpoint (and its relay) in the leased sandbox's socket dir."""
     try:
         run.stage = "sandbox creation"
         if run.cancel.is_set():
             return Cancelled(run.cancel.reason)
         t0 = time.monotonic()
-        run.adopt(make_sandbox(task.repo_spec(), adapter.mounts(endpoint, toolchain)))
-        run.timings["sandbox_s"] = time.monotonic() - t0
+        if isinstance(make_sandbox, SandboxSource):
+            lease = make_sandbox.lease(task.repo_spec(), adapter, toolchain)
+            run.adopt(lease.sandbox, lease)
+            run.timings["sandbox_s"] = time.monotonic() - t0
+            run.stage = "relay"
+            endpoint = endpoint(lease.socket_dir)
+        else:
+            run.adopt(make_sandbox(task.repo_spec(), adapter.mounts(endpoint, toolchain)))
+            run.timings["sandbox_s"] = time.monotonic() - t0
         run.stage = "harness launch"
         t0 = time.monotonic()
         run.harness = adapter.launch(Launch(endpoint, task.problem_statement, run.sandbox,
@@ -261,7 +288,7 @@ def _judge(run: _Run, early: EpisodeEnded | None, played: Trajectory, proxy: Pro
     return end
 
 
-def run_episode(task: Task, adapter: HarnessAdapter, make_sandbox: SandboxFactory, proxy: ProxyHandle,
+def run_episode(task: Task, adapter: HarnessAdapter, make_sandbox: SandboxFactory | SandboxSource, proxy: ProxyHandle,
                 model: str, config: EpisodeConfig | None = None, toolchain: Path | None = None,
                 session_meta: dict[str, Any] | None = None, cancel: Cancel | None = None,
                 admin: EpisodeAdmin | None = None) -> EpisodeResult:
@@ -270,7 +297,8 @@ def run_episode(task: Task, adapter: HarnessAdapter, make_sandbox: SandboxFactor
     `staleness_limit` and `start_version` from the scheduler). `cancel`: set it to abandon the
     episode (the scheduler timed it out): the harness's process tree is killed, the sandbox
     closed, the session closed as `cancelled` (masked), and this returns soon after.
-    `admin`: the proxy admin client (default: `ProxyAdmin(proxy)`)."""
+    `admin`: the proxy admin client (default: `ProxyAdmin(proxy)`). `make_sandbox`: a factory,
+    or a `SandboxSource` whose warm sandbox is leased for this episode (module docstring)."""
     cfg = config or EpisodeConfig()
     run = _Run(cancel or Cancel())
     scratch: Path | None = None
@@ -291,7 +319,10 @@ def run_episode(task: Task, adapter: HarnessAdapter, make_sandbox: SandboxFactor
                                    "harness_version": adapter.version, "max_calls": cfg.max_calls,
                                    "max_tokens": cfg.max_tokens})
             run.stage = "relay"
-            endpoint = _endpoint(run, adapter, proxy, sid, key, model, scratch)
+            if isinstance(make_sandbox, SandboxSource):  # the relay goes in the leased sandbox's socket dir
+                endpoint = lambda d: _endpoint(run, adapter, proxy, sid, key, model, None, d)  # noqa: E731
+            else:
+                endpoint = _endpoint(run, adapter, proxy, sid, key, model, scratch)
             early = _play(run, task, adapter, make_sandbox, endpoint, cfg, scratch, toolchain)
             run.stage = "trajectory fetch"
             admin.close_session(sid)  # nothing more is recorded: the one read below is final
@@ -327,7 +358,8 @@ def run_episode(task: Task, adapter: HarnessAdapter, make_sandbox: SandboxFactor
     traj.reward, traj.status, traj.termination = final, status, reason
     h = run.harness
     traj.metadata.update({"harness_status": h.harness_status if h else None,
-                          "harness_exit_code": h.exit_code if h else None, "timings": run.timings, "error": error})
+                          "harness_exit_code": h.exit_code if h else None, "timings": run.timings, "error": error,
+                          "sandbox_id": getattr(run.sandbox, "id", None)})
     if cleanup:
         traj.metadata["cleanup_error"] = "; ".join(cleanup)
     if reward is not None:  # why the grader decided as it did travels with the record
@@ -357,7 +389,7 @@ def _release(run: _Run, admin: EpisodeAdmin | None, scratch: Path | None, cfg: E
     the teardown."""
     steps: list[tuple[str, Callable[[], None]]] = [
         ("relay", run.relay.close if run.relay is not None else lambda: None),
-        ("sandbox", run.close_sandbox), ("admin", admin.close if admin is not None else lambda: None)]
+        ("sandbox", lambda: run.close_sandbox(keep=True)), ("admin", admin.close if admin is not None else lambda: None)]
     if scratch is not None and not cfg.keep_scratch:
         steps.append(("scratch", lambda: shutil.rmtree(scratch, ignore_errors=True)))
     for what, fn in steps:

@@ -4,8 +4,9 @@ Contract: `Rollout` owns a proxy (in front of an engine it is handed by URL), a 
 backend and a harness adapter; `episode(task, slot)` runs one episode in a worker thread
 (sandboxes and harnesses block) and returns its closed trajectory. `report(...)` turns
 trajectories into the figures every run prints: success rate, reward distribution,
-per-turn env latency p50/p95/p99, model-call latency p50/p95, calls and segments per
-episode with split reasons, failures by reason. The engine is never started here: the
+per-turn env latency p50/p95/p99, model-call latency p50/p95, sandbox acquisition and reset
+p50/p95, calls and segments per episode with split reasons, failures by reason. With
+`sandbox_pool_size` > 0 episodes lease warm sandboxes (gym.sandbox_source.PooledSandboxes). The engine is never started here: the
 composition root (the CLI) starts it, so this layer stays free of torch.
 """
 from __future__ import annotations
@@ -47,6 +48,11 @@ class RolloutConfig(BaseModel):
     """The model name harnesses are configured with and must send."""
     sandbox: Literal["auto", "docker", "local"] = "auto"
     """Sandbox backend; auto prefers Docker and falls back to bubblewrap."""
+    sandbox_pool_size: int = Field(2, ge=0)
+    """Warm sandboxes kept per (repository, harness) pair, leased by episodes and reset
+    (processes killed; tree, untracked files, /tmp, home back to base) between them, so an
+    episode starts on a clean sandbox without waiting for a new one; 0: a fresh sandbox per
+    episode. Set it to the episodes that run at once on one repository (the GRPO group)."""
     episode: EpisodeConfig = Field(default_factory=EpisodeConfig)
     """Per-episode limits (model calls, tokens, wall time) and reward settings."""
     sampling_policy: Literal["run", "honor"] = "run"
@@ -99,6 +105,10 @@ class Rollout:
         self.tasks = {t.instance_id: t for t in load_suite_tasks(cfg)}
         self.adapter = get_adapter(cfg.harness)
         self.backend = make_backend(cfg.sandbox)
+        self.sandboxes = None
+        if cfg.sandbox_pool_size:
+            from harnessrl.gym.sandbox_source import PooledSandboxes
+            self.sandboxes = PooledSandboxes(self.backend, cfg.sandbox_pool_size)
         self.proxy = ProxyServer(ProxyConfig(
             engine_url=engine_url, model=cfg.model, served_models=[cfg.served_model_name],
             db_path=str(self.out_dir / "trajectories.db"), uds_path=str(self.out_dir / "proxy.sock"),
@@ -119,7 +129,16 @@ class Rollout:
     def __exit__(self, *exc) -> None:
         if self._file:
             self._file.close()
+        if self.sandboxes is not None:
+            self.sandboxes.close()
         self.proxy.stop()
+
+    def prewarm(self, task_ids) -> None:
+        """Start the pool's sandboxes for these tasks' repositories in the background."""
+        if self.sandboxes is None:
+            return
+        for spec in dict.fromkeys(self.tasks[t].repo_spec() for t in task_ids):
+            self.sandboxes.prewarm(spec, self.adapter)
 
     @property
     def handle(self) -> ProxyHandle:
@@ -131,7 +150,7 @@ class Rollout:
     def run_one(self, task_id: str, session_meta: dict[str, Any] | None = None,
                 cancel: Cancel | None = None) -> Trajectory:
         """One episode, blocking; the trajectory is appended to trajectories.jsonl."""
-        result = run_episode(self.tasks[task_id], self.adapter, self._make_sandbox, self.handle,
+        result = run_episode(self.tasks[task_id], self.adapter, self.sandboxes or self._make_sandbox, self.handle,
                              self.cfg.served_model_name, self.cfg.episode, session_meta=session_meta, cancel=cancel)
         self.results.append(result)
         traj = result.trajectory
@@ -216,6 +235,7 @@ def report(trajectories: list[Trajectory], wall_s: float | None = None) -> dict[
     env = [c.env_s for t in trajectories for c in t.calls if c.env_s is not None]
     call = [c.queue_s + c.gen_s for t in trajectories for c in t.calls]
     tokens = sum(len(c.completion_ids) for t in trajectories for c in t.calls)
+    acquire, reset = sandbox_timings(trajectories)
     out: dict[str, Any] = {
         "episodes": len(trajectories),
         "scored": len(scored),
@@ -223,6 +243,8 @@ def report(trajectories: list[Trajectory], wall_s: float | None = None) -> dict[
         "reward_distribution": dict(sorted(Counter(str(t.reward) for t in trajectories).items())),
         "env_latency_s": {"p50": percentile(env, .5), "p95": percentile(env, .95), "p99": percentile(env, .99), "n": len(env)},
         "model_call_latency_s": {"p50": percentile(call, .5), "p95": percentile(call, .95), "n": len(call)},
+        "sandbox_acquire_s": {"p50": percentile(acquire, .5), "p95": percentile(acquire, .95), "n": len(acquire)},
+        "sandbox_reset_s": {"p50": percentile(reset, .5), "p95": percentile(reset, .95), "n": len(reset)},
         "calls_per_episode": _mean([len(t.calls) for t in trajectories]),
         "segments_per_episode": _mean([len(t.segments) for t in trajectories]),
         "split_reasons": dict(Counter(s.split_reason for t in trajectories for s in t.segments if s.split_reason)),
@@ -236,6 +258,13 @@ def report(trajectories: list[Trajectory], wall_s: float | None = None) -> dict[
         out["tokens_per_s"] = round(tokens / wall_s, 2)
         out["episodes_per_hour"] = round(len(trajectories) * 3600 / wall_s, 1)
     return out
+
+
+def sandbox_timings(trajectories: list[Trajectory]) -> tuple[list[float], list[float]]:
+    """Per episode: seconds to get its sandbox (any wait included), seconds its pool reset took."""
+    timings = [t.metadata.get("timings") or {} for t in trajectories]
+    return ([x["sandbox_s"] for x in timings if "sandbox_s" in x],
+            [x["sandbox_reset_s"] for x in timings if "sandbox_reset_s" in x])
 
 
 def generator_utilization(trajectories: list[Trajectory]) -> float | None:
@@ -277,6 +306,7 @@ async def run_rollout(cfg: RolloutConfig, engine_url: str, out_dir: str | Path, 
 
     with Rollout(cfg, engine_url, out_dir) as ro:
         order = list(itertools.islice(itertools.cycle(ro.tasks), episodes))
+        ro.prewarm(order[:concurrency])
         sem = asyncio.Semaphore(concurrency)
         done: list[Trajectory] = []
         bar = tqdm(total=episodes, disable=not progress, unit="ep", dynamic_ncols=True)

@@ -1,131 +1,223 @@
-"""A warm pool of sandboxes per RepoSpec: episodes get a started, clean repo without waiting.
+"""A warm pool of sandboxes per (RepoSpec, mounts): episodes get a started, clean repo without waiting.
 
-Contract: `acquire(spec)` returns a started sandbox at the base commit with nothing left from
-earlier episodes (reset on release: tree, untracked files, /tmp, home, processes); `release`
-resets it and keeps it warm, or closes it when it is broken or the pool is full. A background
-thread tops each spec's idle list back up to `size` after every acquire. Works with any
-backend that has `create(spec, start=True)`.
+Contract: `acquire(spec, mounts)` returns a started sandbox at the base commit with nothing left
+from earlier episodes (reset on release: tree, untracked files, /tmp, home, processes), made
+with those bind mounts; it never hands one sandbox to two holders. `release` resets it and
+keeps it warm, or closes it when it died, its reset failed, or its key already holds `size`
+sandboxes; it returns the reset's seconds (None: no reset ran). `discard` closes a held one
+without reset (an abandoned episode). A dead idle sandbox is closed, never handed out.
+
+`size` counts a key's sandboxes, held or idle: prewarm starts that many, and (with `refill`)
+a background thread replaces every one closed since, so in steady state an episode's release
+makes the next one's acquire warm and nothing is rebuilt. An acquire that finds none idle waits
+for one being started for its key, else creates one itself (past `size`: closed on release).
+
+A key may give its own `make` (how one sandbox is created, e.g. with a private directory
+bind-mounted into each) and `on_close` (called after the pool closes one of its sandboxes);
+then `mounts` names what the key's sandboxes share. Works with any backend that has
+`create(spec, mounts=..., start=True)`.
 """
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Callable, Hashable, Sequence
 
 from pydantic import BaseModel, Field
 
 from harnessrl.sandboxes.base import RepoSpec, Sandbox, SandboxError
 
 log = logging.getLogger(__name__)
+Key = tuple[RepoSpec, Hashable]
 
 
 class PoolConfig(BaseModel):
     """How many sandboxes stay warm."""
 
     size: int = Field(default=2, ge=0)
-    """Idle, started sandboxes kept per RepoSpec."""
+    """Sandboxes kept per (RepoSpec, mounts), held by episodes or idle and started."""
     refill_workers: int = Field(default=2, ge=1)
     """Threads creating replacement sandboxes in the background."""
     refill: bool = True
-    """Top the idle list up in the background after each acquire (False: only prewarm and
-    release fill it)."""
+    """Replace closed sandboxes in the background (False: only prewarm and release fill it)."""
+
+
+def mount_key(mounts: Sequence[Any]) -> tuple:
+    """Mounts as a hashable key: (host, target, read_only) per Mount-like object or tuple."""
+    return tuple((str(m.host), str(m.target), bool(m.read_only)) if hasattr(m, "host")
+                 else (str(m[0]), str(m[1]), bool(m[2])) for m in mounts)
 
 
 class SandboxPool:
-    """Warm sandboxes per RepoSpec on top of one backend. Use as a context manager."""
+    """Warm sandboxes per (RepoSpec, mounts) on top of one backend. Use as a context manager."""
 
     def __init__(self, backend: Any, config: PoolConfig | None = None):
         self.backend, self.config = backend, config or PoolConfig()
-        self._idle: dict[RepoSpec, list[Sandbox]] = defaultdict(list)
-        self._pending: dict[RepoSpec, int] = defaultdict(int)
-        self._owner: dict[int, RepoSpec] = {}
-        self._lock = threading.Lock()
+        self._idle: dict[Key, list[Sandbox]] = defaultdict(list)
+        self._pending: dict[Key, int] = defaultdict(int)
+        self._held: dict[Key, int] = defaultdict(int)
+        self._owner: dict[int, tuple[Key, Sandbox]] = {}
+        self._makers: dict[Key, tuple[Callable[[], Sandbox], Callable[[Sandbox], None] | None]] = {}
+        self._cond = threading.Condition()
         self._refill = ThreadPoolExecutor(self.config.refill_workers, thread_name_prefix="sandbox-pool")
         self._closed = False
 
-    def prewarm(self, spec: RepoSpec, wait: bool = True) -> None:
-        """Fill `spec`'s idle list up to `size` (blocking unless wait=False)."""
-        futures = self._schedule(spec)
+    # -- keys ----------------------------------------------------------------------------------
+    def _key(self, spec: RepoSpec, mounts: Sequence[Any], make: Callable[[], Sandbox] | None,
+             on_close: Callable[[Sandbox], None] | None) -> Key:
+        key = (spec, mount_key(mounts))
+        with self._cond:
+            if key not in self._makers:
+                fixed = list(mounts)
+                self._makers[key] = (make or (lambda: self.backend.create(spec, mounts=fixed)), on_close)
+        return key
+
+    def _close(self, key: Key, sb: Sandbox) -> None:
+        try:
+            sb.close()
+        finally:
+            on_close = self._makers.get(key, (None, None))[1]
+            if on_close is not None:
+                on_close(sb)
+
+    # -- the API ---------------------------------------------------------------------------------
+    def prewarm(self, spec: RepoSpec, mounts: Sequence[Any] = (), wait: bool = True, *,
+                make: Callable[[], Sandbox] | None = None, on_close: Callable[[Sandbox], None] | None = None) -> None:
+        """Start sandboxes for the key until it holds `size` (blocking unless wait=False)."""
+        futures = self._schedule(self._key(spec, mounts, make, on_close))
         if wait:
             for f in futures:
                 f.result()
 
-    def acquire(self, spec: RepoSpec) -> Sandbox:
-        sb = None
-        with self._lock:
-            while self._idle[spec] and sb is None:
-                cand = self._idle[spec].pop()
-                if cand.alive():
-                    sb = cand
-                else:
-                    cand.close()
+    def acquire(self, spec: RepoSpec, mounts: Sequence[Any] = (), *, make: Callable[[], Sandbox] | None = None,
+                on_close: Callable[[Sandbox], None] | None = None) -> Sandbox:
+        key = self._key(spec, mounts, make, on_close)
+        sb, dead = None, []
+        with self._cond:
+            while sb is None:
+                while self._idle[key] and sb is None:
+                    cand = self._idle[key].pop()
+                    if cand.alive():
+                        sb = cand
+                    else:
+                        dead.append(cand)
+                if sb is not None or not self._pending[key] or self._closed:
+                    break
+                self._cond.wait(1.0)  # one being started for this key lands soon
+            self._held[key] += 1  # counted before a create below, so refills do not overshoot
+        for d in dead:
+            self._close(key, d)
         if sb is None:
-            sb = self.backend.create(spec)
-        with self._lock:
-            self._owner[id(sb)] = spec
-        if self.config.refill:
-            self._schedule(spec)
+            try:
+                sb = self._makers[key][0]()
+            except BaseException:
+                with self._cond:
+                    self._held[key] -= 1
+                raise
+        with self._cond:
+            self._owner[id(sb)] = (key, sb)
+        if self.config.refill:  # a new key grows to `size`; a dead one found is replaced
+            self._schedule(key)
         return sb
 
-    def release(self, sb: Sandbox) -> None:
-        """Reset and keep warm; broken or surplus sandboxes are closed."""
-        with self._lock:
-            spec = self._owner.pop(id(sb), None)
-        if spec is None or self._closed:
+    def release(self, sb: Sandbox) -> float | None:
+        """Reset and keep warm; dead, unresettable or surplus sandboxes are closed. Returns the
+        seconds the reset took (None when none ran)."""
+        with self._cond:
+            owned = self._owner.pop(id(sb), None)
+            if owned is None and any(sb is s for lst in self._idle.values() for s in lst):
+                return None  # released twice: it is idle already, never close it under a new holder
+        if owned is None:
             sb.close()
-            return
+            return None
+        key = owned[0]
+        if self._closed or not sb.alive():
+            self._drop(key, sb)
+            return None
+        t0 = time.monotonic()
         try:
-            if not sb.alive():
-                raise SandboxError("not alive")
             sb.reset()
         except SandboxError as e:
-            log.info("closing broken sandbox %r on release: %s", sb, e)
+            log.info("closing sandbox %r: its reset failed: %s", sb, e)
+            self._drop(key, sb)
+            return time.monotonic() - t0
+        reset_s = time.monotonic() - t0
+        with self._cond:
+            self._held[key] -= 1
+            if not self._closed and self._count(key) < self.config.size:
+                self._idle[key].append(sb)
+                self._cond.notify_all()
+                return reset_s
+        self._close(key, sb)
+        return reset_s
+
+    def discard(self, sb: Sandbox) -> None:
+        """Close a held sandbox without reset (never handed out again); a refill replaces it."""
+        with self._cond:
+            owned = self._owner.pop(id(sb), None)
+        if owned is None:
             sb.close()
-            self._schedule(spec)
             return
-        with self._lock:
-            if len(self._idle[spec]) < self.config.size:
-                self._idle[spec].append(sb)
-                return
-        sb.close()
+        self._drop(owned[0], sb)
 
-    def idle(self, spec: RepoSpec) -> int:
-        with self._lock:
-            return len(self._idle[spec])
+    def idle(self, spec: RepoSpec, mounts: Sequence[Any] = ()) -> int:
+        with self._cond:
+            return len(self._idle[(spec, mount_key(mounts))])
 
-    def _schedule(self, spec: RepoSpec) -> list:
-        with self._lock:
+    def _drop(self, key: Key, sb: Sandbox) -> None:
+        with self._cond:
+            self._held[key] -= 1
+        try:
+            self._close(key, sb)
+        finally:
+            if self.config.refill:
+                self._schedule(key)
+
+    # -- filling ---------------------------------------------------------------------------------
+    def _count(self, key: Key) -> int:
+        return len(self._idle[key]) + self._pending[key] + self._held[key]
+
+    def _schedule(self, key: Key) -> list:
+        with self._cond:
             if self._closed:
                 return []
-            need = self.config.size - len(self._idle[spec]) - self._pending[spec]
-            self._pending[spec] += max(need, 0)
-        return [self._refill.submit(self._add, spec) for _ in range(max(need, 0))]
+            need = max(self.config.size - self._count(key), 0)
+            self._pending[key] += need
+        return [self._refill.submit(self._add, key) for _ in range(need)]
 
-    def _add(self, spec: RepoSpec) -> None:
+    def _add(self, key: Key) -> None:
         try:
-            sb = self.backend.create(spec)
+            sb = self._makers[key][0]()
         except Exception as e:  # the next acquire creates synchronously and raises it
-            log.warning("pool could not create a sandbox for %s: %s", spec.repo_id, e)
-            with self._lock:
-                self._pending[spec] -= 1
+            log.warning("pool could not create a sandbox for %s: %s", key[0].repo_id, e)
+            with self._cond:
+                self._pending[key] -= 1
+                self._cond.notify_all()
             return
-        with self._lock:
-            self._pending[spec] -= 1
-            if not self._closed and len(self._idle[spec]) < self.config.size:
-                self._idle[spec].append(sb)
+        with self._cond:
+            self._pending[key] -= 1
+            self._cond.notify_all()
+            if not self._closed and len(self._idle[key]) + self._held[key] < self.config.size:
+                self._idle[key].append(sb)
                 return
-        sb.close()
+        self._close(key, sb)
 
     def close(self) -> None:
-        with self._lock:
+        """Close every idle sandbox and stop refilling; held ones are closed when released."""
+        with self._cond:
             self._closed = True
-            idle = [sb for lst in self._idle.values() for sb in lst]
+            idle = [(k, sb) for k, lst in self._idle.items() for sb in lst]
             self._idle.clear()
+            self._cond.notify_all()
         self._refill.shutdown(wait=True)
-        for sb in idle:
-            sb.close()
+        for key, sb in idle:
+            try:
+                self._close(key, sb)
+            except Exception as e:  # noqa: BLE001 - one failed close must not keep the others
+                log.warning("closing idle sandbox %r: %s", sb, e)
 
     def __enter__(self) -> "SandboxPool":
         return self

@@ -180,6 +180,8 @@ async def train(cfg: TrainConfig) -> list[dict[str, Any]]:
         with Rollout(rollout_cfg, engine_url, out / "rollouts") as ro:
             sync.gate = ro.proxy  # weight updates pause proxy admission too
             tasks = itertools.cycle(sorted(ro.tasks))
+            sc = cfg.scheduler  # the warm pool starts with the repositories of the tasks the run can reach
+            ro.prewarm(itertools.islice(itertools.cycle(sorted(ro.tasks)), sc.groups_per_step * (cfg.steps + sc.staleness)))
             sched = RolloutScheduler(cfg.scheduler, ro.episode, tasks)
             await sched.advance_version(trainer.version)  # 0, or the resumed checkpoint's version
             ro.set_policy_version(sched.version)  # the proxy's per-turn staleness check (requeue)

@@ -4,7 +4,8 @@ Contract: `RunFigures` takes each consumed batch (`add`) and keeps only numbers,
 run holds no trajectories: per-turn env latencies, model-call latencies, generation spans.
 `report(...)` gives the run's figures: trajectories/s with the staleness bound η and its
 policy beside it, the staleness histogram of trained tokens, per-turn env latency
-p50/p95/p99, generator utilization, the scheduler's counts. `train()` writes it to
+p50/p95/p99, sandbox acquisition (any wait included) and pool reset p50/p95 per episode,
+generator utilization, the scheduler's counts. `train()` writes it to
 `report.json`. `compare(run_dirs)` reads those reports and puts the runs side by side, each
 with its throughput ratio against the η = 0 (synchronous) run among them when there is one,
 and names the config fields, other than the staleness settings, in which the runs differ
@@ -16,7 +17,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from harnessrl.gym.rollout import busy_fraction, generation_spans, percentile
+from harnessrl.gym.rollout import busy_fraction, generation_spans, percentile, sandbox_timings
 from harnessrl.gym.trajectory import Trajectory
 
 #: Config fields a comparison of staleness settings may differ in (and the run's folder).
@@ -30,6 +31,8 @@ class RunFigures:
         self.env: list[float] = []
         self.calls: list[float] = []
         self.spans: list[tuple[float, float]] = []
+        self.sandbox_acquire: list[float] = []
+        self.sandbox_reset: list[float] = []
 
     def add(self, batch: list[Trajectory]) -> None:
         self.trajectories += len(batch)
@@ -38,6 +41,9 @@ class RunFigures:
             self.env += [c.env_s for c in t.calls if c.env_s is not None]
             self.calls += [c.queue_s + c.gen_s for c in t.calls]
         self.spans += generation_spans(batch)
+        acquire, reset = sandbox_timings(batch)
+        self.sandbox_acquire += acquire
+        self.sandbox_reset += reset
 
     def report(self, *, wall_s: float, steps: int, staleness: int, over_staleness: str,
                scheduler: dict[str, Any]) -> dict[str, Any]:
@@ -52,6 +58,10 @@ class RunFigures:
                               "p99": percentile(self.env, .99), "n": len(self.env)},
             "model_call_latency_s": {"p50": percentile(self.calls, .5), "p95": percentile(self.calls, .95),
                                      "n": len(self.calls)},
+            "sandbox_acquire_s": {"p50": percentile(self.sandbox_acquire, .5),
+                                  "p95": percentile(self.sandbox_acquire, .95), "n": len(self.sandbox_acquire)},
+            "sandbox_reset_s": {"p50": percentile(self.sandbox_reset, .5), "p95": percentile(self.sandbox_reset, .95),
+                                "n": len(self.sandbox_reset)},
             "generator_utilization": busy_fraction(self.spans),
             "scheduler": {k: scheduler[k] for k in ("started", "completed", "timeouts", "requeued_turn",
                                                     "requeued_group", "dropped", "downweighted", "masked_tokens",
@@ -64,9 +74,12 @@ def summary_line(r: dict[str, Any]) -> str:
         return "-" if v is None else format(v, spec)
 
     env = r["env_latency_s"]
+    sb = r.get("sandbox_acquire_s") or {}
+    reset = r.get("sandbox_reset_s") or {}
     return (f"run: {r['trajectories']} trajectories in {r['wall_s']:.0f}s = {f(r['trajectories_per_s'])} traj/s "
             f"at staleness bound η={r['staleness_bound']} ({r['over_staleness']}); staleness hist {r['staleness_hist']}; "
-            f"env latency p50 {f(env['p50'])}s p95 {f(env['p95'])}s; generator utilization {f(r['generator_utilization'], '.2f')}")
+            f"env latency p50 {f(env['p50'])}s p95 {f(env['p95'])}s; sandbox acquire p50 {f(sb.get('p50'))}s "
+            f"p95 {f(sb.get('p95'))}s, reset p50 {f(reset.get('p50'))}s p95 {f(reset.get('p95'))}s; generator utilization {f(r['generator_utilization'], '.2f')}")
 
 
 def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -1,0 +1,312 @@
+"""Warm sandboxes serve real episodes (gym.sandbox_source + sandboxes.pool), as clean as fresh ones.
+
+The pool's own bookkeeping runs on a small in-memory backend (no engine needed); the episodes
+run on real parts: Docker containers, the real proxy, the scripted gold policy, the real
+mini-swe-agent and real processes as inside harnesses through the per-sandbox socket dir.
+"""
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from harnessrl.adapters.base import HarnessResult
+from harnessrl.adapters.command import CommandAdapter
+from harnessrl.adapters.toolchain import installed_spec
+from harnessrl.gym.episode import EpisodeConfig, ProxyHandle, run_episode
+from harnessrl.gym.sandbox_source import PooledSandboxes
+from harnessrl.sandboxes.base import ExecResult, RepoSpec, SandboxDied
+from harnessrl.sandboxes.pool import PoolConfig, SandboxPool
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from adapter_helpers import builtin_task, scripted_stack  # noqa: E402
+
+
+# -- the pool's bookkeeping, on an in-memory backend --------------------------------------------
+class MemorySandbox:
+    workdir = "/workspace/repo"
+
+    def __init__(self, n: int, mounts):
+        self.id, self.mounts, self.dead, self.closed, self.resets, self.files = f"m{n}", mounts, False, False, 0, {}
+
+    def start(self):
+        pass
+
+    def exec(self, command, timeout=60.0, env=None, workdir=None):
+        return ExecResult(0, "")
+
+    def read_file(self, path):
+        return self.files[path]
+
+    def write_file(self, path, data, mode=0o644):
+        self.files[path] = data
+
+    def diff(self):
+        return ""
+
+    def reset(self):
+        self.resets += 1
+        self.files.clear()
+
+    def alive(self):
+        return not self.dead and not self.closed
+
+    def close(self):
+        self.closed = True
+
+
+class MemoryBackend:
+    name = "memory"
+
+    def __init__(self):
+        self.made: list[MemorySandbox] = []
+        self.lock = threading.Lock()
+
+    def create(self, spec, mounts=(), env=None, start=True):
+        time.sleep(0.05)  # long enough for concurrent acquires to overlap
+        with self.lock:
+            sb = MemorySandbox(len(self.made), list(mounts))
+            self.made.append(sb)
+        return sb
+
+
+SPEC = RepoSpec("mem", "/nonexistent", "main")
+
+
+def test_pool_counts_held_sandboxes_so_release_and_acquire_rebuild_nothing():
+    backend = MemoryBackend()
+    with SandboxPool(backend, PoolConfig(size=2)) as pool:
+        pool.prewarm(SPEC)
+        for _ in range(5):
+            a, b = pool.acquire(SPEC), pool.acquire(SPEC)
+            assert a is not b
+            a.write_file("x", b"1")
+            assert pool.release(a) is not None and pool.release(b) is not None
+        assert len(backend.made) == 2 and all(sb.resets == 5 for sb in backend.made)
+        assert backend.made[0].files == {}
+        c = pool.acquire(SPEC), pool.acquire(SPEC), pool.acquire(SPEC)  # one past size: made, then closed
+        assert len({id(x) for x in c}) == 3 and len(backend.made) == 3
+        for x in c:
+            pool.release(x)
+        assert pool.idle(SPEC) == 2 and sum(sb.closed for sb in backend.made) == 1
+
+
+def test_pool_keys_by_mounts_and_never_hands_out_a_dead_or_discarded_sandbox():
+    backend = MemoryBackend()
+    with SandboxPool(backend, PoolConfig(size=1, refill=False)) as pool:
+        a = pool.acquire(SPEC, [("/h", "/t", True)])
+        b = pool.acquire(SPEC)
+        assert a.mounts == [("/h", "/t", True)] and b.mounts == []
+        pool.release(a), pool.release(b)
+        assert pool.acquire(SPEC, [("/h", "/t", True)]) is a and pool.acquire(SPEC) is b
+        a.dead = True
+        assert pool.release(a) is None and a.closed  # died in its episode: closed, not kept
+        pool.discard(b)
+        assert b.closed and b.resets == 1  # its first release only: a discard does not reset
+        fresh = pool.acquire(SPEC)
+        assert fresh not in (a, b) and pool.acquire(SPEC, [("/h", "/t", True)]) not in (a, b)
+        pool.release(fresh)
+        assert pool.release(fresh) is None and not fresh.closed  # a second release leaves the idle one be
+        fresh.dead = True
+        assert pool.acquire(SPEC) is not fresh and fresh.closed  # found dead while idle
+
+
+def test_concurrent_acquires_never_share_and_wait_for_a_sandbox_being_started():
+    backend = MemoryBackend()
+    with SandboxPool(backend, PoolConfig(size=4)) as pool:
+        pool.prewarm(SPEC, wait=False)
+        with ThreadPoolExecutor(4) as ex:
+            got = list(ex.map(lambda _: pool.acquire(SPEC), range(4)))
+        assert len({id(x) for x in got}) == 4 and len(backend.made) == 4  # the prewarmed ones, no extra
+
+
+def test_a_revoked_view_refuses_late_calls_and_release_waits_for_calls_in_flight():
+    backend = MemoryBackend()
+    from harnessrl.gym.sandbox_source import SandboxView
+
+    sb = backend.create(SPEC)
+    view = SandboxView(sb)
+    view.write_file("a", b"1")
+    assert view.read_file("a") == b"1" and view.id == "m0"
+    assert view.revoke(1.0) and not view.alive()
+    with pytest.raises(SandboxDied, match="lease on the sandbox has ended"):
+        view.exec("true")
+    assert not sb.closed  # the view's end is not the sandbox's
+
+
+# -- real episodes on warm docker containers --------------------------------------------------------
+@pytest.fixture(scope="module")
+def stack():
+    with scripted_stack() as (engine, proxy, backend):
+        yield engine, ProxyHandle.of(proxy), backend
+
+
+def _mini():
+    if installed_spec("venvs", "mini-swe-agent") is None:
+        pytest.skip("mini-swe-agent not installed: run scripts/install_harnesses.sh mini-swe-agent")
+    from harnessrl.adapters.mini_swe_agent import MiniSweAgentAdapter
+
+    return MiniSweAgentAdapter()
+
+
+def _episode(stack, source, adapter, plan=None, **cfg):
+    engine, handle, _ = stack
+    task = builtin_task()
+    engine.set_plans({task.problem_statement: list(task.gold_plan if plan is None else plan)})
+    return run_episode(task, adapter, source, handle, "policy",
+                       EpisodeConfig(**({"max_calls": 8, "wall_time_s": 240} | cfg)))
+
+
+def _alive_ids(backend) -> set[str]:
+    from harnessrl.sandboxes.docker import RUN_LABEL
+
+    return {c.id for c in backend.client.containers.list(filters={"label": f"{RUN_LABEL}={backend.run_id}"})}
+
+
+@pytest.mark.docker
+@pytest.mark.harness
+@pytest.mark.timeout(600)
+def test_two_consecutive_mini_swe_agent_episodes_share_one_warm_container(stack):
+    _, _, backend = stack
+    adapter = _mini()
+    with PooledSandboxes(backend, size=1) as source:
+        source.prewarm(builtin_task().repo_spec(), adapter, wait=True)
+        first = _episode(stack, source, adapter)
+        second = _episode(stack, source, adapter)
+    for res in (first, second):
+        assert (res.reason, res.status, res.trajectory.reward) == ("submitted", "ok", 1.0), res.error
+        assert res.timings["sandbox_reset_s"] > 0 and res.trajectory.metadata["timings"] is res.timings
+    assert first.trajectory.metadata["sandbox_id"] == second.trajectory.metadata["sandbox_id"] is not None
+    assert first.trajectory.session_id != second.trajectory.session_id
+    assert len(source.acquire_s) == 2 and len(source.reset_s) == 2
+    assert first.trajectory.metadata["sandbox_id"] not in _alive_ids(backend)  # the pool closed it at its end
+
+
+# An inside harness (a real process in the sandbox, through the relay in its socket dir) that
+# leaves a detached loop behind: every 0.1 s it appends to the repo and home, and calls the
+# proxy through the socket with this episode's session URL and key. Its exit status 199 (the
+# relay failure code) makes the episode infra, so no grading reset runs: only the pool's does.
+LOOP = """import os, socket, sys, time
+url, key = sys.argv[1], sys.argv[2]
+path = url.split("18080", 1)[1] + "/chat/completions"
+body = b'{"model":"policy","messages":[{"role":"user","content":"late"}]}'
+while True:
+    for f in ("/workspace/repo/LEAK", "/home/agent/LEAK"):
+        open(f, "a").write("tick\\n")
+    try:
+        s = socket.socket(socket.AF_UNIX)
+        s.connect("/run/harnessrl/proxy.sock")
+        s.sendall(("POST %s HTTP/1.1\\r\\nHost: x\\r\\nAuthorization: Bearer %s\\r\\nContent-Type: application/json\\r\\n"
+                   "Content-Length: %d\\r\\nConnection: close\\r\\n\\r\\n" % (path, key, len(body))).encode() + body)
+        s.recv(64)
+        s.close()
+    except OSError:
+        pass
+    time.sleep(0.1)
+"""
+CALL = ("import json,sys,urllib.request as u\n"
+        "r=u.Request(sys.argv[1]+'/chat/completions',data=json.dumps({'model':'policy','messages':"
+        "[{'role':'user','content':'hi'}]}).encode(),headers={'Authorization':'Bearer '+sys.argv[2],"
+        "'Content-Type':'application/json'})\n"
+        "print('status', u.urlopen(r,timeout=60).status)\n")
+PROBE = ("echo probe leak=$(ls /workspace/repo/LEAK /home/agent/LEAK 2>/dev/null | wc -l)"
+         " procs=$(grep -l '[l]eak_loop' /proc/[0-9]*/cmdline 2>/dev/null | wc -l)"
+         " tmp=$(ls -A /tmp | grep -v '^harnessrl$' | wc -l)")
+
+
+def _inside(name: str, script: str, **files: str) -> CommandAdapter:
+    return CommandAdapter({"name": name, "dialect": "openai-chat", "placement": "inside",
+                           "files": {f"/tmp/harnessrl/{k}.py": v.replace("$", "$$") for k, v in
+                                     {"call": CALL, **files}.items()},
+                           "command": ["bash", "-c", script.replace("$", "$$"), "harness", "${openai_base_url}",
+                                       "${api_key}"]})
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(600)
+def test_a_process_left_by_the_last_episode_is_gone_and_never_reaches_the_next_session(stack):
+    engine, handle, backend = stack
+    leaver = _inside("leaver", 'setsid -f python3 /tmp/harnessrl/leak_loop.py "$1" "$2" >/dev/null 2>&1 </dev/null\n'
+                               'until [ -s /workspace/repo/LEAK ]; do sleep 0.05; done\n'
+                               'python3 /tmp/harnessrl/call.py "$1" "$2"; sleep 1; exit 199', leak_loop=LOOP)
+    prober = _inside("prober", f'{PROBE}; sleep 1; {PROBE}; python3 /tmp/harnessrl/call.py "$1" "$2"')
+    with PooledSandboxes(backend, size=1) as source:
+        first = _episode(stack, source, leaver, plan=[])
+        assert (first.status, first.reason) == ("infra_error", "infra") and first.reward is None  # never graded
+        assert "relay to the proxy socket did not start" in first.error
+        dirs = list(source._dirs.values())
+        assert len(dirs) == 1 and list(dirs[0].iterdir()) == []  # the relay's socket is gone between episodes
+        late_calls = len(first.trajectory.calls)
+        assert late_calls >= 1  # its own call, and whatever the loop got in before the session closed
+        second = _episode(stack, source, prober, plan=[])
+    assert second.trajectory.metadata["sandbox_id"] == first.trajectory.metadata["sandbox_id"]
+    assert (second.status, second.reason) == ("ok", "submitted"), second.error
+    assert second.harness.stdout_tail.count("probe leak=0 procs=0 tmp=0") == 2, second.harness.stdout_tail
+    assert len(second.trajectory.calls) == 1  # only its own call: nothing late reached this session
+    from harnessrl.gym.proxy_admin import ProxyAdmin
+
+    admin = ProxyAdmin(handle)
+    try:
+        assert len(admin.trajectory(first.trajectory.session_id).calls) == late_calls  # closed: none after
+    finally:
+        admin.close()
+    assert first.trajectory.session_id != second.trajectory.session_id
+
+
+@pytest.mark.docker
+@pytest.mark.harness
+@pytest.mark.timeout(600)
+def test_an_episode_that_kills_its_container_is_not_served_again(stack):
+    _, _, backend = stack
+    adapter = _mini()
+    killed: list[str] = []
+
+    class Killer:
+        name, version, placement, dialect, streams, install, completion = (
+            "killer", "1", "beside", "openai-chat", False, "none", "kills its sandbox")
+
+        def mounts(self, endpoint, toolchain=None):
+            return []
+
+        def launch(self, launch):
+            launch.sandbox.backing.container.kill()
+            killed.append(launch.sandbox.id)
+            return HarnessResult("submitted", 0)
+
+    with PooledSandboxes(backend, size=1) as source:
+        source.prewarm(builtin_task().repo_spec(), adapter, wait=True)
+        dead = _episode(stack, source, Killer())
+        assert (dead.reason, dead.status, dead.trajectory.reward) == ("sandbox_died", "infra_error", None)
+        assert "sandbox_reset_s" not in dead.timings and killed == [dead.trajectory.metadata["sandbox_id"]]
+        after = _episode(stack, source, adapter)
+    assert (after.reason, after.trajectory.reward) == ("submitted", 1.0), after.error
+    assert after.trajectory.metadata["sandbox_id"] not in killed
+    assert killed[0] not in _alive_ids(backend)
+
+
+@pytest.mark.docker
+@pytest.mark.harness
+@pytest.mark.timeout(900)
+def test_parallel_episodes_never_share_a_sandbox(stack):
+    engine, handle, backend = stack
+    adapter = _mini()
+    task = builtin_task()
+    engine.set_plans({task.problem_statement: list(task.gold_plan)})
+    cfg = EpisodeConfig(max_calls=8, wall_time_s=400)
+    with PooledSandboxes(backend, size=2) as source:
+        source.prewarm(task.repo_spec(), adapter, wait=True)
+        rounds = []
+        for _ in range(2):
+            with ThreadPoolExecutor(2) as ex:
+                rounds.append(list(ex.map(lambda _: run_episode(task, adapter, source, handle, "policy", cfg),
+                                          range(2))))
+    ids = [[r.trajectory.metadata["sandbox_id"] for r in rnd] for rnd in rounds]
+    for rnd in rounds:
+        for r in rnd:
+            assert (r.reason, r.trajectory.reward) == ("submitted", 1.0), r.error
+    assert all(len(set(x)) == 2 for x in ids), ids
+    assert set(ids[0]) == set(ids[1])  # the second round ran on the same two warm containers
