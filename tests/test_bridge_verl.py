@@ -287,12 +287,17 @@ def test_real_engine_failing_policy_scores_0_with_the_engines_own_logprobs(worke
     assert {k: manager.requests[0][2][k] for k in ("temperature", "top_p", "top_k", "max_tokens", "logprobs",
                                                     "repetition_penalty")} == \
         {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "max_tokens": 24, "logprobs": True, "repetition_penalty": 1.0}
-    (row,) = [r for r in bridge.segment_rows(t)]
-    assert out.prompt_ids == row.prompt_ids == manager.requests[0][1]
+    # a random policy's garbled replies may make the harness rewrite its history: "longest" picks
+    (row,), dropped = bridge.select(bridge.segment_rows(t), "longest")
+    assert (out.extra_fields["harnessrl_segment"], out.extra_fields["dropped_tokens"]) == (row.segment, dropped)
+    assert dropped == sum(sum(s.loss_mask) for s in t.segments) - row.sampled_tokens
+    first = next(i for i, c in enumerate(t.calls) if c.segment == row.segment)
+    assert out.prompt_ids == row.prompt_ids == manager.requests[first][1]
     assert (out.response_ids, out.response_mask, out.response_logprobs) == \
         (row.response_ids, row.response_mask, row.response_logprobs)
     sampled = [(i, lp) for i, lp, m in zip(out.response_ids, out.response_logprobs, out.response_mask) if m]
-    assert sampled == [(i, lp) for r in manager.replies for i, lp in zip(r.token_ids, r.log_probs)]
+    replies = [r for r, c in zip(manager.replies, t.calls) if c.segment == row.segment]  # calls run one at a time
+    assert sampled == [(i, lp) for r in replies for i, lp in zip(r.token_ids, r.log_probs)] and sampled
     assert (out.extra_fields["min_global_steps"], out.extra_fields["max_global_steps"]) == (5, 5)
 
 
