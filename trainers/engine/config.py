@@ -46,6 +46,10 @@ class EngineConfig(BaseModel):
     api_key: str | None = None
     """If set, every request must carry `Authorization: Bearer <api_key>` (SGLang's --api-key)."""
 
+    prefix_cache_mb: int = Field(1024, ge=0)
+    """Memory budget of the prefix cache (KV of earlier requests reused when a new prompt starts
+    the same way: a harness's next turn, the other samples of a group); 0 turns it off."""
+
     device: str = "cpu"
     """Where the model runs: "cpu" (default), "cuda" or "cuda:N". Sampling stays on CPU, so a
     seeded request draws the same tokens from the same logits on every device."""

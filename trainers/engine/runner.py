@@ -71,6 +71,7 @@ def build_state(config: EngineConfig):
         random_seed=config.random_seed,
         num_threads=config.num_threads,
         logprob_space=config.logprob_space,
+        prefix_cache_bytes=config.prefix_cache_mb << 20,
     )
     sched.start()
     return EngineState(config=config, scheduler=sched, tokenizer=tokenizer, model_path=str(path),

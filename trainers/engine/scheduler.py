@@ -12,6 +12,11 @@ reason abort (partial output kept); `in_place` keeps the running ones and their 
 `retract` drops their KV cache and recomputes it (prompt + output so far) on continue,
 so that tokens after a weight update attend over KV from the new weights. While paused,
 new requests queue.
+
+Prefix cache (`prefix_cache.PrefixCache`, off when its budget is 0): a request whose ids
+start like a cached sequence prefills only the rest; each request's prefilled KV, and a
+finished request's whole KV, are kept. Every weight load (`weights_changed`) drops the
+cache, and a request that began under older weights (in-place pause) is never kept.
 """
 from __future__ import annotations
 
@@ -28,6 +33,7 @@ import torch
 from transformers import DynamicCache
 
 from harnessrl.trainers.engine.kv import BatchKV
+from harnessrl.trainers.engine.prefix_cache import PrefixCache
 from harnessrl.trainers.engine.protocol import SamplingParams
 from harnessrl.trainers.engine.sampling import LogprobSpace, RowParams, sample
 
@@ -44,6 +50,8 @@ class Delta:
     finish: dict | None
     weight_version: str
     input_logprobs: list[float | None] | None = None
+    cached_tokens: int = 0
+    """Prompt tokens whose KV came from the prefix cache (SGLang's `meta_info.cached_tokens`)."""
 
 
 @dataclass
@@ -66,6 +74,9 @@ class Req:
     generator: torch.Generator | None = None
     priority: int = 0
     """SGLang's priority scheduling: a waiting request with a higher value is admitted first."""
+    epoch: int = -1
+    """The weights epoch its KV was computed in (set at prefill)."""
+    cached_tokens: int = 0
 
     def row(self) -> RowParams:
         p = self.params
@@ -77,7 +88,8 @@ class Scheduler:
 
     def __init__(self, model, tokenizer, eos_ids: set[int], *, weight_version: str, max_running: int,
                  max_prefill_per_step: int, max_context: int, random_seed: int = 0,
-                 num_threads: int | None = None, logprob_space: LogprobSpace = "sampled"):
+                 num_threads: int | None = None, logprob_space: LogprobSpace = "sampled",
+                 prefix_cache_bytes: int = 0):
         self.model, self.tokenizer, self.eos_ids = model, tokenizer, eos_ids
         self.weight_version = weight_version
         self.max_running, self.max_prefill = max_running, max_prefill_per_step
@@ -87,6 +99,7 @@ class Scheduler:
         self.default_gen = torch.Generator().manual_seed(random_seed)
         self.paused: str | None = None  # None or the pause mode
         self.steps = 0
+        self.prefix_cache = PrefixCache(prefix_cache_bytes)
         self._cond = threading.Condition()
         self._waiting: deque[Req] = deque()
         self._running: list[Req] = []
@@ -155,6 +168,11 @@ class Scheduler:
 
     def resume(self) -> None:
         self.paused = None
+
+    def weights_changed(self) -> None:
+        """Called on this thread right after the model's weights changed (or for a flush):
+        no cached KV of the old weights may be served again."""
+        self.prefix_cache.invalidate()
 
     # ---- the loop -----------------------------------------------------------------
     def _has_work(self) -> bool:
@@ -256,9 +274,17 @@ class Scheduler:
             self._finish(r, {"type": "length", "length": 0})
             return
         seq = r.input_ids + r.output_ids[:-1] if resumed else r.input_ids
-        cache = DynamicCache()
-        out = self.model(input_ids=torch.tensor([seq], device=self.model.device), past_key_values=cache,
+        hit, past = (0, None) if wants_input_lp else self.prefix_cache.match(seq)
+        cache = DynamicCache(ddp_cache_data=past) if past is not None else DynamicCache()
+        r.epoch = self.prefix_cache.epoch
+        if not resumed:
+            r.cached_tokens = hit
+        self.prefix_cache.stats["prefill_tokens"] += len(seq) - hit
+        out = self.model(input_ids=torch.tensor([seq[hit:]], device=self.model.device), past_key_values=cache,
                          use_cache=True, logits_to_keep=0 if wants_input_lp else 1)
+        if self.prefix_cache.enabled:
+            self.prefix_cache.insert(seq, [(layer.keys, layer.values) for layer in out.past_key_values.layers],
+                                     r.epoch)
         if wants_input_lp:
             r.input_logprobs = self._input_logprobs(out.logits[0].float().cpu(), r)
         if r.params.max_new_tokens == 0:
@@ -301,8 +327,27 @@ class Scheduler:
     def _drop_finished(self) -> None:
         keep = [i for i, r in enumerate(self._running) if r.finish is None]
         if len(keep) != len(self._running):
+            if self.prefix_cache.enabled:
+                self._keep_finished(set(keep))
             self._running = [self._running[i] for i in keep]
             self._kv.keep(keep)
+
+    def _keep_finished(self, keep: set[int]) -> None:
+        """Put the KV of rows that just finished into the prefix cache: prompt + output but the
+        last token (never fed), copied out of the batch (a view would pin the whole batch)."""
+        kv = self._kv
+        L = kv.mask.shape[1]
+        layers = [(layer.keys, layer.values) for layer in kv.cache.layers]
+        for i, r in enumerate(self._running):
+            if i in keep or r.epoch != self.prefix_cache.epoch or (r.finish or {}).get("status_code"):
+                continue
+            seq = r.input_ids + r.output_ids[:-1]
+            n = int(kv.lengths[i])
+            if n != len(seq):  # not the row we think it is: keep nothing rather than wrong KV
+                log.warning("prefix cache: row %s holds %d positions, expected %d", r.rid, n, len(seq))
+                continue
+            self.prefix_cache.insert(seq, [(k[i:i + 1, :, L - n:].clone(), v[i:i + 1, :, L - n:].clone())
+                                           for k, v in layers], r.epoch)
 
     def _append(self, r: Req, token: int, logprob: float, top: list | None) -> None:
         r.output_ids.append(token)
@@ -346,6 +391,7 @@ class Scheduler:
             finish=r.finish,
             weight_version=self.weight_version,
             input_logprobs=r.input_logprobs if start == 0 else None,
+            cached_tokens=r.cached_tokens,
         )
         try:
             r.sink(delta)

@@ -66,6 +66,7 @@ class _Accumulator:
         self.finish: dict | None = None
         self.version = ""
         self.text_sent = ""
+        self.cached = 0
 
     def add(self, d: Delta) -> tuple[int, int]:
         start = len(self.ids)
@@ -75,6 +76,7 @@ class _Accumulator:
         if d.input_logprobs is not None:
             self.input_logprobs = d.input_logprobs
         self.finish, self.version = d.finish, d.weight_version
+        self.cached = d.cached_tokens
         return start, len(self.ids)
 
     def _text(self) -> str:
@@ -104,7 +106,7 @@ class _Accumulator:
             "finish_reason": self.finish,
             "prompt_tokens": len(b.input_ids),
             "completion_tokens": len(self.ids),
-            "cached_tokens": 0,
+            "cached_tokens": self.cached,
             "weight_version": self.version,
         }
         if b.return_logprob:
@@ -255,6 +257,7 @@ def build_app(state: EngineState) -> FastAPI:
             def swap(s: Scheduler) -> int:
                 n = s._abort_everything("aborted for a weight update") if body.abort_all_requests else 0
                 apply_weights(s.model, weights)
+                s.weights_changed()  # no KV of the old weights is served again
                 if body.weight_version is not None:
                     s.weight_version = body.weight_version
                 return n
@@ -266,8 +269,7 @@ def build_app(state: EngineState) -> FastAPI:
 
     @app.api_route("/flush_cache", methods=["GET", "POST"])
     async def flush_cache():
-        # No prefix cache is kept across requests, so there is nothing to drop; the route
-        # exists so that clients written for SGLang work unchanged.
+        await asyncio.wrap_future(sched.call(lambda s: s.weights_changed()))  # drops the prefix cache
         return PlainTextResponse("Cache flushed.\n")
 
     @app.get("/health")
@@ -288,6 +290,7 @@ def build_app(state: EngineState) -> FastAPI:
             "eos_token_ids": sorted(sched.eos_ids),
             "max_running_requests": cfg.max_running_requests,
             "logprob_space": sched.logprob_space,
+            "prefix_cache": sched.prefix_cache.report(),
             **sched.load(),
         }
 
