@@ -61,7 +61,8 @@ def test_a_timed_out_episode_kills_its_harness_and_releases_its_sandbox(tmp_path
 
     task = builtin_task()
     cfg = RolloutConfig(harness=str(_harness(tmp_path, placement)), tasks=[task.instance_id], model="tiny-llama",
-                        sandbox="docker", episode=EpisodeConfig(wall_time_s=3600))
+                        sandbox="docker", episode=EpisodeConfig(wall_time_s=3600),
+                        sandbox_pool_size=0)  # fresh sandboxes: any container left is a leak
     engine = ScriptedEngine(load_tokenizer("tiny-llama"))
 
     async def main(ro: Rollout):
