@@ -41,6 +41,8 @@ class GenerateResult:
     text: str = ""
     versions: list[str] | None = None
     """Per-token weight versions, when a backend knows them (else every token has `weight_version`)."""
+    cached_tokens: int = 0
+    """Prompt tokens the engine reused from its prefix cache (`meta_info.cached_tokens`)."""
 
 
 class EngineError(RuntimeError):
@@ -207,6 +209,7 @@ class EngineClient:
                 weight_version=str(meta.get("weight_version") or ""),
                 prompt_tokens=int(meta.get("prompt_tokens") or 0),
                 text=str(body.get("text") or ""),
+                cached_tokens=int(meta.get("cached_tokens") or 0),
             )
         except (KeyError, TypeError, ValueError, IndexError) as e:
             raise EngineError(f"engine at {url} sent an unreadable /generate reply ({e}): {str(body)[:300]}") from e
@@ -331,7 +334,7 @@ class EngineClient:
                 finished = bool(chunk.finish_reason)
                 if ids or finished:
                     yield GenerateResult(ids, lps, chunk.finish_reason, chunk.weight_version,
-                                         chunk.prompt_tokens, text)
+                                         chunk.prompt_tokens, text, cached_tokens=chunk.cached_tokens)
         except httpx.ConnectTimeout as e:
             raise EngineTimeout(f"engine at {url} timed out connecting (EngineTimeouts.connect_s): {e}",
                                 "connect") from e

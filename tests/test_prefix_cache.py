@@ -180,3 +180,29 @@ def test_prefix_cache_bounds_dedup_and_stale_epoch():
     assert len(c) == 0 and not c.insert([1, 2, 3], kv(3), epoch=0)  # KV of an older epoch is refused
     with pytest.raises(ValueError, match="2 ids but KV of 3"):
         c.insert([1, 2], kv(3), epoch=c.epoch)
+
+
+def test_the_proxy_records_hit_tokens_per_call(engines, tok):
+    import sys
+    from pathlib import Path
+
+    from harnessrl.gym.proxy import ProxyConfig, ProxyServer
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from proxy_helpers import post
+
+    hot, _ = engines
+    with ProxyServer(ProxyConfig(engine_url=hot.url, sampling_policy="honor"), tokenizer=tok) as proxy:
+        sid, key = proxy.open_session({})
+        history = [{"role": "user", "content": "Plan a refactor of the parser module in three steps."}]
+        for _ in range(2):
+            r = post(proxy.openai_base_url(sid) + "/chat/completions", key,
+                     {"model": "policy", "messages": history, "max_tokens": 8, "temperature": 0})
+            assert r.status_code == 200, r.text
+            history += [{"role": "assistant", "content": r.json()["choices"][0]["message"]["content"]},
+                        {"role": "user", "content": "go on"}]
+        first, second = proxy.trajectory(sid).calls
+    assert first.flags.get("cached_tokens", 0) < len(first.prompt_ids) // 2  # at most a shared template head
+    # the second prompt starts with the first prompt + its completion, all cached by then
+    assert second.flags["cached_tokens"] >= len(first.prompt_ids) + len(first.completion_ids) - 1
+    assert second.flags["cached_tokens"] < len(second.prompt_ids)

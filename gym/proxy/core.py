@@ -406,6 +406,8 @@ class ProxyCore:
                 self.counters["tool_call_flags"] += 1
             if calls:
                 finish = "tool_calls"
+        if gen.cached_tokens:
+            flags["cached_tokens"] = gen.cached_tokens  # prefix-cache hit (the engine's prefill it skipped)
         if gen.interruptions:
             flags["interruptions"] = gen.interruptions
             flags["interrupted_wait_s"] = round(gen.wait_s, 4)

@@ -82,6 +82,8 @@ class Generation:
     versions: list[str] = field(default_factory=list)
     finish_reason: str = ""
     interruptions: int = 0
+    cached_tokens: int = 0
+    """Prompt tokens the engine served from its prefix cache, over all requests of the call."""
     gen_s: float = 0.0
     wait_s: float = 0.0
 
@@ -100,6 +102,7 @@ async def generate(engine: GenerationBackend, gate: PauseGate, prompt: list[int]
                                                       **dict(params, max_new_tokens=budget)):
                 _add(out, chunk.output_ids, chunk.logprobs, chunk.weight_version, chunk.versions)
                 if chunk.finish_reason:
+                    out.cached_tokens += chunk.cached_tokens
                     out.finish_reason = chunk.finish_reason
                 if chunk.output_ids:
                     yield chunk.output_ids
@@ -108,6 +111,7 @@ async def generate(engine: GenerationBackend, gate: PauseGate, prompt: list[int]
                                         **dict(params, max_new_tokens=budget))
             _add(out, res.output_ids, res.logprobs, res.weight_version, res.versions)
             out.finish_reason = res.finish_reason
+            out.cached_tokens += res.cached_tokens
             if res.output_ids:
                 yield res.output_ids
         out.gen_s += time.perf_counter() - t0
