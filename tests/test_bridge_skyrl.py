@@ -190,13 +190,13 @@ def test_step_wise_call_rows_merge_back_into_the_segment(gold):
     assert merged["rewards"] == segs["rewards"] == [1.0]  # a per-turn reward: the last turn's
 
 
-def _rewrite(scripted, step_wise, **cfg):
+def _rewrite(scripted, step_wise, rollouts=1, **cfg):
     engine, url = scripted
     task = builtin_task()
     client = EngineClientDouble(url)
     gen = _generator(client, _two_conversations(), step_wise=step_wise, **cfg)
     try:
-        out = asyncio.run(gen.generate(_batch([task.instance_id], ["p1"])))
+        out = asyncio.run(gen.generate(_batch([task.instance_id] * rollouts, ["p1"] * rollouts)))
     finally:
         gen.close()
         gen.sandboxes.reap(run_id=gen.sandboxes.run_id)
@@ -218,15 +218,23 @@ def test_history_rewrite_not_step_wise_keeps_one_segment_and_reports_the_dropped
 
 
 def test_history_rewrite_step_wise_gives_one_row_per_segment(scripted):
-    client, gen, out = _rewrite(scripted, step_wise=True)
-    _validate(out, 1, step_wise=True)
-    first, second = client.calls
-    assert out["prompt_token_ids"] == [first["input_ids"], second["input_ids"]]
-    assert out["response_ids"] == [first["output_ids"], second["output_ids"]]
-    assert out["loss_masks"] == [[1] * len(first["output_ids"]), [1] * len(second["output_ids"])]
-    assert out["is_last_step"] == [False, True] and out["rewards"] == [0.0, 0.0]
-    assert out["trajectory_ids"] == [TrajectoryID("p1", 0)] * 2
-    assert out["rollout_metrics"]["harnessrl/dropped_tokens"] == 0
+    """A GRPO group of two rollouts run at once: each episode's rows are its two segments, in
+    input order, and each episode's calls share one session of their own."""
+    client, gen, out = _rewrite(scripted, step_wise=True, rollouts=2, max_concurrency=2)
+    _validate(out, 2, step_wise=True)
+    assert out["trajectory_ids"] == [TrajectoryID("p1", 0)] * 2 + [TrajectoryID("p1", 1)] * 2
+    assert out["is_last_step"] == [False, True] * 2 and out["rewards"] == [0.0] * 4
+    sids = [e.trajectory.session_id for e in gen.last_episodes]
+    assert len(set(sids)) == 2 and sorted(client.finished) == sorted(sids)
+    for k, sid in enumerate(sids):
+        first, second = [c for c in client.calls if c["session_id"] == sid]
+        rows = slice(2 * k, 2 * k + 2)
+        assert out["prompt_token_ids"][rows] == [first["input_ids"], second["input_ids"]]
+        assert out["response_ids"][rows] == [first["output_ids"], second["output_ids"]]
+        assert out["loss_masks"][rows] == [[1] * len(first["output_ids"]), [1] * len(second["output_ids"])]
+        assert out["rollout_logprobs"][rows] == [first["logprobs"], second["logprobs"]]
+    assert len(client.calls) == 4 and out["rollout_metrics"]["harnessrl/dropped_tokens"] == 0
+    assert out["rollout_metrics"]["harnessrl/history_rewrites"] == 2
 
 
 def test_engine_failure_is_masked_as_skyrl_masks_a_failed_trial(scripted, gold):
