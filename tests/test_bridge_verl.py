@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
 import sys
 from pathlib import Path
@@ -18,7 +17,6 @@ import pytest
 
 pytest.importorskip("verl", reason="verl is not installed (scripts/setup.sh installs verl==0.9.1)")
 
-import numpy as np  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 from verl.experimental.agent_loop.agent_loop import (AgentLoopWorker, DictConfigWrap, ToolListWrap,  # noqa: E402
                                                      _agent_loop_registry)
@@ -109,8 +107,9 @@ class EngineServerManager:
             raise RuntimeError(self.fail)
         sp = sampling_params
         async with EngineClient(self.url) as client:
-            res = await client.generate(list(prompt_ids), max_new_tokens=sp["max_tokens"], temperature=sp["temperature"],
-                                        top_p=sp["top_p"], top_k=sp["top_k"], stop_token_ids=sp.get("stop_token_ids"))
+            res = await client.generate(list(prompt_ids), max_new_tokens=sp["max_tokens"],
+                                        temperature=sp["temperature"], top_p=sp["top_p"], top_k=sp["top_k"],
+                                        stop_token_ids=sp.get("stop_token_ids"))
         out = TokenOutput(token_ids=res.output_ids, log_probs=res.logprobs,
                           stop_reason="aborted" if res.finish_reason == "abort" else "completed",
                           extra_fields={"global_steps": self.global_steps})
@@ -172,7 +171,8 @@ def test_registered_in_verls_registry_and_built_from_the_yaml_like_verl_does(wor
     import hydra
     loop = hydra.utils.instantiate(config=_agent_loop_registry["harnessrl"], trainer_config=DictConfigWrap(cfg),
                                    server_manager=None, tokenizer=tok, processor=None, hf_model_type="llama",
-                                   dataset_cls=RLHFDataset, data_config=DictConfigWrap(cfg.data), tools=ToolListWrap([]))
+                                   dataset_cls=RLHFDataset, data_config=DictConfigWrap(cfg.data),
+                                   tools=ToolListWrap([]))
     assert isinstance(loop, bridge.HarnessrlAgentLoop)
     b = loop.bridge
     assert (b.suite, b.harness, b.sandbox, b.segment_policy, b.max_new_tokens) == \
@@ -214,8 +214,9 @@ def test_sampling_params_and_token_output_mapping():
         "repetition_penalty": 1.0, "temperature": 0.7, "top_p": 0.9, "top_k": -1, "max_tokens": 64, "logprobs": True,
         "stop_token_ids": [2], "sampling_seed": 5}
     assert bridge.verl_sampling_params(ours, run, "vllm")["seed"] == 5
+    steps = {"global_steps": 9, "min_global_steps": 7, "max_global_steps": 9}
     r = bridge.token_reply(TokenOutput(token_ids=[5, 6], log_probs=[-0.5, -0.25], stop_reason="completed",
-                                       extra_fields={"global_steps": 9, "min_global_steps": 7, "max_global_steps": 9}), 8)
+                                       extra_fields=steps), 8)
     assert (r.token_ids, r.logprobs, r.finish_reason, r.weight_version) == ([5, 6], [-0.5, -0.25], "completed", 7)
     r = bridge.token_reply(TokenOutput(token_ids=[1] * 8, log_probs=[0.0] * 8, stop_reason="completed",
                                        extra_fields={"global_steps": 4}), 8)
@@ -249,12 +250,14 @@ def test_gold_mini_swe_agent_episode_is_reward_1_and_the_proxys_record_token_for
     assert s["logprobs"] == [-0.125 if m else 0.0 for m in seg.loss_mask[p:]]  # the scripted engine's logprob
     assert (s["reward"], s["reward_at"]) == (1.0, s["n"] - 1)  # verl puts it on the last response token
     sampled = [tid for tid, m in zip(s["response"], s["mask"]) if m]
-    assert sampled == [i for c in t.calls for i in c.completion_ids] == [i for r in manager.replies for i in r.token_ids]
+    assert sampled == [i for c in t.calls for i in c.completion_ids] == \
+        [i for r in manager.replies for i in r.token_ids]
     assert len(t.calls) == len(task.gold_plan) + 1  # the plan, then the submit
     nt = out.non_tensor_batch
     assert (nt["min_global_steps"][0], nt["max_global_steps"][0]) == (3, 3)
     assert nt["harnessrl_trajectory_id"][0] == t.session_id and nt["dropped_tokens"][0] == 0
-    assert (nt["truncated_tokens"][0], nt["harnessrl_masked"][0], nt["__num_turns__"][0]) == (0, False, 2 * len(t.calls))
+    assert (nt["truncated_tokens"][0], nt["harnessrl_masked"][0]) == (0, False)
+    assert nt["__num_turns__"][0] == 2 * len(t.calls)
     assert len({r[0] for r in manager.requests}) == 1  # one sticky request id per episode
 
 
@@ -317,7 +320,8 @@ def _rewrite_harness(tmp_path: Path) -> str:
         "chat([{'role': 'system', 'content': 'You summarize.'}, {'role': 'user', 'content': 'Summary: two steps.'}])\n")
     cfg = tmp_path / "rewrite.yaml"
     cfg.write_text(json.dumps({"name": "rewrite", "dialect": "openai-chat", "placement": "beside",
-                               "command": [sys.executable, str(script), "${openai_base_url}", "${api_key}", "${model}"]}))
+                               "command": [sys.executable, str(script), "${openai_base_url}", "${api_key}",
+                                           "${model}"]}))
     return str(cfg)
 
 
@@ -354,6 +358,9 @@ def test_history_rewrite_follows_the_segment_policy_and_reports_dropped_tokens(w
     assert [o.extra_fields["dropped_tokens"] for o in outs] == [0, 0] and [o.reward_score for o in outs] == [0.0, 0.0]
     for o, s in zip(outs, t.segments):
         assert o.prompt_ids + o.response_ids == s.token_ids and o.response_mask == s.loss_mask[len(o.prompt_ids):]
+        d = o.as_dict()  # what verl's v1 (TransferQueue) worker stores per output
+        assert d["responses"].tolist() == o.response_ids and d["rollout_log_probs"].shape == d["responses"].shape
+        assert d["rm_scores"].tolist() == [0.0] * len(o.response_ids)
     # the same record under the other policies
     longest = _loop(worker, tok, manager).outputs(t, row)
     assert (longest.extra_fields["harnessrl_segment"], longest.extra_fields["dropped_tokens"]) == (0, n1)

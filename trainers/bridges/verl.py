@@ -54,7 +54,6 @@ Use (verl 0.9.1; rows from `examples/verl/make_dataset.py`; the YAML is
 from __future__ import annotations
 
 import asyncio
-import json
 import threading
 import uuid
 from dataclasses import replace
