@@ -1,0 +1,124 @@
+"""Run SkyRL's open-source Tinker server on this machine (tests, single-machine runs).
+
+This is a launcher, not a server of ours: the service is SkyRL's `skyrl.tinker.api`
+(FastAPI; training and sampling in an engine subprocess, here with its JAX backend, which
+runs on CPU). SkyRL starts that engine subprocess with `uv run --extra tinker --extra
+<backend> -m skyrl.tinker.engine ...`, which needs `uv` and SkyRL's own project checkout;
+the launcher starts the same module with the current Python instead, and nothing else
+changes.
+
+Version pairing (read from both packages; check again when either moves): a Tinker server
+and SDK must speak the same wire protocol. SkyRL 0.3.0 answers `sample` and
+`forward_backward` as JSON, which tinker >= 0.25 refuses ("only supports as proto"); SkyRL
+0.4.0 answers them as protobuf and pins `tinker<0.26` (tinker 0.30+ also requires
+`sample_sequence_ids` in the `asample` promise, which SkyRL 0.4.0 does not send). So the
+pairing that works is SkyRL 0.4.0 + tinker 0.25.x; hosted Tinker speaks the current SDK.
+
+`TinkerServer(base_model=folder, port=0)` is a context manager: it starts the server,
+waits for `/api/v1/healthz` and the engine, and stops both (process group) on exit. The
+API key is not checked by SkyRL; the SDK still wants one that starts with "tml-".
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+#: Run in the server's Python: SkyRL's app, with the engine started by this interpreter.
+_MAIN = """
+import json, sys
+import uvicorn
+import skyrl.tinker.api as api
+from skyrl.tinker.config import EngineConfig, config_to_argv
+api._build_uv_run_cmd_engine = lambda parent, cfg: [sys.executable, "-m", "skyrl.tinker.engine", *config_to_argv(cfg)]
+api.app.state.engine_config = EngineConfig.model_validate(json.loads(sys.argv[1]))
+uvicorn.run(api.app, host="127.0.0.1", port=int(sys.argv[2]), log_level="warning")
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class TinkerServer:
+    """SkyRL's Tinker API server + engine as child processes; see the module doc."""
+
+    def __init__(self, base_model: str | Path, *, port: int = 0, backend: str = "jax",
+                 backend_config: dict[str, Any] | None = None, python: str | None = None,
+                 pythonpath: str | None = None, workdir: str | Path | None = None, startup_s: float = 600.0):
+        """`python`: the interpreter that has SkyRL (default: this one). `pythonpath`:
+        prepended to PYTHONPATH for the server (e.g. an unpacked SkyRL release)."""
+        self.base_model = str(base_model)
+        self.port = port or _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.python = python or sys.executable
+        self.pythonpath, self.startup_s = pythonpath, startup_s
+        self.workdir = Path(workdir or tempfile.mkdtemp(prefix="tinker-server-"))
+        self.config = {"base_model": self.base_model, "backend": backend,
+                       "backend_config": backend_config or {"max_lora_adapters": 4, "max_lora_rank": 8},
+                       "checkpoints_base": str(self.workdir / "checkpoints"),
+                       "database_url": f"sqlite:///{self.workdir / 'tinker.db'}"}
+        self.proc: subprocess.Popen | None = None
+        self.log_path = self.workdir / "server.log"
+
+    def start(self) -> "TinkerServer":
+        env = dict(os.environ, JAX_PLATFORMS=os.environ.get("JAX_PLATFORMS", "cpu"))
+        if self.pythonpath:
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (self.pythonpath, env.get("PYTHONPATH")) if p)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen([self.python, "-c", _MAIN, json.dumps(self.config), str(self.port)],
+                                     cwd=self.workdir, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        log.close()
+        deadline = time.monotonic() + self.startup_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"Tinker server exited with {self.proc.returncode}; log {self.log_path}:\n{self.log_tail()}")
+            try:
+                if httpx.get(self.url + "/api/v1/healthz", timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        self.stop()
+        raise TimeoutError(f"Tinker server not healthy within {self.startup_s:g} s; log {self.log_path}")
+
+    def log_tail(self, n: int = 4000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-n:]
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)  # the API server and its engine subprocess
+            self.proc.wait(30)
+        except (subprocess.TimeoutExpired, ProcessLookupError):
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait(10)
+
+    def __enter__(self) -> "TinkerServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+__all__ = ["TinkerServer"]
