@@ -190,6 +190,26 @@ def test_step_wise_call_rows_merge_back_into_the_segment(gold):
     assert merged["rewards"] == segs["rewards"] == [1.0]  # a per-turn reward: the last turn's
 
 
+@pytest.mark.harness
+def test_max_seq_len_cuts_the_response_and_skyrl_filters_apply(gold):
+    """A response cut to fit max_seq_len ends "length": its cut sampled tokens are counted as
+    dropped, and SkyRL's overlong filtering / zero-reward-on-non-stop act on it."""
+    from harnessrl.trainers.bridges.skyrl_output import build_output
+
+    _, _, gen, out, _ = gold
+    p, full = len(out["prompt_token_ids"][0]), out["loss_masks"][0]
+    cut = build_output(gen.last_episodes, step_wise=False, max_seq_len=p + 10)
+    assert cut["response_ids"] == [out["response_ids"][0][:10]] and cut["loss_masks"] == [full[:10]]
+    assert cut["stop_reasons"] == ["length"] and cut["rewards"] == [1.0]
+    assert cut["rollout_metrics"]["harnessrl/dropped_tokens"] == sum(full[10:]) > 0
+    strict = build_output(gen.last_episodes, step_wise=False, max_seq_len=p + 10, overlong_filtering=True,
+                          zero_reward_on_non_stop=True)
+    assert strict["loss_masks"] == [[0] * 10] and strict["rewards"] == [0.0]
+    _validate(strict, 1, step_wise=False)
+    whole = build_output(gen.last_episodes, step_wise=False, max_seq_len=p + len(full), overlong_filtering=True)
+    assert whole["loss_masks"] == out["loss_masks"] and whole["stop_reasons"] == ["stop"]
+
+
 def _rewrite(scripted, step_wise, rollouts=1, **cfg):
     engine, url = scripted
     task = builtin_task()

@@ -18,8 +18,8 @@ Contract of `HarnessrlGenerator.generate(input_batch) -> GeneratorOutput`:
   they were. Other vLLM fields (min_p, repetition_penalty, ...) pass through; `stop` strings
   do not (a harness's stop strings are the proxy's to apply); logprobs are always asked for.
 - The output (rows, rewards, masks, masked episodes, metrics) is `skyrl_output.build_output`;
-  `generator.step_wise_trajectories` and `generator.apply_overlong_filtering` are read from
-  SkyRL's generator config.
+  `generator.step_wise_trajectories`, `apply_overlong_filtering` and `zero_reward_on_non_stop`
+  are read from SkyRL's generator config.
 - Cancelled (SkyRL stops the batch), each running episode's `Cancel` is set (its harness is
   killed, its sandbox closed) before the cancellation goes on.
 """
@@ -236,4 +236,5 @@ class HarnessrlGenerator(GeneratorInterface):
         return build_output(list(episodes), step_wise=self.step_wise, step_rows=c.step_rows,
                             segment_policy=c.segment_policy, max_seq_len=c.max_seq_len,
                             mask_failed_groups=c.mask_failed_groups,
-                            overlong_filtering=bool(_cfg(self.generator_cfg, "apply_overlong_filtering", False)))
+                            overlong_filtering=bool(_cfg(self.generator_cfg, "apply_overlong_filtering", False)),
+                            zero_reward_on_non_stop=bool(_cfg(self.generator_cfg, "zero_reward_on_non_stop", False)))

@@ -23,8 +23,8 @@ Rows come in input order and all rows of one episode are adjacent (SkyRL's step-
   every rollout of the same prompt (`instance_id`) becomes such a row, since a GRPO group would
   otherwise take its baseline over the survivors only. An episode with no sampled token at all
   (its harness made no model call) is one such row too, with its real reward and stop "stop".
-- `overlong_filtering` (SkyRL's `apply_overlong_filtering`) zeroes the mask of rows whose stop is
-  not "stop".
+- `overlong_filtering` (SkyRL's `generator.apply_overlong_filtering`) zeroes the mask of rows
+  whose stop is not "stop"; `zero_reward_on_non_stop` (SkyRL's knob of that name) their reward.
 - `rollout_metrics`: SkyRL's `get_rollout_metrics` over the trained episodes, plus `harnessrl/*`:
   episodes, masked episodes and their fraction, masked rows, dropped and detached sampled tokens,
   history rewrites, env latency p50/p95/p99 (s), model-call latency p50/p95 (s), success rate,
@@ -113,7 +113,8 @@ def episode_rows(traj: Trajectory, *, step_wise: bool, step_rows: StepRows = "se
 
 def build_output(episodes: list[Episode], *, step_wise: bool, step_rows: StepRows = "segment",
                  segment_policy: str = "longest", max_seq_len: int | None = None,
-                 mask_failed_groups: bool = True, overlong_filtering: bool = False) -> dict[str, Any]:
+                 mask_failed_groups: bool = True, overlong_filtering: bool = False,
+                 zero_reward_on_non_stop: bool = False) -> dict[str, Any]:
     """The `GeneratorOutput` of a batch of episodes (see the module doc)."""
     failed = {e.trajectory_id.instance_id for e in episodes if not e.trajectory.trainable}
     rows: list[_Row] = []
@@ -137,6 +138,9 @@ def build_output(episodes: list[Episode], *, step_wise: bool, step_rows: StepRow
         owner += [e] * len(mine)
         last += [False] * (len(mine) - 1) + [True]
     masks = [list(r.mask) for r in rows]
+    if zero_reward_on_non_stop:
+        for r in rows:
+            r.reward = r.reward if r.stop == "stop" else 0.0
     if overlong_filtering:
         masks = [[0] * len(m) if r.stop != "stop" else m for m, r in zip(masks, rows)]
     out: dict[str, Any] = {
