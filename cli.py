@@ -35,6 +35,10 @@ def _cmd_model(args: argparse.Namespace) -> int:
 
 
 def _cmd_engine(args: argparse.Namespace) -> int:
+    if args.engine_cmd == "sglang":
+        from harnessrl.trainers.engine.sglang_launch import run as run_sglang
+
+        return run_sglang(args)
     from harnessrl.trainers.engine.cli import run
 
     return run(args)
@@ -160,6 +164,10 @@ def build_parser() -> argparse.ArgumentParser:
     from harnessrl.trainers.engine.cli import add_arguments
 
     add_arguments(esub.add_parser("serve", help="serve until Ctrl-C"))
+    from harnessrl.trainers.engine.sglang_launch import add_arguments as add_sglang_arguments
+
+    add_sglang_arguments(esub.add_parser("sglang", help="run SGLang from its own Python (--python PATH); "
+                                                        "print its URL once healthy"))
     p = sub.add_parser("chat", help="one message through the proxy and the local engine")
     p.add_argument("message")
     p.add_argument("--model", default="smollm2-135m")
