@@ -39,7 +39,11 @@ sys.path.insert(0, str(ROOT / "examples" / "verl"))
 from make_dataset import dataset_rows, write_dataset  # noqa: E402
 
 pytestmark = pytest.mark.timeout(600)
-TRAJ = {"step": 0, "sample_index": 0, "rollout_n": 0, "validate": False}
+#: Every output carries the same extra_fields (verl batches them as per-sample arrays).
+EXTRA_KEYS = {"min_global_steps", "max_global_steps", "harnessrl_trajectory_id", "harnessrl_task_id",
+              "harnessrl_status", "harnessrl_termination", "harnessrl_masked", "harnessrl_segment",
+              "harnessrl_segments", "dropped_tokens", "truncated_tokens", "truncated_sampled_tokens",
+              "prompt_overflow_tokens", "reward_extra_info"}
 
 
 # -- verl's side: config, worker, dataset -------------------------------------------------------
@@ -263,7 +267,7 @@ def test_gold_mini_swe_agent_episode_is_reward_1_and_the_proxys_record_token_for
 
 @pytest.mark.docker
 @pytest.mark.harness
-@pytest.mark.model
+@pytest.mark.slow
 def test_real_engine_failing_policy_scores_0_with_the_engines_own_logprobs(worker, tok, sandboxes, monkeypatch):
     _needs_mini()
     from harnessrl.trainers.engine import EngineServer
@@ -355,6 +359,7 @@ def test_history_rewrite_follows_the_segment_policy_and_reports_dropped_tokens(w
     assert n0 == len(t.calls[0].completion_ids) + len(t.calls[1].completion_ids) > n1 == len(t.calls[2].completion_ids)
     # "all": one output per segment (verl's v1 trainer), nothing dropped
     assert [o.extra_fields["harnessrl_segment"] for o in outs] == [0, 1]
+    assert all(set(o.extra_fields) == EXTRA_KEYS for o in outs)
     assert [o.extra_fields["dropped_tokens"] for o in outs] == [0, 0] and [o.reward_score for o in outs] == [0.0, 0.0]
     for o, s in zip(outs, t.segments):
         assert o.prompt_ids + o.response_ids == s.token_ids and o.response_mask == s.loss_mask[len(o.prompt_ids):]
@@ -400,7 +405,8 @@ def test_masked_infra_failure_gives_the_masked_output_or_raises(worker, tok, san
     assert out.prompt_ids == manager.requests[0][1] == t.calls[0].new_prompt_ids
     assert (out.response_ids, out.response_mask, out.response_logprobs) == ([tok.eos_token_id], [0], [0.0])
     assert (out.reward_score, out.num_turns, out.extra_fields["harnessrl_masked"]) == (0.0, 0, True)
-    assert out.extra_fields["harnessrl_termination"] == "engine_error"
+    assert out.extra_fields["harnessrl_termination"] == "engine_error" and set(out.extra_fields) == EXTRA_KEYS
+    assert (out.extra_fields["min_global_steps"], out.extra_fields["max_global_steps"]) == (0, 0)  # nothing sampled
     loop, err = asyncio.run(go())  # auto under trainer.use_v1=True: raise, verl marks the group failure
     assert isinstance(err, bridge.MaskedEpisode) and err.trajectory.termination == "engine_error"
     assert "is masked: engine_error" in str(err)
