@@ -11,6 +11,13 @@ is built before timing starts), over N episodes each; every episode first dirtie
 
 Prints p50/p95 per mode and ratios, then ONE JSON line. Target: warm p50 <= 150 ms and
 >= 7x faster than fresh. Usage: python bench/sandbox_reset.py [--episodes 50]
+
+`--mode train`: the same question inside `harnessrl train` itself (trainers.loop.train: the
+local engine with tiny-llama, the real mini-swe-agent, docker sandboxes, the built-in trivial
+tasks), run twice side by side, `rollout.sandbox_pool_size` 2 (pooled) vs 0 (fresh), and read
+from each run's report.json: sandbox acquisition per episode (any wait for a sandbox being
+started included) and the pool's reset on release, p50/p95. Target: pooled acquisition p50
+<= 150 ms. Usage: python bench/sandbox_reset.py --mode train [--steps 3]
 """
 from __future__ import annotations
 
@@ -92,10 +99,62 @@ def bench_fresh(backend, spec, n: int, base: str) -> list[float]:
     return times
 
 
+def train_run(out: Path, pool_size: int, steps: int) -> dict:
+    """One short `harnessrl train`; its report.json."""
+    import asyncio
+
+    from harnessrl.trainers.loop import TrainConfig, train
+
+    cfg = TrainConfig.model_validate({
+        "model": "tiny-llama", "steps": steps, "out_dir": str(out), "progress": False, "tensorboard": False,
+        "rollout": {"max_new_tokens": 16, "sandbox": "docker", "sandbox_pool_size": pool_size,
+                    "episode": {"max_calls": 2, "wall_time_s": 180}},
+        "scheduler": {"env_pool_size": 2, "group_size": 2, "groups_per_step": 1, "staleness": 1},
+        "trainer": {"lr": 1e-5, "device": "cpu"}})
+    t0 = time.perf_counter()
+    asyncio.run(train(cfg))
+    rep = json.loads((out / "report.json").read_text())
+    rep["run_wall_s"] = time.perf_counter() - t0
+    return rep
+
+
+def main_train(steps: int) -> None:
+    rows: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-train-pool-") as tmp:
+        for mode, size in (("pooled", 2), ("fresh", 0)):
+            rep = train_run(Path(tmp) / mode, size, steps)
+            acq, reset = rep["sandbox_acquire_s"], rep["sandbox_reset_s"]
+            rows[mode] = {"acquire_p50_ms": acq["p50"] and 1000 * acq["p50"], "acquire_p95_ms": acq["p95"] and 1000 * acq["p95"],
+                          "acquire_n": acq["n"], "reset_p50_ms": reset["p50"] and 1000 * reset["p50"],
+                          "reset_p95_ms": reset["p95"] and 1000 * reset["p95"], "reset_n": reset["n"],
+                          "trajectories": rep["trajectories"], "wall_s": rep["run_wall_s"]}
+    f = lambda v: "-" if v is None else f"{v:8.1f}"  # noqa: E731
+    for mode, r in rows.items():
+        print(f"train {mode:7s} acquire p50 {f(r['acquire_p50_ms'])} ms  p95 {f(r['acquire_p95_ms'])} ms  "
+              f"(n={r['acquire_n']})   reset p50 {f(r['reset_p50_ms'])} ms  p95 {f(r['reset_p95_ms'])} ms  "
+              f"(n={r['reset_n']})   {r['trajectories']} trajectories in {r['wall_s']:.0f} s")
+    p, fr = rows["pooled"], rows["fresh"]
+    ratio = fr["acquire_p50_ms"] / p["acquire_p50_ms"] if p["acquire_p50_ms"] and fr["acquire_p50_ms"] else None
+    if ratio:
+        print(f"fresh_over_pooled_acquire_p50 {ratio:6.2f}x")
+    print(json.dumps({"bench": "sandbox_reset", "mode": "train", "steps": steps, "cpus": os.cpu_count(),
+                      "load_1m": round(os.getloadavg()[0], 2),
+                      **{f"{m}_{k}": (round(v, 2) if isinstance(v, float) else v) for m, r in rows.items()
+                         for k, v in r.items()},
+                      "fresh_over_pooled_acquire_p50": ratio and round(ratio, 2), "target_pooled_acquire_p50_ms": 150,
+                      "target_met": bool(p["acquire_p50_ms"] is not None and p["acquire_p50_ms"] <= 150.0)}))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--episodes", type=int, default=50)
+    ap.add_argument("--mode", choices=("reset", "train"), default="reset",
+                    help="reset: pool reset+acquire vs fresh containers; train: inside harnessrl train, pooled vs fresh")
+    ap.add_argument("--steps", type=int, default=3, help="train steps per run (--mode train)")
     args = ap.parse_args()
+    if args.mode == "train":
+        main_train(args.steps)
+        return
     results: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-reset-") as tmp:
         source, base = make_repo(Path(tmp))

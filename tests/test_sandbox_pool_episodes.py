@@ -310,3 +310,59 @@ def test_parallel_episodes_never_share_a_sandbox(stack):
             assert (r.reason, r.trajectory.reward) == ("submitted", 1.0), r.error
     assert all(len(set(x)) == 2 for x in ids), ids
     assert set(ids[0]) == set(ids[1])  # the second round ran on the same two warm containers
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(300)
+def test_a_cancelled_episode_discards_its_sandbox(stack):
+    from harnessrl.adapters.cancel import Cancel
+
+    engine, handle, backend = stack
+    task = builtin_task()
+    sleeper = CommandAdapter({"name": "proc", "dialect": "openai-chat", "placement": "beside",
+                              "command": ["sleep", "60"]})
+    with PooledSandboxes(backend, size=1) as source:
+        cancel = Cancel()
+        timer = threading.Timer(3.0, cancel.set, ("the scheduler timed it out",))
+        timer.start()
+        res = run_episode(task, sleeper, source, handle, "policy", EpisodeConfig(wall_time_s=120), cancel=cancel)
+        timer.join()
+        gone = res.trajectory.metadata["sandbox_id"]
+        assert (res.status, res.reason) == ("infra_error", "cancelled") and "sandbox_reset_s" not in res.timings
+        assert gone not in _alive_ids(backend)
+        after = _episode(stack, source, _command_exit0())
+        assert after.trajectory.metadata["sandbox_id"] not in (gone, None) and after.status == "ok", after.error
+
+
+def _command_exit0() -> CommandAdapter:
+    return CommandAdapter({"name": "proc", "dialect": "openai-chat", "placement": "beside", "command": ["true"]})
+
+
+@pytest.mark.docker
+@pytest.mark.harness
+@pytest.mark.timeout(600)
+def test_harnessrl_rollout_leases_warm_sandboxes_and_reports_their_times(tmp_path):
+    import asyncio
+    import json
+
+    from harnessrl.gym.doubles.scripted import ScriptedEngine
+    from harnessrl.gym.models import load_tokenizer
+    from harnessrl.gym.rollout import RolloutConfig, run_rollout
+    from harnessrl.gym.served import ServedApp
+
+    _mini()
+    task = builtin_task()
+    engine = ScriptedEngine(load_tokenizer("tiny-llama"))
+    engine.set_tasks([task], gold=True)
+    cfg = RolloutConfig(harness="mini-swe-agent", tasks=[task.instance_id], model="tiny-llama", sandbox="docker",
+                        episode=EpisodeConfig(max_calls=8, wall_time_s=240))
+    assert cfg.sandbox_pool_size == 2  # pooled by default
+    with ServedApp(engine.app()) as served:
+        rep = asyncio.run(run_rollout(cfg, served.url, tmp_path, episodes=4, concurrency=2, progress=False))
+    assert rep["reward_distribution"] == {"1.0": 4}
+    assert rep["sandbox_acquire_s"]["n"] == 4 and rep["sandbox_reset_s"]["n"] == 4
+    assert 0 < rep["sandbox_reset_s"]["p50"] <= rep["sandbox_reset_s"]["p95"]
+    lines = [json.loads(x) for x in (tmp_path / "trajectories.jsonl").read_text().splitlines()]
+    ids = [x["metadata"]["sandbox_id"] for x in lines]
+    assert len(set(ids)) == 2, ids  # four episodes, two warm containers
+    assert all(x["metadata"]["timings"]["sandbox_reset_s"] > 0 for x in lines)
