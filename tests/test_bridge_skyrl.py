@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from adapter_helpers import builtin_task, docker_backend  # noqa: E402
 
 TrajectoryID = base.TrajectoryID
-pytestmark = [pytest.mark.docker, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.timeout(600)]
 
 
 class EngineClientDouble:
@@ -132,6 +132,7 @@ def gold(scripted):
     return task, client, gen, out, engine.calls[start:]
 
 
+@pytest.mark.docker
 @pytest.mark.harness
 def test_gold_mini_swe_agent_episode_is_reward_1_and_token_exact(gold):
     task, client, gen, out, scripted_calls = gold
@@ -165,6 +166,7 @@ def test_gold_mini_swe_agent_episode_is_reward_1_and_token_exact(gold):
     assert out["trajectory_generation_times"][0] == pytest.approx(ep.seconds) and ep.seconds > 0
 
 
+@pytest.mark.docker
 @pytest.mark.harness
 def test_step_wise_call_rows_merge_back_into_the_segment(gold):
     """Harbor's shape: one row per model call, reward on the last; SkyRL's own
@@ -190,6 +192,7 @@ def test_step_wise_call_rows_merge_back_into_the_segment(gold):
     assert merged["rewards"] == segs["rewards"] == [1.0]  # a per-turn reward: the last turn's
 
 
+@pytest.mark.docker
 @pytest.mark.harness
 def test_max_seq_len_cuts_the_response_and_skyrl_filters_apply(gold):
     """A response cut to fit max_seq_len ends "length": its cut sampled tokens are counted as
@@ -223,6 +226,7 @@ def _rewrite(scripted, step_wise, rollouts=1, **cfg):
     return client, gen, out
 
 
+@pytest.mark.docker
 def test_history_rewrite_not_step_wise_keeps_one_segment_and_reports_the_dropped_tokens(scripted):
     client, gen, out = _rewrite(scripted, step_wise=False, segment_policy="last")
     _validate(out, 1, step_wise=False)
@@ -237,6 +241,7 @@ def test_history_rewrite_not_step_wise_keeps_one_segment_and_reports_the_dropped
     assert out["rewards"] == [0.0] and client.finished == [traj.session_id]
 
 
+@pytest.mark.docker
 def test_history_rewrite_step_wise_gives_one_row_per_segment(scripted):
     """A GRPO group of two rollouts run at once: each episode's rows are its two segments, in
     input order, and each episode's calls share one session of their own."""
@@ -257,38 +262,55 @@ def test_history_rewrite_step_wise_gives_one_row_per_segment(scripted):
     assert out["rollout_metrics"]["harnessrl/history_rewrites"] == 2
 
 
-def test_engine_failure_is_masked_as_skyrl_masks_a_failed_trial(scripted, gold):
-    """The client's engine is down: the call fails, the episode is an engine error (infra),
-    and its row is SkyRL Harbor's placeholder: nothing trains on it, no zero is taught. A
-    masked rollout masks the other rollouts of its prompt too."""
-    from harnessrl.trainers.bridges.skyrl_output import Episode, build_output
-
-    client = EngineClientDouble("http://127.0.0.1:9")  # nothing listens on the discard port
+@pytest.fixture(scope="module")
+def failed(scripted):
+    """An episode whose client's engine is down: nothing listens on the discard port."""
+    client = EngineClientDouble("http://127.0.0.1:9")
     gen = _generator(client, _two_conversations())
-    task = builtin_task()
     try:
-        out = asyncio.run(gen.generate(_batch([task.instance_id], ["p2"])))
+        out = asyncio.run(gen.generate(_batch([builtin_task().instance_id], ["p2"])))
     finally:
         gen.close()
         gen.sandboxes.reap(run_id=gen.sandboxes.run_id)
+    return gen, out
+
+
+@pytest.mark.docker
+def test_engine_failure_is_masked_as_skyrl_masks_a_failed_trial(failed):
+    """The call fails, the episode is an engine error (infra), and its row is SkyRL Harbor's
+    placeholder for a failed trial: nothing trains on it, no zero is taught."""
+    gen, out = failed
     _validate(out, 1, step_wise=False)
     traj = gen.last_episodes[0].trajectory
     assert (traj.termination, traj.status, traj.reward) == ("engine_error", "infra_error", None)
+    assert [c.finish_reason for c in traj.calls] == ["engine_error"]
     assert (out["prompt_token_ids"], out["response_ids"], out["loss_masks"]) == ([[0]], [[0]], [[0]])
     assert (out["rewards"], out["stop_reasons"], out["rollout_logprobs"]) == ([0.0], ["error"], [[0.0]])
     m = out["rollout_metrics"]
     assert (m["harnessrl/masked_episodes"], m["harnessrl/masked_fraction"], m["harnessrl/infra_errors"]) == (1, 1.0, 1)
+    assert m["harnessrl/endings/engine_error"] == 1
     assert "generate/avg_num_tokens" not in m  # nothing trained, nothing to average
-    # one group: the gold rollout and the failed one share a prompt -> both masked; apart, only the failure
-    ok, bad = gold[2].last_episodes[0], gen.last_episodes[0]
+
+
+@pytest.mark.docker
+@pytest.mark.harness
+def test_a_masked_rollout_masks_its_group(gold, failed):
+    """The gold rollout and the failed one share a prompt: both masked (a GRPO baseline over the
+    survivors only would be biased); with mask_failed_groups off, only the failure."""
+    from harnessrl.trainers.bridges.skyrl_output import Episode, build_output
+
+    ok, bad = gold[2].last_episodes[0], failed[0].last_episodes[0]
     same = [Episode(TrajectoryID("g", 0), ok.trajectory, 1.0), Episode(TrajectoryID("g", 1), bad.trajectory, 1.0)]
     grouped = build_output(same, step_wise=True)
+    _validate(grouped, 2, step_wise=True)
     assert grouped["loss_masks"] == [[0], [0]] and grouped["is_last_step"] == [True, True]
+    assert grouped["rewards"] == [0.0, 0.0] and grouped["rollout_metrics"]["harnessrl/masked_fraction"] == 1.0
     alone = build_output(same, step_wise=True, mask_failed_groups=False)
-    assert alone["loss_masks"][0] == gold[3]["loss_masks"][0] and alone["loss_masks"][1] == [0]
-    assert alone["rewards"] == [1.0, 0.0]
+    assert alone["loss_masks"] == [gold[3]["loss_masks"][0], [0]] and alone["rewards"] == [1.0, 0.0]
+    assert alone["rollout_metrics"]["harnessrl/masked_fraction"] == 0.5
 
 
+@pytest.mark.docker
 def test_bad_rows_name_their_field(scripted):
     client = EngineClientDouble(scripted[1])
     gen = _generator(client)
@@ -302,6 +324,7 @@ def test_bad_rows_name_their_field(scripted):
         asyncio.run(gen.generate(batch))
 
 
+@pytest.mark.docker
 @pytest.mark.model
 def test_sampled_episode_on_the_real_local_engine(scripted):
     """tiny-llama sampling through SkyRL's client contract: the rows hold exactly the tokens and
@@ -336,6 +359,7 @@ def test_sampled_episode_on_the_real_local_engine(scripted):
     assert train_traj.segments[0].versions[-1] == 3  # the client's weight_version is the tokens' version
 
 
+@pytest.mark.docker
 def test_example_entrypoint_builds_the_bridge_from_skyrl_config(scripted):
     """examples/skyrl/main_harnessrl.py: SkyRL parses `harnessrl.*` with its own config, and the
     experiment's `get_generator` hook returns the bridge (no Ray, no GPUs: only the hook)."""
@@ -369,3 +393,25 @@ def test_example_entrypoint_builds_the_bridge_from_skyrl_config(scripted):
     assert gen.adapter.name == "mini-swe-agent" and gen.config == bridge
     with pytest.raises(pydantic.ValidationError, match="max_concurency"):
         mod.bridge_config(mod.HarnessrlSkyRLConfig.from_cli_overrides(["harnessrl.max_concurency=3"]))
+
+
+def test_prepared_dataset_reaches_the_generator_as_env_extras(tmp_path):
+    """examples/skyrl/prepare_dataset.py writes what SkyRL's own PromptDataset reads back as
+    (prompt, env_class, env_extras={task_id, suite})."""
+    import importlib.util
+
+    from skyrl.train.dataset import PromptDataset
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "skyrl" / "prepare_dataset.py"
+    spec = importlib.util.spec_from_file_location("harnessrl_skyrl_dataset", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    task = builtin_task()
+    out = tmp_path / "train.jsonl"
+    out.write_text("".join(__import__("json").dumps(r) + "\n" for r in mod.rows("builtin", [task.instance_id])))
+    ds = PromptDataset(datasets=[str(out)], tokenizer=load_tokenizer("tiny-llama"), max_prompt_length=512, num_workers=1)
+    (prompt, env_class, extras, uid), = [ds[i] for i in range(len(ds))]
+    assert env_class == "harnessrl" and extras == {"task_id": task.instance_id, "suite": "builtin"} and uid == "0"
+    assert prompt == [{"role": "user", "content": task.problem_statement.strip().splitlines()[0][:200]}]
+    with pytest.raises(SystemExit, match="no task of suite"):
+        mod.rows("builtin", ["no-such-task"])

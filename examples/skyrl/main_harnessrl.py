@@ -10,13 +10,16 @@ its `task_id` / `suite` columns reach the generator as `env_extras`.
 
     python examples/skyrl/prepare_dataset.py --suite builtin --out $HOME/data/harnessrl/train.jsonl
     python examples/skyrl/main_harnessrl.py data.train_data="['$HOME/data/harnessrl/train.jsonl']" \\
-        trainer.policy.model.path=Qwen/Qwen3-8B generator.inference_engine.served_model_name=policy \\
-        generator.step_wise_trajectories=true generator.merge_stepwise_output=true \\
+        trainer.policy.model.path=Qwen/Qwen3-8B \\
+        generator.step_wise_trajectories=true \\
         trainer.algorithm.advantage_estimator=grpo trainer.algorithm.loss_reduction=token_mean \\
         trainer.algorithm.max_seq_len=32768 generator.n_samples_per_prompt=8 \\
         generator.sampling_params.max_generate_length=4096 harnessrl.harness=mini-swe-agent
 
-(`run_harnessrl.sh` holds a full command for one 8-GPU node.)
+Step-wise rows are the episode's segments by default (what SkyRL's `merge_stepwise_output`
+would make of per-call rows); `harnessrl.step_rows=call` gives Harbor's one row per model call,
+to be merged with `generator.merge_stepwise_output=true`. `run_harnessrl.sh` holds a full
+command for one 8-GPU node.
 """
 import sys
 from dataclasses import dataclass, field

@@ -9,7 +9,6 @@ python examples/skyrl/prepare_dataset.py --suite "${SUITE:-builtin}" --out "$DAT
 python examples/skyrl/main_harnessrl.py \
   data.train_data="['$DATA']" \
   trainer.policy.model.path="$MODEL" \
-  generator.inference_engine.served_model_name=policy \
   generator.inference_engine.backend=vllm \
   generator.inference_engine.num_engines=4 \
   generator.inference_engine.tensor_parallel_size=2 \
@@ -31,7 +30,6 @@ python examples/skyrl/main_harnessrl.py \
   generator.n_samples_per_prompt=8 \
   generator.sampling_params.max_generate_length=4096 \
   generator.step_wise_trajectories=true \
-  generator.merge_stepwise_output=true \
   harnessrl.harness=mini-swe-agent \
   harnessrl.sandbox=docker \
   harnessrl.max_concurrency=32 \
