@@ -124,6 +124,24 @@ def datum_inputs(s: Sample, scale: float) -> dict[str, list]:
             "advantages": [s.advantage * scale if mask[i] else 0.0 for i in range(1, len(toks))]}
 
 
+def build_datums(samples: list[Sample], normalization: str) -> list[Any]:
+    """One Tinker `Datum` per sample: `tokens[:-1]` in, `datum_inputs` as its loss inputs."""
+    from tinker import types
+
+    scales = token_scales(samples, normalization)
+    return [types.Datum(model_input=types.ModelInput.from_ints(s.token_ids[:-1]), loss_fn_inputs=datum_inputs(s, c))
+            for s, c in zip(samples, scales)]
+
+
+def _loss(fb: Any) -> float:
+    """The batch loss: the service's "loss" metric, else the sum of its per-token losses."""
+    value = _metric(fb.metrics, "loss")
+    if math.isnan(value):
+        parts = [o["elementwise_loss"].tolist() for o in fb.loss_fn_outputs if "elementwise_loss" in o]
+        value = float(sum(sum(p) for p in parts)) if parts else math.nan
+    return value
+
+
 def _metric(metrics: dict[str, float] | None, *needles: str) -> float:
     for k, v in (metrics or {}).items():
         if any(n in k for n in needles):
@@ -154,13 +172,6 @@ class TinkerTrainer:
         sc = self.training_client.save_weights_and_get_sampling_client()
         return sc.result() if callable(getattr(sc, "result", None)) else sc
 
-    def datums(self, samples: list[Sample]) -> list[Any]:
-        from tinker import types
-
-        scales = token_scales(samples, self.config.normalization)
-        return [types.Datum(model_input=types.ModelInput.from_ints(s.token_ids[:-1]), loss_fn_inputs=datum_inputs(s, c))
-                for s, c in zip(samples, scales)]
-
     def step(self, batch: list[Trajectory]) -> StepMetrics:
         from tinker import types
 
@@ -177,7 +188,7 @@ class TinkerTrainer:
             return StepMetrics(step=self._steps, version=self._version, updated=False, loss=0.0, pg_loss=0.0,
                                grad_norm=0.0, kl_behaviour=0.0, clip_frac=0.0, logprob_mismatch_mean=None,
                                logprob_mismatch_max=None, mismatch_tokens=0, step_s=time.monotonic() - t0, **base)
-        data = self.datums(sb.samples)
+        data = build_datums(sb.samples, self.config.normalization)
         cfg = self.config
         loss_cfg = ({"clip_low_threshold": cfg.clip_low_threshold, "clip_high_threshold": cfg.clip_high_threshold}
                     if cfg.loss_fn == "ppo" else None)
@@ -189,7 +200,7 @@ class TinkerTrainer:
         self._steps += 1
         self._version += 1
         self.backend.swap(self._new_sampler(), self._version)  # publish: the proxy's next calls sample the update
-        loss = _metric(fb.metrics, "loss")
+        loss = _loss(fb)
         return StepMetrics(step=self._steps, version=self._version, updated=True, loss=loss, pg_loss=loss,
                            grad_norm=_metric(getattr(opt, "metrics", None), "grad_norm"),
                            step_s=time.monotonic() - t0, **fidelity, **base)
@@ -244,4 +255,4 @@ class TinkerTrainer:
         self.backend.swap(self._new_sampler(), self._version)
 
 
-__all__ = ["TinkerTrainer", "TinkerTrainerConfig", "check_raw_sampling", "datum_inputs", "token_scales"]
+__all__ = ["TinkerTrainer", "TinkerTrainerConfig", "build_datums", "check_raw_sampling", "datum_inputs", "token_scales"]
