@@ -1,0 +1,159 @@
+"""Prefix cache on vs off, side by side in one run: a growing agent session, then whole episodes.
+
+1. Session: a faithful synthetic harness conversation on the default model (SmolLM2-135M):
+   a ~600-token system prompt with tool instructions, then `--turns` turns, each adding the
+   model's own reply and a ~`--grow`-token observation (command output), rendered by the
+   model's chat template as a harness's conversation is. Each turn is one streamed engine
+   call (greedy, 16 new tokens); time to first token (TTFT) and whole-call time per turn,
+   for an engine with the prefix cache and one without (same model, same prompts; greedy, so
+   the two produce the same ids — checked).
+2. Episodes: `--episodes` real mini-swe-agent episodes (the main job's settings: trivial
+   built-in tasks, 3 model calls, 192 new tokens; greedy, so both engines see the same
+   conversation) in Docker through the real proxy, against each engine in turn; end-to-end
+   wall time and the proxy's recorded hit tokens.
+
+Targets (issue 13): TTFT at the last turn within 1.5x of turn 1 with the cache; episodes at
+least 2x faster end to end with it. The last stdout line is one JSON object with
+`target_met`. SmolLM2's context is 8192 tokens: 30 turns of ~240 tokens fill it (the issue's
+~300 a turn would not fit), so `--grow` defaults to 240.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+
+SYSTEM = (
+    "You are a helpful assistant that can interact with a computer shell to solve programming tasks. "
+    "Your response must contain exactly ONE bash code block with ONE command (or commands connected with "
+    "&& or ||). Include a THOUGHT section before your command where you explain your reasoning process. "
+    "Format your response as shown in <format_example>. Failure to follow these rules will cause your "
+    "response to be rejected. <format_example> THOUGHT: Your reasoning and analysis here ```bash "
+    "your_command_here ``` </format_example> "
+)
+OBS = ("<returncode>1</returncode><output>tests/test_calc.py::test_add PASSED\ntests/test_calc.py::test_sub "
+       "FAILED\n    def test_sub():\n>       assert sub(5, 3) == 2\nE       assert 8 == 2\nE        +  where 8 = "
+       "sub(5, 3)\ncalc/core.py:12: in sub\n    return a + b\n")
+
+
+def _conversation(tok, turns: int, grow: int):
+    """The prompts of a session whose replies are filled in by `reply(i, ids)` as it runs."""
+    system = SYSTEM * 6  # ~600 tokens, like a real harness's instructions and format rules
+    msgs = [{"role": "system", "content": system},
+            {"role": "user", "content": "Fix the failing test in calc/core.py. " + OBS}]
+    for t in range(turns):
+        yield msgs
+        n = 0
+        text = []
+        while n < grow:  # an observation of about `grow` tokens, different each turn
+            piece = f"[{t}.{len(text)}] " + OBS
+            text.append(piece)
+            n += len(tok.encode(piece, add_special_tokens=False))
+        msgs.append({"role": "user", "content": "".join(text)})
+
+
+async def _session(url: str, tok, turns: int, grow: int) -> list[dict]:
+    from harnessrl.gym.engine_client import EngineClient
+
+    rows = []
+    async with EngineClient(url, timeout=900) as c:
+        for msgs in _conversation(tok, turns, grow):
+            ids = tok.apply_chat_template(msgs, add_generation_prompt=True, return_dict=False)
+            t0 = time.perf_counter()
+            ttft, out = None, []
+            async for ch in c.generate_stream(ids, max_new_tokens=16, temperature=0.0):
+                if ttft is None and ch.output_ids:
+                    ttft = time.perf_counter() - t0
+                out += ch.output_ids
+                cached = ch.cached_tokens
+            rows.append({"prompt_tokens": len(ids), "ttft_s": round(ttft, 4), "call_s": round(time.perf_counter() - t0, 4),
+                         "cached_tokens": cached, "ids": out})
+            msgs.append({"role": "assistant", "content": tok.decode(out, skip_special_tokens=True)})
+    return rows
+
+
+def _episodes(url: str, n: int) -> dict:
+    from harnessrl.gym.rollout import RolloutConfig, run_rollout
+    from harnessrl.gym.episode import EpisodeConfig
+    from harnessrl.gym.rewards import RewardConfig
+
+    cfg = RolloutConfig(difficulties=["trivial"], max_new_tokens=192, temperature=0.0,
+                        episode=EpisodeConfig(max_calls=3, wall_time_s=600, reward=RewardConfig(test_timeout_s=120)))
+    with tempfile.TemporaryDirectory(prefix="harnessrl-bench-pc-") as out:
+        t0 = time.monotonic()
+        asyncio.run(run_rollout(cfg, url, out, episodes=n, concurrency=1, progress=False))
+        wall = time.monotonic() - t0
+        from harnessrl.gym.trajectory import Trajectory
+        from pathlib import Path
+
+        trajs = [Trajectory.from_dict(json.loads(line))
+                 for line in (Path(out) / "trajectories.jsonl").read_text().splitlines() if line.strip()]
+    calls = [c for t in trajs for c in t.calls]
+    return {"wall_s": round(wall, 2), "episodes": n, "calls": len(calls),
+            "prompt_tokens": sum(len(t.call_prompt(c)) for t in trajs for c in t.calls),
+            "hit_tokens": sum(int(c.flags.get("cached_tokens", 0)) for c in calls),
+            "completions": [c.completion_ids for c in calls], "rewards": [t.reward for t in trajs]}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--turns", type=int, default=30)
+    ap.add_argument("--grow", type=int, default=240)
+    ap.add_argument("--episodes", type=int, default=2, help="mini-swe-agent episodes per engine (0: skip)")
+    ap.add_argument("--threads", type=int, default=None)
+    args = ap.parse_args()
+
+    from harnessrl.gym.models import load_tokenizer
+    from harnessrl.trainers.engine import EngineServer
+
+    tok = load_tokenizer(args.model)
+    res: dict = {"model": args.model, "turns": args.turns, "grow": args.grow}
+    sessions, episodes = {}, {}
+    for mode, mb in (("cache", 1024), ("no_cache", 0)):
+        with EngineServer(model=args.model, prefix_cache_mb=mb, num_threads=args.threads) as eng:
+            sessions[mode] = asyncio.run(_session(eng.url, tok, args.turns, args.grow))
+            if args.episodes:
+                episodes[mode] = _episodes(eng.url, args.episodes)
+        last = sessions[mode][-1]
+        print(f"{mode:9s} turn 1: ttft {sessions[mode][0]['ttft_s']:.3f}s  turn {args.turns}: ttft "
+              f"{last['ttft_s']:.3f}s call {last['call_s']:.3f}s ({last['prompt_tokens']} prompt tokens, "
+              f"{last['cached_tokens']} cached)", file=sys.stderr, flush=True)
+    on, off = sessions["cache"], sessions["no_cache"]
+    same_ids = [a["ids"] for a in on] == [b["ids"] for b in off]
+    per_turn = [{"turn": i + 1, "prompt_tokens": a["prompt_tokens"], "ttft_cache_s": a["ttft_s"],
+                 "ttft_no_cache_s": b["ttft_s"], "call_cache_s": a["call_s"], "call_no_cache_s": b["call_s"],
+                 "cached_tokens": a["cached_tokens"]} for i, (a, b) in enumerate(zip(on, off))]
+    for row in per_turn:
+        print(json.dumps(row), file=sys.stderr)
+    ttft_growth_cache = on[-1]["ttft_s"] / on[0]["ttft_s"]
+    ttft_growth_off = off[-1]["ttft_s"] / off[0]["ttft_s"]
+    res.update({
+        "ttft_turn1_s": {"cache": on[0]["ttft_s"], "no_cache": off[0]["ttft_s"]},
+        "ttft_last_s": {"cache": on[-1]["ttft_s"], "no_cache": off[-1]["ttft_s"]},
+        "ttft_last_over_first": {"cache": round(ttft_growth_cache, 3), "no_cache": round(ttft_growth_off, 3)},
+        "session_wall_s": {"cache": round(sum(r["call_s"] for r in on), 2),
+                           "no_cache": round(sum(r["call_s"] for r in off), 2)},
+        "last_prompt_tokens": on[-1]["prompt_tokens"], "same_greedy_ids": same_ids,
+        "median_ttft_speedup": round(statistics.median(b["ttft_s"] / a["ttft_s"] for a, b in zip(on, off)), 2),
+    })
+    targets = [ttft_growth_cache <= 1.5, same_ids]
+    if episodes:
+        e_on, e_off = episodes["cache"], episodes["no_cache"]
+        speedup = e_off["wall_s"] / e_on["wall_s"]
+        res["episodes"] = {m: {k: v for k, v in e.items() if k != "completions"}
+                           for m, e in episodes.items()}
+        res["episode_speedup"] = round(speedup, 2)
+        res["episodes_same_completions"] = e_on["completions"] == e_off["completions"]
+        targets.append(speedup >= 2.0)
+    res["target_met"] = all(targets)
+    print(json.dumps(res))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
