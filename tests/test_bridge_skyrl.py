@@ -194,6 +194,63 @@ def test_step_wise_call_rows_merge_back_into_the_segment(gold):
 
 @pytest.mark.docker
 @pytest.mark.harness
+def test_skyrl_tensorizes_the_rows_with_the_sampled_tokens_under_its_loss_mask(gold):
+    """SkyRL's own batch builder (dataset.preprocess) over the output, rewards made per token
+    as its trainer does: the loss mask it trains on covers exactly the sampled tokens, with
+    their engine logprobs, and the reward sits on the last response token."""
+    import torch
+    from skyrl.train.dataset.preprocess import convert_prompts_responses_to_batch_tensors
+
+    _, client, _, out, _ = gold
+    rewards = [[0.0] * (len(r) - 1) + [x] for r, x in zip(out["response_ids"], out["rewards"])]
+    seqs, attn, action, rew, masks, lps, _ = convert_prompts_responses_to_batch_tensors(
+        load_tokenizer("tiny-llama"), out["prompt_token_ids"], out["response_ids"], rewards, out["loss_masks"],
+        out["rollout_logprobs"])
+    n = len(out["response_ids"][0])
+    assert masks.shape[1] == n and seqs.shape[1] == n + len(out["prompt_token_ids"][0])
+    trained = seqs[0, -n:][masks[0].bool()].tolist()
+    assert trained == [t for c in client.calls for t in c["output_ids"]]
+    assert lps[0][masks[0].bool()].tolist() == pytest.approx([lp for c in client.calls for lp in c["logprobs"]])
+    assert rew[0, -1].item() == 1.0 and torch.count_nonzero(rew).item() == 1
+
+
+@pytest.mark.docker
+def test_a_cancelled_batch_releases_its_episodes(scripted):
+    """SkyRL cancels generate() while a harness runs: the cancellation goes through promptly and
+    the episode's sandbox is gone."""
+    import time
+
+    sleeper = CommandAdapter({"name": "sleeper", "dialect": "openai-chat", "placement": "beside",
+                              "command": ["sleep", "300"]})
+    gen = _generator(EngineClientDouble(scripted[1]), sleeper)
+    mine = {"label": f"harnessrl.run_id={gen.sandboxes.run_id}"}
+
+    async def main() -> float:
+        task = asyncio.ensure_future(gen.generate(_batch([builtin_task().instance_id], ["c0"])))
+        for _ in range(240):  # until the episode's sandbox is up
+            if await asyncio.to_thread(gen.sandboxes.client.containers.list, filters=mine):
+                break
+            await asyncio.sleep(0.5)
+        else:
+            raise AssertionError("the episode's sandbox never came up")
+        await asyncio.sleep(1.0)
+        t0 = time.monotonic()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return time.monotonic() - t0
+
+    try:
+        took = asyncio.run(main())
+        assert took < 60, took
+        assert gen.sandboxes.client.containers.list(all=True, filters=mine) == []
+    finally:
+        gen.close()
+        gen.sandboxes.reap(run_id=gen.sandboxes.run_id)
+
+
+@pytest.mark.docker
+@pytest.mark.harness
 def test_max_seq_len_cuts_the_response_and_skyrl_filters_apply(gold):
     """A response cut to fit max_seq_len ends "length": its cut sampled tokens are counted as
     dropped, and SkyRL's overlong filtering / zero-reward-on-non-stop act on it."""
