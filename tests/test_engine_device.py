@@ -65,3 +65,27 @@ def test_bfloat16_engine_batches_like_its_own_single_requests():
 def test_cuda_without_a_device_is_a_one_line_startup_error():
     with pytest.raises(EngineStartupError, match="device 'cuda': torch sees no CUDA device here; use device 'cpu'"):
         EngineServer(model="tiny-llama", device="cuda").start()
+
+
+def test_an_idle_keep_alive_connection_outlives_the_client_pool_expiry():
+    # httpx drops a pooled connection after 5 s idle; the engine must keep it longer, or a
+    # request written onto a connection the server is just closing fails (a ReadError after
+    # a train step longer than uvicorn's 5 s default)
+    import http.client
+    import time
+    from urllib.parse import urlparse
+
+    with EngineServer(model="tiny-llama") as server:
+        u = urlparse(server.url)
+        conn = http.client.HTTPConnection(u.hostname, u.port, timeout=30)
+        conn.request("GET", "/health")
+        first = conn.getresponse()
+        first.read()
+        sock = conn.sock
+        time.sleep(6)
+        conn.request("GET", "/health")
+        second = conn.getresponse()
+        second.read()
+        assert (first.status, second.status) == (200, 200)
+        assert conn.sock is sock  # the same connection, still open
+        conn.close()

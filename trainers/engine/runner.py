@@ -107,8 +107,10 @@ class EngineServer:
             raise
         self.port = sock.getsockname()[1]
         app = build_app(self.state)
+        # keep-alive well past httpx's 5 s pool expiry: the client drops an idle connection
+        # first, never writes a request onto one the server is closing (a ReadError)
         self._server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off",
-                                                timeout_graceful_shutdown=5))
+                                                timeout_graceful_shutdown=5, timeout_keep_alive=75))
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]},
                                         name="harnessrl-engine-http", daemon=True)
         self._thread.start()
@@ -150,6 +152,6 @@ def serve(model: str, host: str = "127.0.0.1", port: int = 30000, **config) -> N
           f"(weight_version {cfg.weight_version})", flush=True)
     try:
         uvicorn.Server(uvicorn.Config(build_app(state), log_level="warning", lifespan="off",
-                                      timeout_graceful_shutdown=5)).run(sockets=[sock])
+                                      timeout_graceful_shutdown=5, timeout_keep_alive=75)).run(sockets=[sock])
     finally:
         state.scheduler.stop()
