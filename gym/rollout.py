@@ -93,7 +93,9 @@ def load_suite_tasks(cfg: RolloutConfig) -> list:
 class Rollout:
     """A proxy + sandbox backend + adapter, ready to run episodes against one engine."""
 
-    def __init__(self, cfg: RolloutConfig, engine_url: str, out_dir: str | Path):
+    def __init__(self, cfg: RolloutConfig, engine_url: str, out_dir: str | Path, generation_backend: Any = None):
+        """`generation_backend`: a `GenerationBackend` object the proxy generates through
+        instead of `engine_url` (e.g. the Tinker bridge's `TinkerBackend`)."""
         from harnessrl.adapters import get_adapter
         from harnessrl.gym.proxy.config import ProxyConfig
         from harnessrl.gym.proxy.server import ProxyServer
@@ -115,7 +117,7 @@ class Rollout:
             sampling_policy=cfg.sampling_policy, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
             default_max_tokens=cfg.max_new_tokens,
             max_tokens_cap=cfg.max_new_tokens, engine_total_timeout_s=cfg.engine_timeout_s,
-            engine_first_byte_timeout_s=min(cfg.engine_timeout_s, 300.0)))
+            engine_first_byte_timeout_s=min(cfg.engine_timeout_s, 300.0)), backend=generation_backend)
         self.results: list[Any] = []
         self.release_wait_s = 120.0
         """How long a cancelled `episode` waits for its thread to release everything."""

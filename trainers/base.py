@@ -135,6 +135,7 @@ class TensorPublisher(Protocol):
 #: Short trainer names to "module:Class"; a full "module:Class" path is accepted too.
 TRAINERS: dict[str, str] = {
     "torch": "harnessrl.trainers.torch_trainer:TorchTrainer",
+    "tinker": "harnessrl.trainers.bridges.tinker:TinkerTrainer",
 }
 
 

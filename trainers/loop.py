@@ -29,6 +29,7 @@ from harnessrl.gym.episode import EpisodeConfig
 from harnessrl.gym.rewards import RewardConfig
 from harnessrl.gym.rollout import Rollout, RolloutConfig, report
 from harnessrl.gym.scheduler import RolloutScheduler, SchedulerConfig
+from harnessrl.trainers.bridges.tinker import TinkerTrainerConfig
 from harnessrl.trainers.run_report import RunFigures, summary_line
 from harnessrl.trainers.torch_trainer import TorchTrainerConfig
 
@@ -67,6 +68,11 @@ class TrainConfig(BaseModel):
     """Env pool size, GRPO group size G, groups per step, staleness η and its policy."""
     trainer: TorchTrainerConfig = Field(default_factory=lambda: TorchTrainerConfig(lr=1e-6, micro_batch_tokens=4096))
     """The built-in torch trainer (its `model` is overridden by `model`)."""
+    tinker: TinkerTrainerConfig | None = None
+    """The Tinker bridge instead of the built-in trainer: a Tinker service (hosted, or SkyRL's
+    Tinker server) trains a LoRA of `tinker.model` and samples every call through the proxy;
+    `trainer`, `engine_url` and `engine_threads` are then unused, and `model` only names the
+    proxy's tokenizer (it must be the tokenizer of `tinker.model`)."""
     resume_from: str | None = None
     """A checkpoint folder of an earlier run (e.g. runs/train/checkpoints/last): the trainer's
     weights, optimizer, step and RNG are restored and pushed to the engine before any rollout,
@@ -85,6 +91,14 @@ class TrainConfig(BaseModel):
             name = "rollout.temperature: 0" if r.temperature == 0 else "rollout.top_k: 1"
             raise ValueError(f"{name} is greedy sampling, a point mass with no importance ratio: the trainer "
                              "would refuse every episode; train at a temperature > 0 with top_k -1 or >= 2")
+        return self
+
+    @model_validator(mode="after")
+    def _tinker_raw_sampling(self) -> "TrainConfig":
+        r = self.rollout
+        if self.tinker is not None and (r.temperature, r.top_p, r.top_k) != (1.0, 1.0, -1):
+            raise ValueError(f"rollout.temperature/top_p/top_k: {r.temperature:g}/{r.top_p:g}/{r.top_k} with tinker: "
+                             "Tinker's losses score tokens at temperature 1 without top-p/top-k; use 1.0/1.0/-1")
         return self
 
     @model_validator(mode="after")
@@ -161,14 +175,20 @@ async def train(cfg: TrainConfig) -> list[dict[str, Any]]:
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(cfg.model_dump_json(indent=2))
     engine = None
-    if cfg.engine_url is None:
-        from harnessrl.trainers.engine import EngineServer
+    if cfg.tinker is not None:  # the Tinker bridge: the service trains and samples; no local engine
+        from harnessrl.trainers.bridges.tinker import TinkerSync, TinkerTrainer
 
-        engine = EngineServer(model=cfg.model, port=0, weight_version="0", num_threads=cfg.engine_threads).start()
-    engine_url = cfg.engine_url or engine.url
-    client = EngineClient(engine_url)
-    trainer = TorchTrainer(cfg.trainer.model_copy(update={"model": cfg.model}))
-    sync = DiskWeightSync(client, out / "weights")
+        engine_url, trainer = "", TinkerTrainer(cfg.tinker)
+        client = sync = TinkerSync()
+    else:
+        if cfg.engine_url is None:
+            from harnessrl.trainers.engine import EngineServer
+
+            engine = EngineServer(model=cfg.model, port=0, weight_version="0", num_threads=cfg.engine_threads).start()
+        engine_url = cfg.engine_url or engine.url
+        client = EngineClient(engine_url)
+        trainer = TorchTrainer(cfg.trainer.model_copy(update={"model": cfg.model}))
+        sync = DiskWeightSync(client, out / "weights")
     if cfg.resume_from is not None:
         trainer.load_checkpoint(cfg.resume_from)
         await sync.push(trainer)  # the engine samples with the restored policy from the first call
@@ -177,7 +197,7 @@ async def train(cfg: TrainConfig) -> list[dict[str, Any]]:
     rollout_cfg = cfg.rollout.model_copy(update={"model": cfg.model})
     t_start = time.monotonic()
     try:
-        with Rollout(rollout_cfg, engine_url, out / "rollouts") as ro:
+        with Rollout(rollout_cfg, engine_url, out / "rollouts", generation_backend=getattr(trainer, "backend", None)) as ro:
             sync.gate = ro.proxy  # weight updates pause proxy admission too
             tasks = itertools.cycle(sorted(ro.tasks))
             sc = cfg.scheduler  # the warm pool starts with the repositories of the tasks the run can reach
