@@ -130,8 +130,8 @@ def test_two_tinker_steps_through_the_proxy_move_the_policy_and_bump_the_version
     from harnessrl.trainers.bridges.tinker_server import TinkerServer
 
     monkeypatch.setenv("TINKER_API_KEY", "tml-local-skyrl")  # SkyRL checks none; the SDK wants the prefix
-    model = str(resolve_model("tiny-llama"))
-    with TinkerServer(model, pythonpath=SKYRL_PATH, workdir=tmp_path / "server") as server:
+    model = "tiny-llama"  # the name the service serves, loaded from the prepared folder
+    with TinkerServer(model, checkpoint=resolve_model(model), pythonpath=SKYRL_PATH, workdir=tmp_path / "server") as server:
         trainer = TinkerTrainer(TinkerTrainerConfig(base_url=server.url, model=model, lora_rank=4, lr=2e-2))
         assert trainer.version == 0 and trainer.backend.version == "0"
         v0_client = trainer.backend.client
@@ -175,3 +175,16 @@ def test_two_tinker_steps_through_the_proxy_move_the_policy_and_bump_the_version
         assert out == 2 and (tmp_path / "pub" / "tinker.json").read_text().startswith('{"version": 2, "path": "tinker://')
         print("tinker steps:", [(m.version, round(m.loss, 4), round(m.grad_norm, 4), m.logprob_mismatch_mean,
                                  round(m.step_s, 1)) for m in history], "probe", lp0[:n], lp2[:n])
+
+
+def test_train_config_selects_tinker_and_refuses_other_sampling():
+    from harnessrl.trainers.base import trainer_class
+    from harnessrl.trainers.loop import TrainConfig, load_config
+
+    assert trainer_class("tinker") is TinkerTrainer
+    cfg = load_config(Path(__file__).parent.parent / "examples" / "tinker" / "train-skyrl-local.toml")
+    assert (cfg.tinker.base_url, cfg.tinker.model, cfg.tinker.lora_rank, cfg.tinker.loss_fn) == \
+        ("http://127.0.0.1:8000", "tiny-llama", 4, "importance_sampling")
+    with pytest.raises(ValueError, match=r"rollout.temperature/top_p/top_k: 0.7/1/-1 with tinker"):
+        TrainConfig.model_validate({"tinker": {"model": "tiny-llama"}, "rollout": {"temperature": 0.7}})
+    assert TrainConfig().tinker is None  # the built-in trainer stays the default

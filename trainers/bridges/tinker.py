@@ -255,4 +255,21 @@ class TinkerTrainer:
         self.backend.swap(self._new_sampler(), self._version)
 
 
-__all__ = ["TinkerTrainer", "TinkerTrainerConfig", "build_datums", "check_raw_sampling", "datum_inputs", "token_scales"]
+class TinkerSync:
+    """The main loop's weight-sync step for the Tinker bridge: nothing to move, since `step`
+    (and `load_checkpoint`) already swapped the new sampler into the proxy's backend;
+    `push` only reports the version. Shaped like `weight_sync.DiskWeightSync`."""
+
+    def __init__(self) -> None:
+        self.gate: Any = None
+        """Unused: a swap is atomic, so proxy admission needs no pause."""
+        self.last_sync_s = 0.0
+
+    async def push(self, trainer: TinkerTrainer) -> int:
+        return trainer.version
+
+    async def aclose(self) -> None:
+        return None
+
+
+__all__ = ["TinkerSync", "TinkerTrainer", "TinkerTrainerConfig", "build_datums", "check_raw_sampling", "datum_inputs", "token_scales"]

@@ -14,7 +14,7 @@ and SDK must speak the same wire protocol. SkyRL 0.3.0 answers `sample` and
 `sample_sequence_ids` in the `asample` promise, which SkyRL 0.4.0 does not send). So the
 pairing that works is SkyRL 0.4.0 + tinker 0.25.x; hosted Tinker speaks the current SDK.
 
-`TinkerServer(base_model=folder, port=0)` is a context manager: it starts the server,
+`TinkerServer(base_model, checkpoint=folder)` is a context manager: it starts the server,
 waits for `/api/v1/healthz` and the engine, and stops both (process group) on exit. The
 API key is not checked by SkyRL; the SDK still wants one that starts with "tml-".
 """
@@ -54,10 +54,12 @@ def _free_port() -> int:
 class TinkerServer:
     """SkyRL's Tinker API server + engine as child processes; see the module doc."""
 
-    def __init__(self, base_model: str | Path, *, port: int = 0, backend: str = "jax",
+    def __init__(self, base_model: str | Path, *, checkpoint: str | Path | None = None, port: int = 0, backend: str = "jax",
                  backend_config: dict[str, Any] | None = None, python: str | None = None,
                  pythonpath: str | None = None, workdir: str | Path | None = None, startup_s: float = 600.0):
-        """`python`: the interpreter that has SkyRL (default: this one). `pythonpath`:
+        """`base_model`: the name clients ask for (`TinkerTrainerConfig.model`); `checkpoint`: the
+        folder its weights are loaded from (default: `base_model` itself is the folder).
+        `python`: the interpreter that has SkyRL (default: this one). `pythonpath`:
         prepended to PYTHONPATH for the server (e.g. an unpacked SkyRL release)."""
         self.base_model = str(base_model)
         self.port = port or _free_port()
@@ -66,6 +68,7 @@ class TinkerServer:
         self.pythonpath, self.startup_s = pythonpath, startup_s
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="tinker-server-"))
         self.config = {"base_model": self.base_model, "backend": backend,
+                       **({"base_model_checkpoint_path": str(checkpoint)} if checkpoint is not None else {}),
                        "backend_config": backend_config or {"max_lora_adapters": 4, "max_lora_rank": 8},
                        "checkpoints_base": str(self.workdir / "checkpoints"),
                        "database_url": f"sqlite:///{self.workdir / 'tinker.db'}"}
@@ -122,3 +125,33 @@ class TinkerServer:
 
 
 __all__ = ["TinkerServer"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m harnessrl.trainers.bridges.tinker_server --base-model FOLDER [--port 8000]`:
+    serve until interrupted; prints the URL to give as `tinker.base_url`."""
+    import argparse
+
+    p = argparse.ArgumentParser(description="Run SkyRL's Tinker server (JAX backend) on this machine")
+    p.add_argument("--base-model", required=True, help="a prepared model name (tiny-llama, smollm2-135m) or a model folder")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--backend-config", default=None, help='JSON, e.g. {"max_lora_adapters": 4, "max_lora_rank": 8}')
+    p.add_argument("--skyrl-path", default=None, help="prepended to the server's PYTHONPATH (an unpacked SkyRL >= 0.4.0)")
+    p.add_argument("--workdir", default=None, help="database, checkpoints and server.log (default: a temp folder)")
+    a = p.parse_args(argv)
+    from harnessrl.gym.models import resolve_model
+
+    server = TinkerServer(a.base_model, checkpoint=resolve_model(a.base_model), port=a.port, pythonpath=a.skyrl_path,
+                          workdir=a.workdir,
+                          backend_config=json.loads(a.backend_config) if a.backend_config else None)
+    with server:
+        print(f"Tinker server at {server.url} (base model {server.base_model}); log {server.log_path}", flush=True)
+        try:
+            server.proc.wait()
+        except KeyboardInterrupt:
+            pass
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
