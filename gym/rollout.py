@@ -90,10 +90,35 @@ def load_suite_tasks(cfg: RolloutConfig) -> list:
     return tasks
 
 
-class Rollout:
-    """A proxy + sandbox backend + adapter, ready to run episodes against one engine."""
+def prewarmed_sandboxes(cfg: RolloutConfig, task_ids: Any) -> Any:
+    """The warm pool of a rollout of `cfg`, made before it (hand it to `Rollout(sandboxes=)`):
+    the sandboxes of these tasks' repositories start in the background now, e.g. while the
+    engine loads. None when `sandbox_pool_size` is 0. The rollout closes it; a pool that never
+    reaches one is closed when the process exits."""
+    if not cfg.sandbox_pool_size:
+        return None
+    import atexit
 
-    def __init__(self, cfg: RolloutConfig, engine_url: str, out_dir: str | Path, generation_backend: Any = None):
+    from harnessrl.adapters import get_adapter
+    from harnessrl.gym.sandbox_source import PooledSandboxes
+    from harnessrl.sandboxes import make_backend
+
+    tasks = {t.instance_id: t for t in load_suite_tasks(cfg)}
+    adapter = get_adapter(cfg.harness)
+    pool = PooledSandboxes(make_backend(cfg.sandbox), cfg.sandbox_pool_size)
+    atexit.register(pool.close)
+    for spec in dict.fromkeys(tasks[t].repo_spec() for t in task_ids):
+        pool.prewarm(spec, adapter)
+    return pool
+
+
+class Rollout:
+    """A proxy + sandbox backend + adapter, ready to run episodes against one engine.
+    `sandboxes`: a warm pool made ahead (`prewarmed_sandboxes`), used and closed by this
+    rollout; None: its own when `sandbox_pool_size` > 0."""
+
+    def __init__(self, cfg: RolloutConfig, engine_url: str, out_dir: str | Path, generation_backend: Any = None,
+                 sandboxes: Any = None):
         """`generation_backend`: a `GenerationBackend` object the proxy generates through
         instead of `engine_url` (e.g. the Tinker bridge's `TinkerBackend`)."""
         from harnessrl.adapters import get_adapter
@@ -106,9 +131,9 @@ class Rollout:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.tasks = {t.instance_id: t for t in load_suite_tasks(cfg)}
         self.adapter = get_adapter(cfg.harness)
-        self.backend = make_backend(cfg.sandbox)
-        self.sandboxes = None
-        if cfg.sandbox_pool_size:
+        self.backend = sandboxes.pool.backend if sandboxes is not None else make_backend(cfg.sandbox)
+        self.sandboxes = sandboxes
+        if sandboxes is None and cfg.sandbox_pool_size:
             from harnessrl.gym.sandbox_source import PooledSandboxes
             self.sandboxes = PooledSandboxes(self.backend, cfg.sandbox_pool_size)
         self.proxy = ProxyServer(ProxyConfig(

@@ -21,6 +21,7 @@ started) and `reset_s`.
 """
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import tempfile
@@ -215,6 +216,8 @@ class PooledSandboxes:
                 self.reset_s.append(reset_s)
 
     def close(self) -> None:
+        """Idle sandboxes closed, socket dirs removed; held ones close when released. Idempotent."""
+        atexit.unregister(self.close)  # when a creator registered it (rollout.prewarmed_sandboxes)
         self.pool.close()
         shutil.rmtree(self.root, ignore_errors=True)
 

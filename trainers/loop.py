@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from harnessrl.gym.episode import EpisodeConfig
 from harnessrl.gym.rewards import RewardConfig
-from harnessrl.gym.rollout import Rollout, RolloutConfig, report
+from harnessrl.gym.rollout import Rollout, RolloutConfig, load_suite_tasks, prewarmed_sandboxes, report
 from harnessrl.gym.scheduler import RolloutScheduler, SchedulerConfig
 from harnessrl.trainers.bridges.tinker import TinkerTrainerConfig
 from harnessrl.trainers.run_report import RunFigures, summary_line
@@ -174,6 +174,9 @@ async def train(cfg: TrainConfig) -> list[dict[str, Any]]:
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(cfg.model_dump_json(indent=2))
+    sc = cfg.scheduler  # the warm pool starts the first groups' sandboxes now, while the engine and trainer load
+    first = itertools.cycle(sorted(t.instance_id for t in load_suite_tasks(cfg.rollout)))
+    sandboxes = prewarmed_sandboxes(cfg.rollout, itertools.islice(first, sc.groups_per_step * (1 + sc.staleness)))
     engine = None
     if cfg.tinker is not None:  # the Tinker bridge: the service trains and samples; no local engine
         from harnessrl.trainers.bridges.tinker import TinkerSync, TinkerTrainer
@@ -197,11 +200,10 @@ async def train(cfg: TrainConfig) -> list[dict[str, Any]]:
     rollout_cfg = cfg.rollout.model_copy(update={"model": cfg.model})
     t_start = time.monotonic()
     try:
-        with Rollout(rollout_cfg, engine_url, out / "rollouts", generation_backend=getattr(trainer, "backend", None)) as ro:
+        with Rollout(rollout_cfg, engine_url, out / "rollouts", generation_backend=getattr(trainer, "backend", None),
+                     sandboxes=sandboxes) as ro:
             sync.gate = ro.proxy  # weight updates pause proxy admission too
             tasks = itertools.cycle(sorted(ro.tasks))
-            sc = cfg.scheduler  # the warm pool starts with the repositories of the tasks the run can reach
-            ro.prewarm(itertools.islice(itertools.cycle(sorted(ro.tasks)), sc.groups_per_step * (cfg.steps + sc.staleness)))
             sched = RolloutScheduler(cfg.scheduler, ro.episode, tasks)
             await sched.advance_version(trainer.version)  # 0, or the resumed checkpoint's version
             ro.set_policy_version(sched.version)  # the proxy's per-turn staleness check (requeue)
