@@ -66,6 +66,12 @@ class RolloutConfig(BaseModel):
     """The run's top-k; -1 is off."""
     max_new_tokens: int = Field(512, ge=1)
     """Cap on tokens generated per model call."""
+    backend: str = "sglang"
+    """How the proxy reaches the engine (ProxyConfig.backend): "sglang" (SGLang's /generate; the
+    local engine speaks it), "vllm" (a vLLM server's token routes; the local engine serves them
+    too), or a "module:Class" path. Weight sync still uses SGLang's control routes."""
+    vllm_route: Literal["generate", "completions"] = "generate"
+    """With backend "vllm": `/inference/v1/generate`, or `/v1/completions` with a token-id prompt."""
     engine_timeout_s: float = Field(900.0, gt=0)
     """The longest one engine call may take (the proxy's `engine_total_timeout_s`; its first
     token must also come within min(this, 300 s)). Past it the call fails and is recorded, and
@@ -137,7 +143,8 @@ class Rollout:
             from harnessrl.gym.sandbox_source import PooledSandboxes
             self.sandboxes = PooledSandboxes(self.backend, cfg.sandbox_pool_size)
         self.proxy = ProxyServer(ProxyConfig(
-            engine_url=engine_url, model=cfg.model, served_models=[cfg.served_model_name],
+            engine_url=engine_url, backend=cfg.backend, vllm_route=cfg.vllm_route, model=cfg.model,
+            served_models=[cfg.served_model_name],
             db_path=str(self.out_dir / "trajectories.db"), uds_path=str(self.out_dir / "proxy.sock"),
             sampling_policy=cfg.sampling_policy, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
             default_max_tokens=cfg.max_new_tokens,
