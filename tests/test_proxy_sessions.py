@@ -227,7 +227,14 @@ def _continuing(target: list[int]):
 @pytest.mark.parametrize("stream, engine_stream", [(False, False), (True, False), (True, True)])
 def test_interrupted_generation_resumes_and_tokens_keep_their_version(tok, stream, engine_stream):
     target = tok.encode("one two three four five six seven eight nine ten", add_special_tokens=False) + [2]
-    eng = StandinEngine(responder=_continuing(target), weight_version="3", token_delay_s=0.05)
+    started = threading.Event()
+    respond = _continuing(target)
+
+    def responder(ids):  # tells the test when the engine began generating (no sleep-based guess)
+        started.set()
+        return respond(ids)
+
+    eng = StandinEngine(responder=responder, weight_version="3", token_delay_s=0.05)
     cfg = ProxyConfig(engine_url="", engine_stream=engine_stream)
     with ServedApp(eng.app()) as e, ProxyServer(cfg.model_copy(update={"engine_url": e.url}), tokenizer=tok) as p:
         sid, key = p.open_session({})
@@ -236,7 +243,8 @@ def test_interrupted_generation_resumes_and_tokens_keep_their_version(tok, strea
         th = threading.Thread(target=lambda: out.update(r=post(p.openai_base_url(sid) + "/chat/completions", key,
                                                                body)))
         th.start()
-        time.sleep(0.2)  # a few tokens in
+        assert started.wait(30)
+        time.sleep(0.12)  # a few tokens in (10 tokens take 0.5 s)
         p.pause()  # the trainer: pause admission, abort the engine, update weights, resume
         httpx.post(e.url + "/pause_generation", json={"mode": "abort"})
         eng.weight_version = "4"
