@@ -47,9 +47,9 @@ def _episode(proxy: ProxyServer, seed: int) -> str:
 
 
 def _peaked_model(tmp_path) -> str:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
-    from harnessrl.gym.models import resolve_model
+    from harnessrl.gym.models import load_tokenizer, resolve_model
 
     src = resolve_model("tiny-llama")
     model = AutoModelForCausalLM.from_pretrained(str(src), dtype=torch.float32)
@@ -57,7 +57,7 @@ def _peaked_model(tmp_path) -> str:
         model.get_input_embeddings().weight.mul_(EMBED_SCALE)
     out = tmp_path / "peaked-tiny"
     model.save_pretrained(out, safe_serialization=True)
-    AutoTokenizer.from_pretrained(str(src)).save_pretrained(out)
+    load_tokenizer(str(src)).save_pretrained(out)
     return str(out)
 
 

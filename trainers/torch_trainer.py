@@ -218,13 +218,16 @@ class TorchTrainer:
         """save_pretrained (safetensors) + tokenizer into `out_dir`, atomically; returns the
         version of these weights (bumped by each update, so publishing twice without a step
         gives the same version twice)."""
-        from transformers import AutoTokenizer
+        from harnessrl.gym.models import load_tokenizer
+        from harnessrl.trainers.model_prep import label_tokenizer_verbatim
 
         out = Path(out_dir)
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = checkpoint.atomic_dir(out)
         self.model.save_pretrained(tmp, safe_serialization=True)
-        AutoTokenizer.from_pretrained(str(self.model_path)).save_pretrained(tmp)
+        # tokenizer.json as the model has it, labelled so any transformers (or SGLang) loads it as is
+        load_tokenizer(str(self.model_path)).save_pretrained(tmp)
+        label_tokenizer_verbatim(tmp)
         (tmp / "harnessrl_version.json").write_text(f'{{"version": {self._version}, "step": {self.step_count}}}\n')
         checkpoint.commit_dir(tmp, out)
         return self._version
