@@ -34,7 +34,7 @@ def prompts(tokenizer, n: int) -> list[list[int]]:
     return [tokenizer.apply_chat_template(
         [{"role": "system", "content": "You are a careful coding assistant."},
          {"role": "user", "content": f"Please {tasks[i % len(tasks)]} (request {i})."}],
-        add_generation_prompt=True) for i in range(n)]
+        add_generation_prompt=True, return_dict=False) for i in range(n)]
 
 
 def hf_sequential(model_name: str, ps: list[list[int]], new_tokens: int, threads: int | None) -> float:

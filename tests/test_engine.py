@@ -57,7 +57,7 @@ def _prompts(tok, n: int) -> list[list[int]]:
     return [
         tok.apply_chat_template(
             [{"role": "user", "content": f"Explain {topics[i % len(topics)]} " + "in detail, " * i}],
-            add_generation_prompt=True,
+            add_generation_prompt=True, return_dict=False,
         )
         for i in range(n)
     ]
@@ -408,7 +408,7 @@ def test_smollm2_greedy_stops_at_eos_like_hf_and_batches_exactly():
     tok = load_tokenizer("smollm2-135m")
     hf = _load("smollm2-135m")
     questions = ["What is 2+2? Answer with one number.", "Say hello.", "Name a primary color."]
-    prompts = [tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True)
+    prompts = [tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, return_dict=False)
                for q in questions]
     refs = [_greedy(hf, p, 48) for p in prompts]
     with EngineServer(model="smollm2-135m", max_running_requests=4) as server:

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.timeout(180)
 def prompt():
     tok = load_tokenizer("tiny-llama")
     return tok.apply_chat_template([{"role": "user", "content": "List three sorting algorithms."}],
-                                   add_generation_prompt=True)
+                                   add_generation_prompt=True, return_dict=False)
 
 
 @pytest.fixture(scope="module")

@@ -46,7 +46,8 @@ class Recorder:
 
     def segment(self, prompt: str, lengths: tuple[int, ...] = (5, 5), version: int = 0) -> Segment:
         """One completion of lengths[c] sampled tokens per call, joined by the templated suffix."""
-        ids = self.tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
+        ids = self.tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                           return_dict=False)
         mask, lps, vers = [0] * len(ids), [0.0] * len(ids), [-1] * len(ids)
         for c, n_new in enumerate(lengths):
             if c:
@@ -286,7 +287,8 @@ def test_publish_writes_a_loadable_folder(policy, tok, tmp_path):
     assert all(torch.equal(v, mine[k]) for k, v in loaded.state_dict().items())
     t2 = AutoTokenizer.from_pretrained(str(out))
     msgs = [{"role": "user", "content": "hi"}]
-    assert t2.apply_chat_template(msgs, add_generation_prompt=True) == tok.apply_chat_template(msgs, add_generation_prompt=True)
+    assert (t2.apply_chat_template(msgs, add_generation_prompt=True, return_dict=False)
+            == tok.apply_chat_template(msgs, add_generation_prompt=True, return_dict=False))
     trainer.step(rollouts(policy, tok, seed=17))
     assert trainer.publish(out) == 2 and not (tmp_path / "pub.tmp").exists()
     assert json.loads((out / "harnessrl_version.json").read_text())["version"] == 2
