@@ -181,7 +181,7 @@ async def train(cfg: TrainConfig) -> list[dict[str, Any]]:
     if cfg.tinker is not None:  # the Tinker bridge: the service trains and samples; no local engine
         from harnessrl.trainers.bridges.tinker import TinkerSync, TinkerTrainer
 
-        engine_url, trainer = "", TinkerTrainer(cfg.tinker)
+        engine_url, trainer = "", await asyncio.to_thread(TinkerTrainer, cfg.tinker)  # blocking SDK calls
         client = sync = TinkerSync()
     else:
         if cfg.engine_url is None:
