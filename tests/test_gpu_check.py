@@ -1,0 +1,61 @@
+"""bench/gpu_check.sh --dry-run: the GPU check's own code path on CPU with a tiny model.
+
+The real script, run as a GPU box runs it (bash, its python found through $PYTHON, the
+working tree on PYTHONPATH as `harnessrl`): a random-init Qwen2 built on the spot, the local
+engine and a proxy on loopback, 3 train steps of the built-in trainer with weight syncs
+through the proxy, then the fixed-batch logprob mismatch. The test reads its one JSON line."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch", reason="the check runs the torch engine and trainer")
+pytestmark = pytest.mark.timeout(240)
+REPO = Path(__file__).resolve().parent.parent
+KEYS = {"device", "dtype", "params", "train_tokens_per_s", "mfu", "weight_sync_s", "decode_tokens_per_s",
+        "logprob_mismatch", "dry_run", "target_met"}
+
+
+@pytest.fixture(scope="module")
+def dry_run():
+    env = {**os.environ, "PYTHON": sys.executable}
+    p = subprocess.run(["bash", str(REPO / "bench" / "gpu_check.sh"), "--dry-run"], cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=200)
+    lines = [line for line in p.stdout.splitlines() if line.strip()]
+    assert p.returncode == 0, f"exit {p.returncode}\n{p.stdout[-2000:]}\n{p.stderr[-4000:]}"
+    assert len(lines) == 1, p.stdout  # one JSON line, progress on stderr
+    return json.loads(lines[0]), p.stderr
+
+
+def test_dry_run_prints_one_json_line_with_every_key(dry_run):
+    r, _ = dry_run
+    assert KEYS <= set(r)
+    assert r["dry_run"] is True
+    assert (r["device"], r["dtype"]) == ("cpu", "float32")
+    assert r["mfu"] is None  # no peak FLOPs for a CPU
+    assert set(r["decode_tokens_per_s"]) == {"1", "16", "64"}
+    assert all(v > 0 for v in r["decode_tokens_per_s"].values())
+    # the tiny config: 2 layers, hidden 64, vocab 512, tied embeddings (counted once)
+    assert r["shape"]["num_hidden_layers"] == 2 and r["shape"]["hidden_size"] == 64
+    assert r["params"] == 107072
+    assert r["train_tokens_per_s"] > 0 and r["weight_sync_s"] > 0
+
+
+def test_dry_run_trains_syncs_versions_and_matches_logprobs(dry_run):
+    r, _ = dry_run
+    assert [s["updated"] for s in r["steps"]] == [True, True, True]
+    assert r["engine_weight_versions"] == ["1", "2", "3"]  # one bump per sync through the proxy
+    assert r["checks"]["generations_carry_version"] is True
+    assert r["mismatch_bound"] == 1e-4
+    assert r["mismatch_tokens"] > 0
+    assert 0 <= r["logprob_mismatch"]["mean"] <= r["logprob_mismatch"]["max"] < 1e-4
+    f = r["mismatch_filtered"]  # the same weights, scored under the engine's top-p/top-k filters
+    assert (f["temperature"], f["top_p"], f["top_k"]) == (0.7, 0.9, 50)
+    assert f["tokens"] > 0 and f["max"] < 1e-4
+    assert r["checks"] == {k: True for k in r["checks"]}
+    assert r["target_met"] is True
