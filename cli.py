@@ -207,7 +207,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 #: Subcommands whose module parses its own arguments.
 PASSTHROUGH = {
-    "tasks": ("harnessrl.gym.suites.check", "list or check a task suite (gold -> 1.0, base -> 0.0 in a real sandbox)"),
+    "tasks": ("harnessrl.gym.suites.check", "list or check a task suite (gold -> 1.0, base -> 0.0 in a real sandbox); "
+                                         "synth: make tasks by mutating a repository"),
     "check-adapter": ("harnessrl.gym.check_adapter", "run the contract checks on a harness adapter or config file"),
     "proxy": ("harnessrl.gym.proxy.__main__", "serve the proxy in front of an engine (--engine-url URL)"),
     "sandbox": ("harnessrl.sandboxes.__main__", "reap leftover sandboxes, build the base image, show the backend"),
@@ -216,6 +217,10 @@ PASSTHROUGH = {
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:2] == ["tasks", "synth"]:  # mutation-made tasks (harnessrl.gym.synth)
+        from harnessrl.gym.synth.cli import main as synth_main
+
+        return synth_main(argv[2:])
     if argv and argv[0] in PASSTHROUGH:
         import importlib
 
