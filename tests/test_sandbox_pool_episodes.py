@@ -366,3 +366,29 @@ def test_harnessrl_rollout_leases_warm_sandboxes_and_reports_their_times(tmp_pat
     ids = [x["metadata"]["sandbox_id"] for x in lines]
     assert len(set(ids)) == 2, ids  # four episodes, two warm containers
     assert all(x["metadata"]["timings"]["sandbox_reset_s"] > 0 for x in lines)
+
+
+@pytest.mark.bwrap
+@pytest.mark.harness
+@pytest.mark.timeout(600)
+def test_two_consecutive_mini_swe_agent_episodes_share_one_warm_local_sandbox(stack, tmp_path):
+    from harnessrl.sandboxes import make_backend
+    from harnessrl.sandboxes.local import LocalConfig
+
+    adapter = _mini()
+    try:
+        local = make_backend("local", LocalConfig(root=str(tmp_path / "local")))
+    except Exception as e:  # noqa: BLE001 - SandboxUnavailable: no bubblewrap here
+        pytest.skip(f"local sandboxes unavailable here: {e}")
+    with PooledSandboxes(local, size=1) as source:
+        source.prewarm(builtin_task().repo_spec(), adapter, wait=True)
+        first = _episode(stack, source, adapter,
+                         plan=["echo leftover > LEFTOVER && echo x > /tmp/x && echo y > ~/y", *builtin_task().gold_plan])
+        second = _episode(stack, source, adapter, plan=["ls LEFTOVER /tmp/x ~/y", *builtin_task().gold_plan])
+    for res in (first, second):
+        assert (res.reason, res.trajectory.reward) == ("submitted", 1.0), res.error
+    assert first.trajectory.metadata["sandbox_id"] == second.trajectory.metadata["sandbox_id"] is not None
+    assert "LEFTOVER" not in second.reward.agent_diff
+    traj = second.trajectory  # the prompt after `ls` holds its output: none of the three is there
+    after_ls = stack[0].tokenizer.decode(traj.call_prompt(traj.calls[1]))
+    assert after_ls.count("No such file or directory") == 3, after_ls[-600:]
