@@ -49,8 +49,8 @@ import statistics
 import sys
 from pathlib import Path
 
-from harnessrl.gym.scheduler import SchedulerConfig
 from harnessrl.gym.doubles.sim import empirical, lognormal, run_simulation
+from harnessrl.gym.scheduler import SchedulerConfig
 
 
 def main() -> int:

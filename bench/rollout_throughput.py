@@ -62,10 +62,10 @@ def main() -> int:
 
     from harnessrl.adapters import get_adapter
     from harnessrl.adapters.toolchain import installed_spec
+    from harnessrl.gym.doubles.scripted import ScriptedEngine
     from harnessrl.gym.models import load_tokenizer
     from harnessrl.gym.proxy.config import ProxyConfig
     from harnessrl.gym.proxy.server import ProxyServer
-    from harnessrl.gym.doubles.scripted import ScriptedEngine
     from harnessrl.gym.served import ServedApp
     from harnessrl.gym.task_loaders import load_suite
     from harnessrl.sandboxes.docker import DockerBackend

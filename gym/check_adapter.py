@@ -103,11 +103,11 @@ def _installed(report: CheckReport, adapter: Any) -> bool:
 
 
 def check_adapter(target: str, backend: str = "auto", wall_time_s: float = 300.0) -> CheckReport:
+    from harnessrl.gym.doubles.scripted import ScriptedEngine
     from harnessrl.gym.episode import EpisodeConfig, ProxyHandle, run_episode
     from harnessrl.gym.models import load_tokenizer
     from harnessrl.gym.proxy.config import ProxyConfig
     from harnessrl.gym.proxy.server import ProxyServer
-    from harnessrl.gym.doubles.scripted import ScriptedEngine
     from harnessrl.gym.served import ServedApp
     from harnessrl.gym.suites.builtin import load
     from harnessrl.sandboxes import make_backend

@@ -25,10 +25,10 @@ def scripted_stack():
     """(scripted engine, proxy in front of it, docker backend) for episode tests: tiny-llama's
     tokenizer, real HTTP on loopback; the backend's containers are reaped afterwards."""
     backend = docker_backend()
+    from harnessrl.gym.doubles.scripted import ScriptedEngine
     from harnessrl.gym.models import load_tokenizer
     from harnessrl.gym.proxy.config import ProxyConfig
     from harnessrl.gym.proxy.server import ProxyServer
-    from harnessrl.gym.doubles.scripted import ScriptedEngine
     from harnessrl.gym.served import ServedApp
 
     engine = ScriptedEngine(load_tokenizer("tiny-llama"))

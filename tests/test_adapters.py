@@ -76,10 +76,10 @@ def test_exit_classification_and_result_validation():
 def stack():
     """Scripted engine + proxy + docker backend, shared by the module's episodes."""
     backend = docker_backend()
+    from harnessrl.gym.doubles.scripted import ScriptedEngine
     from harnessrl.gym.models import load_tokenizer
     from harnessrl.gym.proxy.config import ProxyConfig
     from harnessrl.gym.proxy.server import ProxyServer
-    from harnessrl.gym.doubles.scripted import ScriptedEngine
     from harnessrl.gym.served import ServedApp
 
     try:

@@ -54,8 +54,8 @@ def _our_threads() -> set[threading.Thread]:
 @pytest.mark.parametrize("placement", ["beside", "inside"])
 def test_a_timed_out_episode_kills_its_harness_and_releases_its_sandbox(tmp_path: Path, placement: str) -> None:
     docker_backend()
-    from harnessrl.gym.models import load_tokenizer
     from harnessrl.gym.doubles.scripted import ScriptedEngine
+    from harnessrl.gym.models import load_tokenizer
     from harnessrl.gym.served import ServedApp
     from harnessrl.sandboxes.docker import RUN_LABEL
 

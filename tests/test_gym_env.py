@@ -39,8 +39,8 @@ def env():
 
 
 def _gold_policy(env):
-    from harnessrl.gym.rollout import load_suite_tasks
     from harnessrl.gym.doubles.scripted import ScriptedPolicy
+    from harnessrl.gym.rollout import load_suite_tasks
 
     u = env.unwrapped
     tasks = load_suite_tasks(u.config)

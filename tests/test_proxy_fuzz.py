@@ -321,8 +321,8 @@ def test_loopback_is_decided_by_address(host, ok):
 @pytest.mark.parametrize("dialect", list(DIALECT_PATHS))
 def test_a_streamed_prompt_the_engine_refuses_is_a_400_not_an_error_event(dialect):
     """The engine's refusal (the prompt outgrew its context) comes before the stream's 200."""
-    from harnessrl.gym.proxy import ProxyConfig, ProxyServer
     from harnessrl.gym.doubles.standin import StandinEngine
+    from harnessrl.gym.proxy import ProxyConfig, ProxyServer
     from proxy_helpers import ServedApp
 
     eng = StandinEngine(max_context=200)

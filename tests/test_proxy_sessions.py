@@ -17,9 +17,9 @@ import httpx
 import pyarrow.parquet as pq
 import pytest
 
+from harnessrl.gym.doubles.standin import StandinEngine, default_responder
 from harnessrl.gym.models import load_tokenizer
 from harnessrl.gym.proxy import ProxyConfig, ProxyServer, Store
-from harnessrl.gym.doubles.standin import StandinEngine, default_responder
 
 sys.path.insert(0, str(Path(__file__).parent))  # --import-mode=importlib: helpers sit beside us
 from proxy_helpers import ServedApp, check_exact, post, standin

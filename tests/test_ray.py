@@ -147,13 +147,13 @@ def _tiny_agent(task_id: str):
 def test_real_harness_episodes_run_on_ray_workers(cluster):
     """Sandbox + harness on Ray workers (RolloutWorker), proxy and engine reached by URL."""
     docker_backend()
+    from harnessrl.gym.doubles.scripted import ScriptedEngine
     from harnessrl.gym.episode import ProxyHandle
     from harnessrl.gym.models import load_tokenizer
     from harnessrl.gym.proxy.config import ProxyConfig
     from harnessrl.gym.proxy.server import ProxyServer
     from harnessrl.gym.ray_placement import RolloutWorker
     from harnessrl.gym.rollout import load_suite_tasks
-    from harnessrl.gym.doubles.scripted import ScriptedEngine
     from harnessrl.gym.served import ServedApp
 
     task_id = "harnessrl-builtin__calc-1"
@@ -193,6 +193,7 @@ def test_ray_rollout_worker_turns_a_proxy_stale_abort_into_a_requeue():
     moves past it mid-episode the proxy refuses the next turn and the worker raises
     StaleEpisode (the driver then reruns the task). Run in-process: the worker is plain code."""
     docker_backend()
+    from harnessrl.gym.doubles.scripted import ScriptedEngine
     from harnessrl.gym.episode import ProxyHandle
     from harnessrl.gym.models import load_tokenizer
     from harnessrl.gym.proxy.config import ProxyConfig
@@ -200,7 +201,6 @@ def test_ray_rollout_worker_turns_a_proxy_stale_abort_into_a_requeue():
     from harnessrl.gym.ray_placement import RemoteSlot, RolloutWorker
     from harnessrl.gym.rollout import load_suite_tasks
     from harnessrl.gym.scheduler import StaleEpisode
-    from harnessrl.gym.doubles.scripted import ScriptedEngine
     from harnessrl.gym.served import ServedApp
 
     task_id = "harnessrl-builtin__calc-1"

@@ -33,8 +33,8 @@ def _need_stack() -> None:
 @pytest.mark.timeout(600)
 def test_rollout_report_with_the_scripted_policy(tmp_path: Path) -> None:
     _need_stack()
-    from harnessrl.gym.models import load_tokenizer
     from harnessrl.gym.doubles.scripted import ScriptedEngine
+    from harnessrl.gym.models import load_tokenizer
     from harnessrl.gym.served import ServedApp
     from harnessrl.gym.task_loaders import load_suite
 
@@ -126,10 +126,10 @@ def test_requeue_per_turn_check_aborts_a_real_harness_episode_and_reruns_it(tmp_
     when the trainer moves 2 versions past an episode's first tokens (η = 1), its next model
     call is refused, the episode ends `stale` (masked, not scored), and the task reruns."""
     _need_stack()
+    from harnessrl.gym.doubles.scripted import ScriptedEngine
     from harnessrl.gym.models import load_tokenizer
     from harnessrl.gym.rollout import Rollout
     from harnessrl.gym.scheduler import RolloutScheduler, SchedulerConfig
-    from harnessrl.gym.doubles.scripted import ScriptedEngine
     from harnessrl.gym.served import ServedApp
     from harnessrl.gym.task_loaders import load_suite
 

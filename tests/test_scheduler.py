@@ -8,8 +8,8 @@ import random
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from harnessrl.gym.scheduler import RolloutScheduler, SchedulerConfig, StaleEpisode
 from harnessrl.gym.doubles.sim import lognormal, run_simulation
+from harnessrl.gym.scheduler import RolloutScheduler, SchedulerConfig, StaleEpisode
 from harnessrl.gym.trajectory import Segment, Trajectory
 
 
