@@ -21,13 +21,13 @@ What it does, all on the spot and offline:
    tokens/s at 1, 16 and 64 concurrent /generate requests (prompts of 128 random ids,
    128 new tokens each, eos ignored);
 3. runs 3 GRPO steps of the built-in trainer (`TorchTrainer`, bf16 autocast, fp32 master
-   weights) on the engine's own generations (16 prompts x 4, temperature 1; synthetic
+   weights) on the engine's own generations (8 prompts x 4, temperature 1; synthetic
    reward: the share of even token ids in the completion), each step followed by a weight
    sync `DiskWeightSync(gate=proxy)` as `trainers.loop` wires it (proxy paused -> engine
    paused -> loaded from disk as the new version -> continued -> proxy resumed);
-4. after the last sync, scores a fixed batch the engine generated (32 seeded prompts at
+4. after the last sync, scores a fixed batch the engine generated (16 seeded prompts at
    temperature 1, as trained on) with the trainer: |trainer logprob - engine logprob| over
-   every sampled token, same weights (`logprob_mismatch`); 32 more at temperature 0.7 /
+   every sampled token, same weights (`logprob_mismatch`); 16 more at temperature 0.7 /
    top-p 0.9 / top-k 50 are scored in their filtered distribution (`mismatch_filtered`).
 
 It prints one JSON line on stdout (progress goes to stderr):
@@ -38,7 +38,9 @@ It prints one JSON line on stdout (progress goes to stderr):
   backward, per second of `TorchTrainer.step`, over steps 2-3 (step 1 warms up);
 - mfu = 6 * params * train_tokens_per_s / peak dense bf16 FLOP/s of the device (H100/H200
   989e12, A100 312e12; unknown device or CPU: null); attention FLOPs are not counted;
-- weight_sync_s: mean seconds of one `DiskWeightSync.push` (save + pause + load + resume).
+- weight_sync_s: mean seconds of one `DiskWeightSync.push` (save + pause + load + resume);
+- sample_ms_per_row: the engine's sampler on CPU over the whole vocabulary, per row (each
+  decode step of B rows pays about B times this, whatever the device of the forward pass).
 
 Targets (`target_met` is true only when all hold): every train step updated the weights;
 after sync k the engine reports weight_version "k" (k = 1, 2, 3) and the next generations
@@ -72,7 +74,8 @@ CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} 
 PEAK_BF16 = [("H200", 989e12), ("H100", 989e12), ("A100", 312e12)]
 CONCURRENCY = (1, 16, 64)
 STEPS = 3
-PROMPTS, GROUP = 16, 4
+PROMPTS, GROUP = 8, 4
+FIXED = 16  #: fixed-batch prompts per sampling setting
 FILTERED = {"temperature": 0.7, "top_p": 0.9, "top_k": 50}
 
 
@@ -161,6 +164,22 @@ async def rollouts(http, rng, step: int, version: int, plen: int, new: int, voca
     return batch, {v for _, _, v in res}
 
 
+def sample_ms_per_row(vocab: int, rows: int = 64, repeats: int = 3) -> float:
+    """The engine's sampler (on CPU, for any device) on [rows, vocab] logits at temperature 1:
+    milliseconds per row, to read the decode numbers against."""
+    import torch
+
+    from harnessrl.trainers.engine.sampling import RowParams, sample
+
+    logits, gen = torch.randn(rows, vocab, generator=torch.Generator().manual_seed(0)), torch.Generator()
+    params = [RowParams(1.0) for _ in range(rows)]
+    sample(logits, params, gen)
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        sample(logits, params, gen)
+    return round((time.perf_counter() - t0) * 1000 / (repeats * rows), 3)
+
+
 def fixed_batch_mismatch(trainer, batch) -> dict:
     """|trainer logprob - engine logprob| over every sampled token of `batch`, no update."""
     import torch
@@ -217,6 +236,8 @@ async def run(args, tmp: Path) -> dict:
         http = httpx.AsyncClient(base_url=engine.url, timeout=300, limits=httpx.Limits(max_connections=128))
         client = EngineClient(engine.url)
         report["decode_tokens_per_s"] = await decode_levels(http, rng, plen, new, vocab)
+        report["sample_ms_per_row"] = sample_ms_per_row(vocab)
+        log(f"engine sampler: {report['sample_ms_per_row']} ms per row at vocab {vocab}")
         trainer = TorchTrainer(TorchTrainerConfig(model=str(model_dir), device=device, dtype=dtype, lr=1e-5,
                                                   micro_batch_tokens=8192))
         params = sum(p.numel() for p in trainer.model.parameters())
@@ -235,16 +256,17 @@ async def run(args, tmp: Path) -> dict:
             reported.append(str((await client.model_info())["weight_version"]))
             log(f"step {k + 1}: {tokens} tokens in {m.step_s:.2f} s, sync {sync.last_sync_s:.2f} s, "
                 f"engine reports version {reported[-1]} (trainer {version})")
-        # the fixed batch: 32 prompts at temperature 1 (what the steps train on), and 32 more
+        # the fixed batch: FIXED prompts at temperature 1 (what the steps train on), FIXED more
         # with top-p/top-k filters, all seeded, all sampled by the synced weights
-        fixed_prompts = prompts(random.Random(1), 64, plen, vocab)
-        res = await asyncio.gather(*(generate(http, p, new, seed=i, **(FILTERED if i >= 32 else {}))
+        fixed_prompts = prompts(random.Random(1), 2 * FIXED, plen, vocab)
+        res = await asyncio.gather(*(generate(http, p, new, seed=i, **(FILTERED if i >= FIXED else {}))
                                      for i, p in enumerate(fixed_prompts)))
         carried.append(sorted({v for _, _, v in res}))
-        fixed = [trajectory(f"fixed-{i}", f"fixed{i // 2}", p, ids, lps, trainer.version, FILTERED if i >= 32 else {})
+        fixed = [trajectory(f"fixed-{i}", f"fixed{i // 2}", p, ids, lps, trainer.version,
+                            FILTERED if i >= FIXED else {})
                  for i, (p, (ids, lps, _)) in enumerate(zip(fixed_prompts, res))]
-        mismatch = fixed_batch_mismatch(trainer, fixed[:32])
-        filtered = {**FILTERED, **fixed_batch_mismatch(trainer, fixed[32:])}
+        mismatch = fixed_batch_mismatch(trainer, fixed[:FIXED])
+        filtered = {**FILTERED, **fixed_batch_mismatch(trainer, fixed[FIXED:])}
         await client.aclose()
         await http.aclose()
     warm = steps[1:] or steps

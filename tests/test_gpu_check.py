@@ -43,7 +43,7 @@ def test_dry_run_prints_one_json_line_with_every_key(dry_run):
     # the tiny config: 2 layers, hidden 64, vocab 512, tied embeddings (counted once)
     assert r["shape"]["num_hidden_layers"] == 2 and r["shape"]["hidden_size"] == 64
     assert r["params"] == 107072
-    assert r["train_tokens_per_s"] > 0 and r["weight_sync_s"] > 0
+    assert r["train_tokens_per_s"] > 0 and r["weight_sync_s"] > 0 and r["sample_ms_per_row"] > 0
 
 
 def test_dry_run_trains_syncs_versions_and_matches_logprobs(dry_run):
