@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("torch", reason="the check runs the torch engine and trainer")
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]  # ~25 s idle, ~70 s on a busy 2-core box
 REPO = Path(__file__).resolve().parent.parent
 KEYS = {"device", "dtype", "params", "train_tokens_per_s", "mfu", "weight_sync_s", "decode_tokens_per_s",
         "logprob_mismatch", "dry_run", "target_met"}
