@@ -30,7 +30,8 @@ What it does, all on the spot and offline:
    every sampled token, same weights (`logprob_mismatch`); 16 more at temperature 0.7 /
    top-p 0.9 / top-k 50 are scored in their filtered distribution (`mismatch_filtered`).
 
-It prints one JSON line on stdout (progress goes to stderr):
+It prints one JSON line on stdout (progress goes to stderr), also when a phase fails or the
+time limit's SIGTERM arrives (then with "error" and what was measured so far):
     {"device", "dtype", "params", "train_tokens_per_s", "mfu", "weight_sync_s",
      "decode_tokens_per_s": {"1", "16", "64"}, "logprob_mismatch": {"mean", "max"},
      "dry_run", "target_met", ...details}
@@ -55,13 +56,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import shutil
+import signal
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 
+#: The headline keys of the JSON line, in order (details follow them).
+KEYS = ("device", "dtype", "params", "train_tokens_per_s", "mfu", "weight_sync_s", "decode_tokens_per_s",
+        "logprob_mismatch", "dry_run", "target_met")
 FULL = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
             intermediate_size=4864, vocab_size=151936, max_position_embeddings=32768, rope_theta=1000000.0)
 TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -201,7 +208,8 @@ def fixed_batch_mismatch(trainer, batch) -> dict:
     return {"mean": float(d.mean()), "max": float(d.max()), "tokens": int(d.numel())}
 
 
-async def run(args, tmp: Path) -> dict:
+async def run(args, tmp: Path, report: dict) -> dict:
+    """The check; fills `report` as it goes (what is there is printed if a later phase fails)."""
     import httpx
     import torch
 
@@ -214,7 +222,7 @@ async def run(args, tmp: Path) -> dict:
 
     dry = args.dry_run
     if not dry and not torch.cuda.is_available():
-        raise SystemExit("gpu_check: torch sees no CUDA device; run with --dry-run for the CPU path")
+        raise RuntimeError("torch sees no CUDA device; run with --dry-run for the CPU path")
     device = "cpu" if dry else "cuda"
     dtype = args.dtype or ("float32" if dry else "bfloat16")
     shape = TINY if dry else FULL
@@ -228,7 +236,8 @@ async def run(args, tmp: Path) -> dict:
     t0 = time.perf_counter()
     build_model(model_dir, shape, device)
     log(f"model built in {time.perf_counter() - t0:.1f} s at {model_dir}")
-    report: dict = {"device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu", "dtype": dtype}
+    report.update(device=torch.cuda.get_device_name(0) if device == "cuda" else "cpu", dtype=dtype,
+                  dry_run=dry, shape=shape)
     tok = load_tokenizer(str(model_dir))
     with EngineServer(model=str(model_dir), device=device, dtype=dtype, max_running_requests=64,
                       max_prefill_per_step=8, weight_version="0", random_seed=0, num_threads=threads) as engine, \
@@ -240,9 +249,10 @@ async def run(args, tmp: Path) -> dict:
         log(f"engine sampler: {report['sample_ms_per_row']} ms per row at vocab {vocab}")
         trainer = TorchTrainer(TorchTrainerConfig(model=str(model_dir), device=device, dtype=dtype, lr=1e-5,
                                                   micro_batch_tokens=8192))
-        params = sum(p.numel() for p in trainer.model.parameters())
+        params = report["params"] = sum(p.numel() for p in trainer.model.parameters())
         sync = DiskWeightSync(client, tmp / "weights", gate=proxy)
         steps, syncs, reported, carried = [], [], [], []
+        report.update(steps=steps, weight_sync_each_s=syncs, engine_weight_versions=reported)
         for k in range(STEPS):
             batch, versions = await rollouts(http, rng, k, trainer.version, plen, new, vocab)
             carried.append(sorted(versions))
@@ -284,21 +294,15 @@ async def run(args, tmp: Path) -> dict:
         "decode_all_levels": all(v > 0 for v in report["decode_tokens_per_s"].values()),
     }
     report.update({
-        "params": params,
         "train_tokens_per_s": round(train_tps, 2),
         "mfu": round(6 * params * train_tps / peak, 4) if peak else None,
         "weight_sync_s": round(sum(syncs) / len(syncs), 3),
         "logprob_mismatch": {"mean": mismatch["mean"], "max": mismatch["max"]},
-        "dry_run": dry,
         "target_met": all(checks.values()),
         "checks": checks,
         "mismatch_bound": bound,
         "mismatch_tokens": mismatch["tokens"],
         "mismatch_filtered": filtered,
-        "weight_sync_each_s": syncs,
-        "engine_weight_versions": reported,
-        "steps": steps,
-        "shape": shape,
         "prompt_tokens": plen,
         "new_tokens": new,
         "torch": torch.__version__,
@@ -315,12 +319,30 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     tmp = Path(tempfile.mkdtemp(prefix="harnessrl-gpu-check-"))
+    report: dict = {"dry_run": args.dry_run}
+
+    def finish(error: str | None) -> None:
+        if error is not None:  # what was measured so far, and why the rest is missing
+            report.update(error=error, target_met=False)
+        report["wall_s"] = round(time.perf_counter() - t0, 1)
+        head = {k: report[k] for k in KEYS if k in report}  # the headline keys first
+        print(json.dumps({**head, **report}), flush=True)
+
+    def on_term(signum, frame):  # `timeout` in gpu_check.sh: print now, skip the slow clean-up
+        finish(f"stopped by signal {signum} (the time limit) after {time.perf_counter() - t0:.0f} s")
+        shutil.rmtree(tmp, ignore_errors=True)
+        os._exit(124)
+
+    signal.signal(signal.SIGTERM, on_term)
     try:
-        report = asyncio.run(run(args, tmp))
+        asyncio.run(run(args, tmp, report))
+    except Exception as e:  # one JSON line whatever happens: the device run is one shot
+        log(traceback.format_exc())
+        finish(f"{type(e).__name__}: {e}")
+        return 1
     finally:
         shutil.rmtree(tmp, ignore_errors=True)  # the model and every published version
-    report["wall_s"] = round(time.perf_counter() - t0, 1)
-    print(json.dumps(report), flush=True)
+    finish(None)
     return 0 if report["target_met"] else 1
 
 

@@ -59,3 +59,30 @@ def test_dry_run_trains_syncs_versions_and_matches_logprobs(dry_run):
     assert f["tokens"] > 0 and f["max"] < 1e-4
     assert r["checks"] == {k: True for k in r["checks"]}
     assert r["target_met"] is True
+
+
+def test_a_sigterm_still_prints_one_json_line_with_the_error():
+    # gpu_check.sh's `timeout 540` sends SIGTERM: the device run must still get its line
+    import signal
+    import time
+
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    p = subprocess.Popen([sys.executable, str(REPO / "bench" / "gpu_check.py"), "--dry-run"], cwd=REPO, env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for line in p.stderr:  # wait until the model exists, then stop it
+            if "model built" in line:
+                break
+        time.sleep(0.5)
+        p.send_signal(signal.SIGTERM)
+        out, _ = p.communicate(timeout=60)
+    finally:
+        p.kill()
+    assert p.returncode == 124
+    lines = [line for line in out.splitlines() if line.strip()]
+    assert len(lines) == 1, out
+    r = json.loads(lines[0])
+    assert r["target_met"] is False and r["dry_run"] is True
+    assert r["error"].startswith(f"stopped by signal {int(signal.SIGTERM)} (the time limit)")
+    assert (r["device"], r["dtype"]) == ("cpu", "float32")
+    assert list(r)[:2] == ["device", "dtype"]  # headline keys first
