@@ -78,7 +78,8 @@ class SynthConfig(BaseModel):
     test_command: str = DEFAULT_TEST_COMMAND
     """The pytest command the tasks carry (and the host screen runs in-process)."""
     timeout_s: float = Field(default=30.0, gt=0)
-    """Limit of one host test run of a mutant (past it: rejected as timeout)."""
+    """Most seconds of one host test run of a mutant (past it: rejected as timeout); runs get
+    10x the clean run's time, at least 5 s, at most this."""
 
 
 def expand_projects(project: str) -> list[str]:
@@ -110,6 +111,8 @@ class _Project:
         if self.base.timed_out or self.base.crashed or not any(s == "passed" for s, _ in self.base.results.values()):
             raise RuntimeError(f"{project}: no test passes at the clean commit "
                                f"(timed out: {self.base.timed_out}, crashed: {self.base.crashed})")
+        # A mutant that loops must not cost the full limit when the clean run takes a second.
+        self.screener.timeout_s = min(cfg.timeout_s, max(5.0, 10 * self.base.seconds))
         self.failing_at_clean = sorted(n for n, (s, _) in self.base.results.items() if s != "passed")
 
     def key(self, m: mutate.Mutation) -> split.FunctionKey:

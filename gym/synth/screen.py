@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sys
 import tempfile
@@ -42,8 +43,9 @@ class Run:
 class _Recorder:
     """pytest plugin: node id -> worst (status, message) over setup / call / teardown."""
 
-    def __init__(self) -> None:
+    def __init__(self, root: str) -> None:
         self.results: dict[str, tuple[str, str]] = {}
+        self.root = root.rstrip("/") + "/"
 
     def pytest_runtest_logreport(self, report) -> None:  # noqa: ANN001 (pytest's hook)
         if report.passed:
@@ -55,7 +57,9 @@ class _Recorder:
         message = ""
         if status in ("failed", "error"):
             crash = getattr(report.longrepr, "reprcrash", None)
-            message = (getattr(crash, "message", "") or str(report.longrepr or "")).strip().split("\n")[0][:300]
+            message = (getattr(crash, "message", "") or str(report.longrepr or "")).strip().split("\n")[0]
+            # Same text on every run: no object addresses, no temporary checkout paths.
+            message = re.sub(r" at 0x[0-9a-fA-F]+", "", message.replace(self.root, ""))[:300]
         prev = self.results.get(report.nodeid)
         if prev is None or _WORST.index(status) < _WORST.index(prev[0]):
             self.results[report.nodeid] = (status, message)
@@ -111,14 +115,17 @@ class Screener:
 
             resource.setrlimit(resource.RLIMIT_AS, (self.memory_bytes, self.memory_bytes))
             os.setpgid(0, 0)
+            # Dies on its own past the limit even if the parent is gone (killed mid-run).
+            signal.alarm(int(self.timeout_s) + 5)
             devnull = os.open(os.devnull, os.O_RDWR)
             for fd in (0, 1, 2):
                 os.dup2(devnull, fd)
+            sys.stdout = sys.stderr = open(os.devnull, "w")  # noqa: SIM115  (a caller's capture may own them)
             os.chdir(self.repo)
             os.environ.update({"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONDONTWRITEBYTECODE": "1", **self.env})
             sys.dont_write_bytecode = True
             sys.path.insert(0, str(self.repo))
-            recorder = _Recorder()
+            recorder = _Recorder(str(self.repo))
             pytest.main([*self.args, "-p", "no:cacheprovider", "-p", "no:randomly"], plugins=[recorder])
             with open(out_path, "w") as f:
                 json.dump(recorder.results, f)

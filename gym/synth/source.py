@@ -129,7 +129,7 @@ def bug_commit(repo: Path, clean: str, files: dict[str, str]) -> str:
 
 def gold_patch(repo: Path, bug: str, clean: str) -> str:
     """The fix: a git diff from the bug commit back to the clean one."""
-    return git(repo, "diff", "--no-color", "--no-ext-diff", "--no-renames", "--full-index", bug, clean)
+    return git(repo, "diff", "--binary", "--no-color", "--no-ext-diff", "--no-renames", bug, clean)
 
 
 def write_bundle(repo: Path, clean: str, refs: dict[str, str], path: Path) -> None:
