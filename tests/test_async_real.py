@@ -1,0 +1,107 @@
+"""bench/async_real.py's policy (bench/async_real_policy.py): seeded latency draws that every η
+replays, the sleep-prefixed gold plan, and real engine compute under the gold action's ids,
+with per-token versions across a real weight update on the real local engine (tiny-llama)."""
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+from async_real_policy import GoldOverEngine, LatencyDraws, sleepy_plan, spread_versions  # noqa: E402
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def test_draws_are_seeded_per_episode_so_every_eta_replays_the_same_sequence():
+    a, b = LatencyDraws(3.0, 2.0, seed=7, turns=4), LatencyDraws(3.0, 2.0, seed=7, turns=4)
+    assert [a.draws(k) for k in range(50)] == [b.draws(k) for k in range(50)]
+    assert b.draws(3) == a.draws(3)  # asked out of order: the same
+    assert a.draws(0) != a.draws(1)
+    assert LatencyDraws(3.0, 2.0, seed=8, turns=4).draws(0) != a.draws(0)
+
+
+@pytest.mark.parametrize("cv", [1.0, 2.0])
+def test_draws_have_the_mean_and_cv_asked_for_and_are_clipped(cv):
+    d = LatencyDraws(2.0, cv, seed=0, turns=10, clip_s=1e9)
+    xs = [x for k in range(4000) for x in d.raw(k)]
+    mean = statistics.fmean(xs)
+    assert mean == pytest.approx(2.0, rel=0.06)
+    assert statistics.pstdev(xs) / mean == pytest.approx(cv, rel=0.25)
+    clipped = LatencyDraws(2.0, cv, seed=0, turns=10, clip_s=5.0)
+    assert max(x for k in range(400) for x in clipped.draws(k)) == 5.0
+    assert clipped.draws(1) == [min(round(x, 3), 5.0) for x in d.raw(1)]
+
+
+def test_sleepy_plan_puts_a_sleep_before_every_command_and_submits_last():
+    assert sleepy_plan(["edit"], [1.5, 0.25, 2.0, 0.125]) == [
+        "sleep 1.500; edit", "sleep 0.250; git diff --stat", "sleep 2.000; git diff --stat",
+        "sleep 0.125; echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"]
+    assert sleepy_plan(["a", "b", "c"], [1.0, 1.0]) == ["sleep 1.000; a", "sleep 1.000; echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"]
+
+
+def test_spread_versions_maps_returned_tokens_onto_the_engine_chunks():
+    assert spread_versions([(30, "3"), (10, "4")], 8) == ["3"] * 6 + ["4"] * 2
+    assert spread_versions([(5, "1")], 3) == ["1"] * 3
+    assert spread_versions([(1, "1"), (1, "2")], 4) == ["1", "1", "2", "2"]
+
+
+def _prompt(tok, statement: str) -> list[int]:
+    tool = {"type": "function", "function": {"name": "bash", "description": "run a command", "parameters": {
+        "type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}
+    text = (f"<|im_start|>system\nYou are a helpful assistant.\n<tools>\n{json.dumps(tool)}\n</tools><|im_end|>\n"
+            f"<|im_start|>user\n{statement}<|im_end|>\n<|im_start|>assistant\n")
+    return tok.encode(text, add_special_tokens=False)
+
+
+def test_gold_over_engine_runs_real_engine_tokens_and_versions_straddle_a_weight_update(tmp_path):
+    from harnessrl.gym.backends.protocol import SESSION
+    from harnessrl.gym.doubles.scripted import ScriptedPolicy
+    from harnessrl.gym.engine_client import EngineClient
+    from harnessrl.gym.models import load_tokenizer, resolve_model
+    from harnessrl.gym.suites.builtin import load
+    from harnessrl.trainers.engine import EngineServer
+
+    task = next(t for t in load() if t.difficulty == "trivial")
+    tok = load_tokenizer("tiny-llama")
+    draws = LatencyDraws(1.0, 1.0, seed=3, turns=3)
+    prompt = _prompt(tok, task.problem_statement)
+    expected_text = ScriptedPolicy(tok, {task.problem_statement: sleepy_plan(task.gold_plan, draws.draws(0))}).decide(
+        tok.decode(prompt, skip_special_tokens=False))[0]
+    expected = tok.encode(expected_text, add_special_tokens=False) + [tok.convert_tokens_to_ids("<|im_end|>")]
+    assert f"sleep {draws.draws(0)[0]:.3f}; " in expected_text
+
+    with EngineServer(model="tiny-llama", weight_version="0", num_threads=1) as engine:
+        backend = GoldOverEngine(engine.url, tok, [task], draws, gen_tokens=400)
+        client = EngineClient(engine.url)
+        es = engine.state.scheduler
+
+        async def go():
+            SESSION.set("episode-a")
+            call = asyncio.create_task(backend.generate(prompt, max_new_tokens=4096))
+            s0 = es.steps
+            while not (es._running and es.steps > s0 + 5):  # decoding has begun
+                assert not call.done(), "the generation ended before the weight update"
+                await asyncio.sleep(0.005)
+            await client.pause(mode="abort")
+            await client.update_weights_from_disk(str(resolve_model("tiny-llama")), weight_version="1")
+            await client.resume()
+            res = await call
+            SESSION.set("episode-b")
+            await backend.generate(prompt, max_new_tokens=4096)
+            await backend.aclose()
+            await client.aclose()
+            return res
+
+        res = asyncio.run(go())
+    assert res.output_ids == expected and res.finish_reason == "stop"
+    n0 = res.versions.count("0")
+    assert 0 < n0 < len(expected) and res.versions == ["0"] * n0 + ["1"] * (len(expected) - n0)
+    first, second = backend.calls
+    assert first["engine_tokens"] == 400 and first["versions"] == ["0", "1"] and first["k"] == 0
+    assert second["engine_tokens"] == 400 and second["versions"] == ["1"] and second["k"] == 1
+    assert first["wait_s"] == draws.draws(0)[0] and second["wait_s"] == draws.draws(1)[0]
