@@ -173,6 +173,14 @@ def test_two_tinker_steps_through_the_proxy_move_the_policy_and_bump_the_version
             assert ids0 != ids2
         out = trainer.publish(tmp_path / "pub")
         assert out == 2 and (tmp_path / "pub" / "tinker.json").read_text().startswith('{"version": 2, "path": "tinker://')
+        # a checkpoint (weights + optimizer on the service) resumes a fresh trainer at version 2, same policy
+        ck = trainer.save_checkpoint(tmp_path / "ck")
+        resumed = TinkerTrainer(trainer.config)
+        assert resumed.version == 0
+        resumed.load_checkpoint(ck)
+        assert (resumed.version, resumed.backend.version, resumed._steps) == (2, "2", 2)
+        ids_r, lp_r = _probe(resumed.backend.client, prompt, 5)
+        assert ids_r == ids2 and lp_r == pytest.approx(lp2, abs=1e-5)
         print("tinker steps:", [(m.version, round(m.loss, 4), round(m.grad_norm, 4), m.logprob_mismatch_mean,
                                  round(m.step_s, 1)) for m in history], "probe", lp0[:n], lp2[:n])
 

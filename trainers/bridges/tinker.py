@@ -161,6 +161,7 @@ class TinkerTrainer:
         self.training_client = tc.result() if callable(getattr(tc, "result", None)) else tc
         self._version = 0
         self._steps = 0
+        self._saves = 0
         self.backend = TinkerBackend(self._new_sampler(), version=0)
         """The proxy's generation backend: always the latest published sampling client."""
 
@@ -230,9 +231,14 @@ class TinkerTrainer:
     def _wait(reply: Any) -> Any:
         return reply.result() if callable(getattr(reply, "result", None)) else reply
 
+    def _name(self, what: str) -> str:
+        """A checkpoint name unique within this model (the service refuses a name twice)."""
+        self._saves += 1
+        return f"harnessrl-{what}-{self._saves}"
+
     def publish(self, out_dir: str | Path) -> int:
         """Save a sampler checkpoint on the service; write its path and version to out_dir/tinker.json."""
-        resp = self._wait(self.training_client.save_weights_for_sampler(name=f"harnessrl-v{self._version}"))
+        resp = self._wait(self.training_client.save_weights_for_sampler(name=self._name(f"v{self._version}")))
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         tmp = out / "tinker.json.tmp"
@@ -242,15 +248,18 @@ class TinkerTrainer:
 
     def save_checkpoint(self, ckpt_dir: str | Path) -> Path:
         """Save weights and optimizer state on the service; the folder holds its path, step and version."""
-        resp = self._wait(self.training_client.save_state(name=f"harnessrl-step{self._steps}"))
+        resp = self._wait(self.training_client.save_state(name=self._name(f"step{self._steps}")))
         out = Path(ckpt_dir)
         out.mkdir(parents=True, exist_ok=True)
         (out / "tinker_state.json").write_text(json.dumps({"path": resp.path, "step": self._steps, "version": self._version}))
         return out
 
     def load_checkpoint(self, ckpt_dir: str | Path) -> None:
+        """Resume from a `save_checkpoint` folder. Tinker loads a state only into a model that has
+        had no request yet, so a new training client is made from it (weights and optimizer),
+        and its sampler is swapped into the backend."""
         state = json.loads((Path(ckpt_dir) / "tinker_state.json").read_text())
-        self._wait(self.training_client.load_state_with_optimizer(state["path"]))
+        self.training_client = self._wait(self.service.create_training_client_from_state_with_optimizer(state["path"]))
         self._steps, self._version = int(state["step"]), int(state["version"])
         self.backend.swap(self._new_sampler(), self._version)
 
