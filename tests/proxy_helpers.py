@@ -2,40 +2,13 @@
 scripted responder, and small HTTP helpers. Real HTTP, real tokenizer; no mocks."""
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import socket
-import threading
 from collections import deque
 
 import httpx
-import uvicorn
 
 from harnessrl.gym.doubles.standin import StandinEngine
-
-
-class ServedApp:
-    """Any ASGI app on 127.0.0.1:<free port> in a background thread."""
-
-    def __init__(self, app):
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-        self.thread = threading.Thread(target=lambda: asyncio.run(self.server.serve(sockets=[self.sock])),
-                                       daemon=True)
-
-    def __enter__(self):
-        self.thread.start()
-        for _ in range(500):
-            if self.server.started:
-                break
-            threading.Event().wait(0.01)
-        return self
-
-    def __exit__(self, *exc):
-        self.server.should_exit = True
-        self.thread.join(10)
+from harnessrl.gym.served import ServedApp  # noqa: F401  (tests import it from here)
 
 
 class Script:
