@@ -38,8 +38,13 @@ def test_wheel_installs_only_the_harnessrl_namespace(tmp_path: Path) -> None:
 
 
 def test_torch_pin_is_the_cpu_wheel_version() -> None:
+    # setup.sh pins the CPU wheel, first alone and again on the extras' line so nothing can
+    # upgrade it; the core takes a range (test_extras: the extras resolve against it).
+    setup = (ROOT / "scripts" / "setup.sh").read_text()
+    assert "\n  pipq torch==2.13.0\n" in setup
+    assert '\n  pipq -e ".[dev,bridges]" torch==2.13.0 transformers==5.8.0\n' in setup
     text = (ROOT / "pyproject.toml").read_text()
-    assert '"torch==2.13.0"' in text
+    assert '"torch==' not in text and '"torch>=2.4",' in text
     gpu = text.split("[project.optional-dependencies]")[1].split("\n\n")[0]
     assert "sglang" in gpu
 
