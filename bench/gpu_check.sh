@@ -11,14 +11,17 @@
 #
 # It prints one JSON line on stdout (progress goes to stderr): device, dtype, params,
 # train_tokens_per_s, mfu, weight_sync_s, decode_tokens_per_s {"1","16","64"},
-# logprob_mismatch {mean, max}, dry_run, target_met, then details (checks, per-step numbers).
+# logprob_mismatch {mean, max}, dry_run, target_met, then details (checks, per-step numbers);
+# also when a phase fails or the time limit hits (then with "error" and what was measured).
 # Exit status: 0 target met, 1 target not met, 2 set-up failure, 124 past the 540 s limit.
 #
 # Python: $PYTHON if set, else the first of python3, python that imports torch and transformers.
 # If that python lacks a dependency of the modules the check imports (fastapi, uvicorn, httpx,
 # pydantic, orjson, psutil, pyyaml, jinja2, safetensors, and theirs), a throw-away venv with
 # --system-site-packages is made (the machine's own torch and transformers stay in use) and
-# the pinned set is installed into it offline: pip install --no-index --find-links bench/wheels.
+# the missing ones are installed into it offline at their pins (bench/wheels/requirements.txt):
+# pip install --no-index --find-links bench/wheels, which takes from bench/wheels only the
+# dependencies the machine lacks. Without a venv module: pip install --target instead.
 # The repository goes on PYTHONPATH as the package `harnessrl` through a symlink; nothing is
 # installed into the machine's own python.
 set -euo pipefail
@@ -95,7 +98,8 @@ if [[ "${1:-}" == "--prepare-wheels" ]]; then
   exit 0
 fi
 
-with_deps "$(find_python)"
+base="$(find_python)" || exit 2
+with_deps "$base"
 # the working tree as the package `harnessrl`, whatever its folder is called
 pkgroot="$(mktemp -d)"
 trap 'rm -rf "$pkgroot"' EXIT
