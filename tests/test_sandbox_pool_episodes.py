@@ -392,3 +392,34 @@ def test_two_consecutive_mini_swe_agent_episodes_share_one_warm_local_sandbox(st
     traj = second.trajectory  # the prompt after `ls` holds its output: none of the three is there
     after_ls = stack[0].tokenizer.decode(traj.call_prompt(traj.calls[1]))
     assert after_ls.count("No such file or directory") == 3, after_ls[-600:]
+
+
+# The code under test, imported by the hidden tests, detaches a copier of them: it outlives the
+# grading (which ends with the agent's code still running), so only the release reset stands
+# between the copies and the next episode on this container.
+COPIER = ("cat >> cachekit/__init__.py <<'EOF'\nimport subprocess\nsubprocess.Popen(['setsid', '-f', 'bash', '-c', "
+          "'for i in $(seq 100); do cp -r /tmp/harnessrl-eval-* /dev/shm/ 2>/dev/null && "
+          "cp -r /tmp/harnessrl-eval-* /home/agent/ 2>/dev/null && break; sleep 0.05; done; exec sleep 600'])\nEOF")
+
+
+@pytest.mark.docker
+@pytest.mark.harness
+@pytest.mark.timeout(600)
+def test_hidden_tests_copied_during_grading_never_reach_the_next_episode(stack):
+    engine, _, backend = stack
+    adapter = _mini()
+    task = builtin_task()
+    hidden = task.FAIL_TO_PASS[0].split("::")[-1]
+    probe = (f"echo probe copies=$(ls -A /dev/shm /home/agent /tmp | grep -c harnessrl-eval)"
+             f" hidden=$(grep -rl {hidden} /dev/shm /home/agent /tmp /workspace/repo 2>/dev/null | wc -l)"
+             " sleepers=$(grep -l '^sleep' /proc/[0-9]*/comm 2>/dev/null | wc -l)")
+    with PooledSandboxes(backend, size=1) as source:
+        first = _episode(stack, source, adapter, plan=[*task.gold_plan, COPIER])
+        second = _episode(stack, source, adapter, plan=[probe, *task.gold_plan])
+    assert (first.reason, first.trajectory.reward) == ("submitted", 1.0), (first.error, first.reward)
+    assert (second.reason, second.trajectory.reward) == ("submitted", 1.0), second.error
+    assert first.trajectory.metadata["sandbox_id"] == second.trajectory.metadata["sandbox_id"]
+    traj = second.trajectory
+    after_probe = engine.tokenizer.decode(traj.call_prompt(traj.calls[1]))
+    assert "probe copies=0 hidden=0 sleepers=0" in after_probe, after_probe[-600:]
+    assert "subprocess" not in second.reward.agent_diff
