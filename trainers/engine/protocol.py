@@ -10,9 +10,11 @@ Every validation failure becomes one 400 whose message names the field
 from __future__ import annotations
 
 import json
+import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, ValidationError,
+                      model_validator)
 
 TokenId = Annotated[StrictInt, Field(ge=0)]
 
@@ -115,6 +117,124 @@ class UpdateWeightsRequest(BaseModel):
     flush_cache: StrictBool = True
 
 
+#: vLLM request fields the local engine does not implement, with their neutral value.
+VLLM_NEUTRAL: dict[str, Any] = {
+    "n": 1, "best_of": None, "presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0,
+    "min_p": 0.0, "min_tokens": 0, "prompt_logprobs": None, "logit_bias": None, "allowed_token_ids": None,
+    "bad_words": None, "structured_outputs": None, "guided_json": None, "guided_regex": None,
+    "guided_choice": None, "guided_grammar": None, "response_format": None, "truncate_prompt_tokens": None,
+    "use_beam_search": False, "length_penalty": 1.0, "logprob_token_ids": None, "echo": False, "suffix": None,
+    "kv_transfer_params": None, "features": None, "cache_salt": None, "stream_options": None,
+    "detokenize": True, "add_special_tokens": True, "user": None, "vllm_xargs": None,
+}
+
+
+def _drop_nulls(data: Any) -> Any:
+    """JSON null means "the default" in vLLM's requests (`normalize_null_max_tokens` and kin)."""
+    return {k: v for k, v in data.items() if v is not None} if isinstance(data, dict) else data
+
+
+def _neutral_extras(model: BaseModel, known: set[str]) -> None:
+    """Fields vLLM has and the local engine does not: accepted only at their neutral value."""
+    for name, value in (model.model_extra or {}).items():
+        if name in VLLM_NEUTRAL and name not in known:
+            if value != VLLM_NEUTRAL[name]:
+                raise ValueError(f"@{name}: {value!r} is not supported by the local engine "
+                                 f"(only {VLLM_NEUTRAL[name]!r})")
+        else:
+            raise ValueError(f"@{name}: unknown parameter")
+
+
+class VllmSampling(BaseModel):
+    """vLLM's `SamplingParams` fields the local engine implements (names and defaults as vLLM's)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    max_tokens: StrictInt | None = Field(None, ge=1)
+    """None: up to the context length (the generate route's default)."""
+    temperature: StrictFloat = Field(1.0, ge=0.0)
+    top_p: StrictFloat = Field(1.0, gt=0.0, le=1.0)
+    top_k: StrictInt = Field(0, ge=-1)
+    """0 or -1: off."""
+    seed: StrictInt | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[TokenId] | None = None
+    ignore_eos: StrictBool = False
+    logprobs: StrictInt | None = Field(None, ge=0, le=20)
+    """How many top logprobs per token besides the sampled one's (None: no logprobs)."""
+    skip_special_tokens: StrictBool = True
+    spaces_between_special_tokens: StrictBool = True
+    include_stop_str_in_output: StrictBool = False
+
+    _drop = model_validator(mode="before")(_drop_nulls)
+
+    @model_validator(mode="after")
+    def _neutral(self) -> "VllmSampling":
+        _neutral_extras(self, set(type(self).model_fields))
+        return self
+
+    def engine_params(self, default_max: int) -> SamplingParams:
+        """The same sampling in the engine's (SGLang's) names."""
+        return SamplingParams(
+            max_new_tokens=self.max_tokens if self.max_tokens is not None else default_max,
+            temperature=self.temperature, top_p=self.top_p, top_k=self.top_k if self.top_k >= 1 else -1,
+            stop=self.stop, stop_token_ids=self.stop_token_ids, ignore_eos=self.ignore_eos,
+            skip_special_tokens=self.skip_special_tokens,
+            spaces_between_special_tokens=self.spaces_between_special_tokens,
+            no_stop_trim=self.include_stop_str_in_output, sampling_seed=self.seed)
+
+
+class VllmGenerateRequest(BaseModel):
+    """POST /inference/v1/generate: vLLM's tokens-in/tokens-out request."""
+
+    model_config = ConfigDict(extra="allow")
+
+    token_ids: list[TokenId] = Field(min_length=1)
+    sampling_params: VllmSampling
+    request_id: str | None = None
+    model: str | None = None
+    stream: StrictBool = False
+    priority: StrictInt = 0
+    """vLLM's direction: lower is admitted first."""
+
+    _drop = model_validator(mode="before")(_drop_nulls)
+
+    @model_validator(mode="after")
+    def _neutral(self) -> "VllmGenerateRequest":
+        _neutral_extras(self, set(type(self).model_fields))
+        return self
+
+
+class VllmCompletionRequest(VllmSampling):
+    """POST /v1/completions with one token-id prompt (text prompts are refused)."""
+
+    prompt: Any = None
+    model: str | None = None
+    stream: StrictBool = False
+    max_tokens: StrictInt | None = Field(16, ge=1)
+    """OpenAI's and vLLM's completions default: 16."""
+    request_id: str | None = None
+    priority: StrictInt = 0
+    return_token_ids: StrictBool = False
+    return_tokens_as_token_ids: StrictBool = False
+
+    @model_validator(mode="after")
+    def _token_prompt(self) -> "VllmCompletionRequest":
+        p = self.prompt
+        if p is None or p == [] or p == "":
+            raise ValueError("@prompt: required: one prompt as a list of token ids")
+        if isinstance(p, str) or (isinstance(p, list) and all(isinstance(x, str) for x in p)):
+            raise ValueError("@prompt: text prompts are not supported by the local engine; send a list of token ids")
+        if not isinstance(p, list):
+            raise ValueError(f"@prompt: expected a list of token ids, got {type(p).__name__}")
+        if all(isinstance(x, list) for x in p):
+            raise ValueError("@prompt: one prompt per request (a list of token ids, not a list of lists)")
+        for i, t in enumerate(p):
+            if isinstance(t, bool) or not isinstance(t, int) or t < 0:
+                raise ValueError(f"@prompt[{i}]: {t!r} is not a token id (an int >= 0)")
+        return self
+
+
 class BadRequest(ValueError):
     """A request the engine refuses; the message names the field."""
 
@@ -137,9 +257,9 @@ def describe(err: ValidationError, prefix: str = "") -> str:
     for e in err.errors():
         msg = e["msg"].removeprefix("Value error, ")
         loc = tuple(e["loc"])
-        if msg.startswith("@"):  # a model validator naming the field it is about
+        if msg.startswith("@"):  # a model validator naming the field it is about ("prompt[3]" too)
             name, msg = msg[1:].split(": ", 1)
-            loc += (name,)
+            loc += tuple(int(i) if i else n for n, i in re.findall(r"(\w+)|\[(\d+)\]", name))
         line = f"{prefix}{_loc(loc)}: {msg}"
         if line not in seen:
             seen.append(line)

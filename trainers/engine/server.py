@@ -8,12 +8,16 @@ Routes: POST /generate (one prompt, or a batch as a list of prompts; SSE when `s
 `{"error": {"message": ...}}` with 400 for bad input (the message names the field), as
 SGLang's `_create_error_response` does. Streams are cumulative like SGLang's default
 (every chunk holds all output so far) unless `incremental_streaming_output` is set.
+SGLang bodies are rendered by `harnessrl.gym.backends.encode.sglang_reply`. vLLM's token
+routes (`/inference/v1/generate`, `/v1/completions` with token ids, `/v1/models`) run on the
+same scheduler (`vllm_api.py`).
 """
 from __future__ import annotations
 
 import asyncio
 import json
 import uuid
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, AsyncIterator
@@ -22,12 +26,14 @@ import torch
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
+from harnessrl.gym.backends.encode import sglang_reply
 from harnessrl.trainers.engine.config import EngineConfig
 from harnessrl.trainers.engine.protocol import (
     AbortRequest, BadRequest, GenerateRequest, PauseRequest, UpdateWeightsRequest,
     decode_json, parse_body, split_batch, validate,
 )
 from harnessrl.trainers.engine.scheduler import Delta, Req, Scheduler
+from harnessrl.trainers.engine.vllm_api import add_vllm_routes
 from harnessrl.trainers.engine.weights import WeightLoadError, apply_weights, read_weights
 
 
@@ -79,7 +85,7 @@ class _Accumulator:
         self.cached = d.cached_tokens
         return start, len(self.ids)
 
-    def _text(self) -> str:
+    def text(self) -> str:
         p = self.body.sampling_params
         text = self.state.tokenizer.decode(self.ids, skip_special_tokens=p.skip_special_tokens)
         matched = (self.finish or {}).get("matched")
@@ -92,33 +98,44 @@ class _Accumulator:
         return [[lp, tid, dec([tid]) if with_text and tid is not None else None] for lp, tid in pairs]
 
     def render(self, start: int = 0, end: int | None = None) -> dict:
-        """Reply body over output tokens [start:end] (whole output by default)."""
+        """SGLang reply body over output tokens [start:end] (whole output by default)."""
         end = len(self.ids) if end is None else end
         b = self.body
-        full_text = self._text()
+        full_text = self.text()
         if start == 0:
             text = full_text
         else:  # incremental chunk: the new part of the decoded text
             text = full_text[len(self.text_sent):] if full_text.startswith(self.text_sent) else full_text
         self.text_sent = full_text
-        meta: dict[str, Any] = {
-            "id": self.rid,
-            "finish_reason": self.finish,
-            "prompt_tokens": len(b.input_ids),
-            "completion_tokens": len(self.ids),
-            "cached_tokens": self.cached,
-            "weight_version": self.version,
-        }
+        extra: dict[str, Any] = {}
+        lps = texts = None
         if b.return_logprob:
             with_text = b.return_text_in_logprobs
-            meta["output_token_logprobs"] = self._entries(
-                zip(self.logprobs[start:end], self.ids[start:end]), with_text)
+            lps = self.logprobs[start:end]
+            texts = [e[2] for e in self._entries(zip(lps, self.ids[start:end]), with_text)]
             if b.top_logprobs_num:
-                meta["output_top_logprobs"] = [self._entries(top, with_text) for top in self.tops[start:end]]
+                extra["output_top_logprobs"] = [self._entries(top, with_text) for top in self.tops[start:end]]
             if b.logprob_start_len >= 0 and self.input_logprobs is not None:
                 prompt = b.input_ids[b.logprob_start_len:]
-                meta["input_token_logprobs"] = self._entries(zip(self.input_logprobs, prompt), with_text)
-        return {"text": text, "output_ids": self.ids[start:end], "meta_info": meta}
+                extra["input_token_logprobs"] = self._entries(zip(self.input_logprobs, prompt), with_text)
+        return sglang_reply(rid=self.rid, output_ids=self.ids[start:end], logprobs=lps, finish=self.finish,
+                            prompt_tokens=len(b.input_ids), weight_version=self.version, text=text,
+                            completion_tokens=len(self.ids), token_texts=texts, cached_tokens=self.cached, **extra)
+
+
+class _BearerAuth:
+    """`Authorization: Bearer <api_key>` on every request, as plain ASGI: Starlette's
+    BaseHTTPMiddleware would hide a client's disconnect from the routes, so a non-streamed
+    request whose client went away would run to its end instead of being aborted."""
+
+    def __init__(self, app, token: str):
+        self.app, self.want = app, f"Bearer {token}".encode()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and dict(scope.get("headers") or []).get(b"authorization") != self.want:
+            await _error(401, "authorization: missing or wrong bearer token")(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
 
 
 def build_app(state: EngineState) -> FastAPI:
@@ -126,11 +143,8 @@ def build_app(state: EngineState) -> FastAPI:
     sched = state.scheduler
     cfg = state.config
 
-    @app.middleware("http")
-    async def _auth(request: Request, call_next):
-        if cfg.api_key and request.headers.get("authorization") != f"Bearer {cfg.api_key}":
-            return _error(401, "authorization: missing or wrong bearer token")
-        return await call_next(request)
+    if cfg.api_key:
+        app.add_middleware(_BearerAuth, token=cfg.api_key)
 
     def _check(body: GenerateRequest, where: str = "") -> None:
         bad = next(((i, t) for i, t in enumerate(body.input_ids) if t >= state.vocab_size), None)
@@ -165,7 +179,8 @@ def build_app(state: EngineState) -> FastAPI:
         sched.submit(req)
         return req, queue, _Accumulator(state, body, rid)
 
-    async def _run_to_end(body: GenerateRequest, request: Request) -> dict:
+    async def _collect(body: GenerateRequest, request: Request) -> _Accumulator:
+        """Run one request to its end (aborted if the client goes away); its accumulator."""
         req, queue, acc = _start(body)
         try:
             while acc.finish is None:
@@ -176,25 +191,31 @@ def build_app(state: EngineState) -> FastAPI:
                         sched.abort(req.rid)
             if (acc.finish or {}).get("status_code") == 500:  # an engine failure, not a requested abort
                 raise _EngineFailure(acc.finish.get("message", "engine error"))
-            return acc.render()
+            return acc
         finally:
             state.in_flight.discard(req.rid)
             if acc.finish is None:
                 sched.abort(req.rid)
 
-    async def _stream(body: GenerateRequest) -> AsyncIterator[bytes]:
+    async def _deltas(body: GenerateRequest) -> AsyncIterator[tuple[_Accumulator, int, int]]:
+        """A streamed request's deltas as (accumulator, start, end) of the new output tokens."""
         req, queue, acc = _start(body)
-        incremental = cfg.incremental_streaming_output
         try:
             while acc.finish is None:
                 start, end = acc.add(await queue.get())
-                chunk = acc.render(start, end) if incremental else acc.render()
-                yield b"data: " + json.dumps(chunk).encode() + b"\n\n"
-            yield b"data: [DONE]\n\n"
-        finally:  # also on client disconnect (the generator is cancelled)
+                yield acc, start, end
+        finally:  # also on client disconnect (the generator is closed)
             state.in_flight.discard(req.rid)
             if acc.finish is None:
                 sched.abort(req.rid)
+
+    async def _stream(body: GenerateRequest) -> AsyncIterator[bytes]:
+        incremental = cfg.incremental_streaming_output
+        async with aclosing(_deltas(body)) as deltas:
+            async for acc, start, end in deltas:
+                chunk = acc.render(start, end) if incremental else acc.render()
+                yield b"data: " + json.dumps(chunk).encode() + b"\n\n"
+        yield b"data: [DONE]\n\n"
 
     @app.post("/generate")
     async def generate(request: Request):
@@ -206,11 +227,11 @@ def build_app(state: EngineState) -> FastAPI:
                 _check(body)
                 if body.stream:
                     return StreamingResponse(_stream(body), media_type="text/event-stream")
-                return await _run_to_end(body, request)
+                return (await _collect(body, request)).render()
             bodies = [validate(b, GenerateRequest, prefix=f"[{i}].") for i, b in enumerate(batch)]
             for i, b in enumerate(bodies):
                 _check(b, where=f"[{i}].")
-            return await asyncio.gather(*(_run_to_end(b, request) for b in bodies))
+            return [acc.render() for acc in await asyncio.gather(*(_collect(b, request) for b in bodies))]
         except BadRequest as e:
             return _error(400, str(e))
         except _EngineFailure as e:  # as SGLang: a non-streamed request that failed is a 500
@@ -294,4 +315,5 @@ def build_app(state: EngineState) -> FastAPI:
             **sched.load(),
         }
 
+    add_vllm_routes(app, state, check=_check, collect=_collect, deltas=_deltas, failure=_EngineFailure)
     return app
