@@ -90,7 +90,7 @@ def emit(cfg, out: Path, projects: list, staged: list[tuple], rejected: Counter,
     counts = Counter((m["split"], m["difficulty"]) for _, _, _, m in kept)
     return {
         "seed": cfg.seed, "config": cfg.model_dump(),
-        "projects": {p.name: {"clean_commit": p.clean, "bundle": f"repos/{p.name}.bundle",
+        "projects": {p.name: {"origin": p.origin, "clean_commit": p.clean, "bundle": f"repos/{p.name}.bundle",
                               "candidates": len(p.candidates), "tests": len(p.base.results),
                               "failing_at_clean": p.failing_at_clean} for p in projects},
         "tasks": len(kept), "verified": bool(cfg.verify),

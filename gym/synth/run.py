@@ -101,7 +101,7 @@ class _Project:
     """One project's clean repository, its candidates and its screener."""
 
     def __init__(self, project: str, work: Path, cfg: SynthConfig):
-        self.name = source.project_name(project)
+        self.name, self.origin = source.project_name(project), project
         self.repo = work / self.name
         self.clean = source.clean_repo(project, self.repo)
         self.texts = {f: (self.repo / f).read_text() for f in source.source_files(self.repo)}

@@ -138,7 +138,9 @@ class Screener:
 def classify(base: Run, run: Run) -> tuple[list[str], list[str], str]:
     """(FAIL_TO_PASS, PASS_TO_PASS, reason): the tests that passed at the clean commit and do
     not under the mutant, those that still pass, and why the mutant is rejected ("" = kept).
-    A mutant must fail some tests and leave others passing, as in SWE-bench."""
+    A mutant must fail some tests and leave others passing, as in SWE-bench. A test the
+    mutant's run never reported (its module no longer imports or collects) counts as failing,
+    so a mutant that breaks one test module's import is kept while other tests pass."""
     if run.timed_out:
         return [], [], "timeout"
     if run.crashed:
