@@ -283,7 +283,9 @@ def synthesize(cfg: SynthConfig, log=lambda line: print(line, file=sys.stderr)) 
                 row, bug = _task_row(p, k, len(staged), hint, difficulty, cfg)
                 meta = {"instance_id": row["instance_id"], "split": which, "hint": hint, "difficulty": difficulty,
                         "project": p.name, "seed": cfg.seed, "functions": [list(f) for f in k.functions],
-                        "mutations": [m.as_dict() for m in k.mutations]}
+                        "mutations": [m.as_dict() for m in k.mutations],
+                        "size": {"mutations": len(k.mutations), "files": len({m.file for m in k.mutations}),
+                                 "functions": len(k.functions), "fail_to_pass": len(k.f2p)}}
                 staged.append((p, row, bug, meta))
         manifest = emit(cfg, out, loaded, staged, rejected, log)
     finally:
