@@ -41,14 +41,17 @@ def gguf_folder() -> Path:
 
 
 def label_tokenizer_verbatim(folder: Path) -> bool:
-    """Set tokenizer_config.json's tokenizer_class to the verbatim name; True if it changed."""
+    """Set tokenizer_config.json's tokenizer_class to the verbatim name, and turn off the
+    space clean-up on decode (4.x dropped the space before punctuation, so decoded code was
+    not the sampled text; 5.x ignores it for BPE, with a warning); True if it changed."""
     path = Path(folder) / "tokenizer_config.json"
     if not path.exists() or not (Path(folder) / "tokenizer.json").exists():
         return False
     config = json.loads(path.read_text())
-    if config.get("tokenizer_class") == VERBATIM_TOKENIZER_CLASS:
+    want = {"tokenizer_class": VERBATIM_TOKENIZER_CLASS, "clean_up_tokenization_spaces": False}
+    if all(config.get(k) == v for k, v in want.items()):
         return False
-    config["tokenizer_class"] = VERBATIM_TOKENIZER_CLASS
+    config.update(want)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
     os.replace(tmp, path)
