@@ -74,6 +74,7 @@ if [ ! -x "$VENV/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; 
     || { log "python install failed"; exit 1; }
   echo "$want" > "$stamp"
 fi
+bash "$ROOT/scripts/setup_tinker_server.sh"  # SkyRL 0.4.0's Tinker server + its tinker 0.25 client, unpacked into .venv
 
 # 4. base sandbox image ----------------------------------------------------------------
 if [ -x scripts/build_base_image.sh ]; then
