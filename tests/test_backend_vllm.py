@@ -419,7 +419,7 @@ def test_without_a_reply_version_the_version_set_when_the_request_was_sent(engin
             first = await v.generate(prompt, max_new_tokens=3, temperature=0)
             v.set_weight_version(7)
             second = [ch.weight_version async for ch in v.generate_stream(prompt, max_new_tokens=3, temperature=0)]
-            task = asyncio.create_task(v.generate(prompt, max_new_tokens=400, temperature=0))
+            task = asyncio.create_task(v.generate(prompt, max_new_tokens=150, temperature=0))
             await _until(lambda: _running(c), "the request to be decoding")
             v.set_weight_version("8")  # set while it runs: it was sent under 7
             return first.weight_version, second, (await task).weight_version, v.weight_version
