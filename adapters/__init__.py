@@ -6,7 +6,6 @@ A `.toml`/`.yaml` path builds a `CommandAdapter` from that config file.
 """
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 REGISTRY: dict[str, str] = {
@@ -21,15 +20,9 @@ REGISTRY: dict[str, str] = {
 
 def adapter_class(name: str) -> type:
     """The adapter class for a registry name or a "module:Class" path."""
-    target = REGISTRY.get(name, name)
-    if ":" not in target:
-        raise ValueError(f"unknown harness {name!r}: use one of {sorted(REGISTRY)}, "
-                         "a 'package.module:Class' path, or a command-adapter config file (.toml/.yaml)")
-    module, _, cls = target.partition(":")
-    try:
-        return getattr(importlib.import_module(module), cls)
-    except (ImportError, AttributeError) as e:
-        raise ValueError(f"cannot load harness adapter {target!r}: {e}") from e
+    from harnessrl.registry import resolve
+
+    return resolve(REGISTRY, name, "harness", hint=", or a command-adapter config file (.toml/.yaml)")
 
 
 def get_adapter(name: str, **kwargs: Any) -> Any:

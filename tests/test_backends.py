@@ -79,7 +79,7 @@ def test_registry_names_and_errors():
 
     assert backend_class("sglang") is EngineClient
     assert backend_class("harnessrl.gym.backends.inprocess:CallableBackend") is CallableBackend
-    with pytest.raises(ValueError, match="valid: sglang, vllm"):
+    with pytest.raises(ValueError, match="known: sglang, vllm"):
         backend_class("tgi")
     assert isinstance(CallableBackend(lambda *a: None), GenerationBackend)
     assert [normalize_finish(r, 3, 8) for r in ("completed", "aborted", "length", None)] == \

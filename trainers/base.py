@@ -26,7 +26,6 @@ Implementations satisfy the Protocols structurally; they do not inherit from the
 """
 from __future__ import annotations
 
-import importlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterator, Protocol, runtime_checkable
@@ -141,8 +140,6 @@ TRAINERS: dict[str, str] = {
 
 def trainer_class(name: str) -> type:
     """The trainer class for a short name or a "module:Class" path, imported lazily."""
-    target = TRAINERS.get(name, name)
-    if ":" not in target:
-        raise KeyError(f"unknown trainer {name!r}; known: {', '.join(sorted(TRAINERS))} or 'module:Class'")
-    module, _, attr = target.partition(":")
-    return getattr(importlib.import_module(module), attr)
+    from harnessrl.registry import resolve
+
+    return resolve(TRAINERS, name, "trainer", error=KeyError)

@@ -18,7 +18,6 @@ The last two are objects, not URLs: they are handed to the proxy (`ProxyServer(b
 """
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 from ..engine_client import EngineTimeouts
@@ -33,12 +32,9 @@ BACKENDS: dict[str, str] = {
 
 def backend_class(name: str) -> type:
     """The class behind a short name or a "module:Class" path; unknown names list the valid ones."""
-    target = BACKENDS.get(name, name)
-    if ":" not in target:
-        raise ValueError(f"unknown generation backend {name!r}; valid: {', '.join(sorted(BACKENDS))} "
-                         f"(or a 'module:Class' path)")
-    mod, _, cls = target.partition(":")
-    return getattr(importlib.import_module(mod), cls)
+    from harnessrl.registry import resolve
+
+    return resolve(BACKENDS, name, "generation backend")
 
 
 def make_backend(name: str, url: str, *, timeout: float = 600.0, timeouts: EngineTimeouts | None = None,

@@ -11,7 +11,6 @@ Formats are registered by short name (`TOOL_FORMATS`, name -> "module:Class"); a
 """
 from __future__ import annotations
 
-import importlib
 import json
 import re
 import uuid
@@ -140,9 +139,6 @@ TOOL_FORMATS: dict[str, str] = {
 
 
 def load_tool_format(name: str) -> ToolFormat:
-    target = TOOL_FORMATS.get(name, name)
-    if ":" not in target:
-        raise ValueError(f"unknown tool format {name!r}; known: {', '.join(sorted(TOOL_FORMATS))} "
-                         "(or a full 'module:Class' path)")
-    mod, _, cls = target.partition(":")
-    return getattr(importlib.import_module(mod), cls)()
+    from harnessrl.registry import resolve
+
+    return resolve(TOOL_FORMATS, name, "tool format")()
