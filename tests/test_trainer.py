@@ -312,7 +312,7 @@ def test_bad_records_and_configs_are_named(policy, tok):
     cls = trainer_class("torch")
     assert cls is TorchTrainer and cls.Config(**{"model": "tiny-llama", "lr": 3e-4}).lr == 3e-4
     assert trainer_class("harnessrl.trainers.torch_trainer:TorchTrainer") is TorchTrainer
-    with pytest.raises(KeyError, match="known: torch"):
+    with pytest.raises(KeyError, match="known: tinker, torch"):
         trainer_class("jax")
 
 
