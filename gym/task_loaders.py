@@ -11,11 +11,17 @@ Layouts (one row = one task; JSONL or Parquet):
              old_commit_hash, file_diffs), execution_result_content (JSON: hidden test files
              and the old/new commits' pytest logs). Tests ids come from those logs.
 "auto" picks per row. A bad row raises TaskFileError naming the file, the line (JSONL) or
-row (Parquet), and the field. External rows name no repository on this machine: pass
-`source_root`, a folder holding `owner__name` checkouts (or .bundle / .tar.gz files).
+row (Parquet), the task and the field. External rows name no repository on this machine: pass
+`source_root` (`--source-root`), a folder holding `owner__name` or `name` checkouts, or
+.bundle / .tar.gz files of those names; `require_sources` says, one line per task, which
+tasks still have none. A SWE-bench row keeps its layout whatever extra columns it carries
+(`image_name` / `docker_image` become `Task.image`; a `source` column that names no path
+is the dataset's own label and is dropped; a dropped column that is a near-typo of a Task
+field is an error).
 """
 from __future__ import annotations
 
+import difflib
 import importlib
 import json
 import re
@@ -28,6 +34,7 @@ from harnessrl.gym.rewards import is_test_path
 from harnessrl.gym.tasks import Task
 
 LAYOUTS = ("auto", "harnessrl", "swebench", "swegym", "swesmith", "r2e")
+_REPO_SUFFIXES = (".bundle", ".tar.gz", ".tgz", ".tar", ".git")
 _OURS_ONLY = {"source", "gold_plan", "setup_commands", "test_command", "workdir"}
 
 #: Suite name -> "module:function" returning list[Task] (imported lazily). A path to a
@@ -122,10 +129,12 @@ def _pytest_statuses(log: str) -> dict[str, str]:
 def detect_layout(row: dict[str, Any]) -> str:
     if "parsed_commit_content" in row or ("repo_name" in row and "docker_image" in row):
         return "r2e"
-    if _OURS_ONLY & row.keys():
-        return "harnessrl"
-    if "image_name" in row and not row.get("test_patch"):
+    if "image_name" in row and not row.get("test_patch") and not (_OURS_ONLY & row.keys()):
         return "swesmith"
+    # Ours only with a column no dataset has: a SWE-bench row that carries extra columns
+    # (`source`, `image_name`, `difficulty`, `meta`...) keeps the SWE-bench layout.
+    if (_OURS_ONLY - {"source"}) & row.keys():
+        return "harnessrl"
     return "swebench"
 
 
@@ -199,42 +208,76 @@ def map_row(row: dict[str, Any], layout: str = "auto") -> dict[str, Any]:
         return _map_swesmith(row)
     if layout == "r2e":
         return _map_r2e(row)
-    # swebench / swegym: same names; datasets add their own columns (meta, text...), drop them.
-    return {k: v for k, v in row.items() if k in Task.model_fields and k not in _OURS_ONLY}
+    # swebench / swegym / swe-rebench: same names; datasets add their own columns (meta,
+    # text...), drop them. `source` is kept (used only when it names a path, see
+    # _resolve_source); `image_name` / `docker_image` name the task's Docker image.
+    out = {k: v for k, v in row.items() if k in Task.model_fields and k not in _OURS_ONLY - {"source"}}
+    for k in row.keys() - Task.model_fields.keys():  # a dropped column that is a typo of ours is loud
+        close = difflib.get_close_matches(k, list(Task.model_fields), n=1, cutoff=0.85)
+        if close:
+            raise _FieldError(k, f"Extra inputs are not permitted (did you mean {close[0]!r}?)")
+    image = row.get("image") or row.get("image_name") or row.get("docker_image")
+    if image:
+        out["image"] = image
+    return out
 
 
-def _resolve_source(fields: dict[str, Any], base_dir: Path, source_root: Path | None) -> None:
+def source_candidates(repo: str, source_root: Path) -> list[Path]:
+    """Where a task of `repo` ("owner/name") may live under `source_root`, in the order tried:
+    `owner__name`, then `name`, each as a checkout, a .bundle or an archive."""
+    out = []
+    for stem in dict.fromkeys((repo.replace("/", "__"), repo.split("/")[-1])):
+        out += [source_root / f"{stem}{suffix}" for suffix in ("", ".bundle", ".tar.gz", ".tgz", ".tar")]
+    return out
+
+
+def _resolve_source(fields: dict[str, Any], base_dir: Path, source_root: Path | None, layout: str) -> None:
     source = fields.get("source")
     if source:
-        if not Path(source).expanduser().is_absolute():
-            fields["source"] = str((base_dir / source).resolve())
-        return
+        path = Path(source).expanduser()
+        path = path if path.is_absolute() else (base_dir / path).resolve()
+        if layout == "harnessrl" or path.exists() or path.name.endswith(_REPO_SUFFIXES):
+            fields["source"] = str(path)
+            return
+        del fields["source"]  # a dataset's own `source` column (its origin label), not a path
     if source_root is None or not fields.get("repo"):
         return
-    stem = str(fields["repo"]).replace("/", "__")
-    candidates = [source_root / f"{stem}{suffix}" for suffix in ("", ".bundle", ".tar.gz", ".tgz", ".tar")]
-    candidates.append(source_root / str(fields["repo"]).split("/")[-1])
+    candidates = source_candidates(str(fields["repo"]), source_root)
     found = next((c for c in candidates if c.exists()), None)
     if found is None:
-        raise _FieldError("repo", f"no repository for {fields['repo']!r} under {source_root} "
-                                  f"(looked for {', '.join(c.name for c in candidates)})")
+        raise _FieldError("repo", f"no repository for {fields['repo']!r} under {source_root}: put a checkout, "
+                                  f"a .bundle or a .tar.gz there named {', '.join(c.name for c in candidates[::5])} "
+                                  f"(or one of {', '.join(c.name for c in candidates if c.suffix)})")
     fields["source"] = str(found)
+
+
+def require_sources(tasks: list[Task]) -> None:
+    """Raise TaskFileError, one line per task, for tasks that name no repository on this machine."""
+    missing = [t for t in tasks if not t.source]
+    if missing:
+        raise TaskFileError("\n".join(
+            f"task {t.instance_id!r}: no repository for {t.repo!r}; fix: pass --source-root DIR (config: "
+            f"source_root) with {t.repo.replace('/', '__')}, {t.repo.split('/')[-1]} or "
+            f"{t.repo.split('/')[-1]}.bundle in it (a checkout, .bundle or .tar.gz), or set `source` in the task file"
+            for t in missing))
 
 
 def _task(row: Any, where: str, layout: str, base_dir: Path, source_root: Path | None) -> Task:
     if not isinstance(row, dict):
         raise TaskFileError(f"{where}: a task must be a JSON object, got {type(row).__name__}")
+    task = f" (task {row['instance_id']!r})" if row.get("instance_id") else ""
     try:
-        fields = map_row(row, layout)
-        _resolve_source(fields, base_dir, source_root)
+        used = detect_layout(row) if layout == "auto" else layout
+        fields = map_row(row, used)
+        _resolve_source(fields, base_dir, source_root, used)
         return Task(**fields)
     except _FieldError as e:
-        raise TaskFileError(f"{where}: field {e.field!r}: {e.message}") from None
+        raise TaskFileError(f"{where}: field {e.field!r}: {e.message}{task}") from None
     except ValidationError as e:
         err = e.errors()[0]
         field = ".".join(str(p) for p in err["loc"]) or "?"
         more = f" (and {len(e.errors()) - 1} more problems)" if len(e.errors()) > 1 else ""
-        raise TaskFileError(f"{where}: field {field!r}: {err['msg']}{more}") from None
+        raise TaskFileError(f"{where}: field {field!r}: {err['msg']}{more}{task}") from None
 
 
 def load_jsonl(path: str | Path, layout: str = "auto", source_root: str | Path | None = None) -> list[Task]:
@@ -287,8 +330,14 @@ def load_tasks(path: str | Path, layout: str = "auto", source_root: str | Path |
     raise TaskFileError(f"{path}: unknown task file type {suffix!r} (use .jsonl or .parquet)")
 
 
-def load_suite(name: str, **kwargs: Any) -> list[Task]:
-    """Tasks of a registered suite, a task file path, or a "module:function" loader."""
+def load_suite(name: str, source_root: str | Path | None = None, **kwargs: Any) -> list[Task]:
+    """Tasks of a registered suite, a task file path, or a "module:function" loader.
+    `source_root` (task files only; a loader gets it when given) is where repositories live."""
+    if source_root is not None:
+        if not Path(source_root).expanduser().is_dir():
+            raise TaskFileError(f"source root {source_root} is not a folder; fix: pass --source-root DIR "
+                                "(config: source_root) naming the folder that holds the repositories")
+        kwargs["source_root"] = source_root
     if name in SUITES or (":" in name and not Path(name).exists()):
         target = SUITES.get(name, name)
         module, func = target.split(":", 1)
