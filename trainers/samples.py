@@ -18,6 +18,8 @@ Contract:
   in the advantage (min(u·cA, clip(u)·cA) = c·min(u·A, clip(u)·A) for c > 0), so this scales
   exactly that trajectory's policy-gradient term and leaves the others' untouched; the KL
   term is not scaled. Its group baseline still uses its unweighted reward.
+- Teacher records (`is_teacher`: `harnessrl collect`) are refused with a `RecordError`: they
+  are never on-policy; `trainers.sft` builds their samples.
 - Infra failures (status "infra_error", or no reward) are masked: no samples and no part
   in any baseline, never scored as 0. Truncated episodes follow `SampleConfig.truncated`.
 - Each sampled token carries the parameters its recorded logprob must be recomputed with
@@ -159,6 +161,12 @@ def validate_trajectory(traj: Trajectory, *, current_version: int | None = None,
                 raise RecordError(sid, f"[{i}] = {lp!r} on a sampled token; needs a finite logprob <= 0", s, "logprobs")
 
 
+def is_teacher(traj: Trajectory) -> bool:
+    """A teacher record (`harnessrl collect`, `gym.proxy.teacher`): its trajectory metadata or
+    any of its calls says `teacher`. Its tokens were sampled by no policy of this run."""
+    return bool(traj.metadata.get("teacher")) or any(c.flags.get("teacher") for c in traj.calls)
+
+
 def _staleness_weight(traj: Trajectory) -> float:
     w = traj.metadata.get("weight", 1.0)
     if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) or not 0 < w <= 1:
@@ -207,6 +215,10 @@ def build_samples(
 
     seen: set[str] = set()
     for traj in batch:
+        if is_teacher(traj):
+            raise RecordError(traj.session_id, "is teacher data (no behaviour logprobs, no policy version): RL "
+                              "trains only on the policy's own samples; train on it with the sft stage "
+                              "(`trainers.sft`)", field="metadata.teacher")
         if traj.session_id in seen:
             raise RecordError(traj.session_id, "appears twice in the batch", field="session_id")
         seen.add(traj.session_id)

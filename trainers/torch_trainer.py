@@ -1,5 +1,8 @@
 """The built-in trainer: plain torch + transformers, GRPO / decoupled PPO, one process.
 
+`sft_step(batch)` trains on teacher records (`trainers.sft`: masked token-mean
+cross-entropy) with the same shards, micro-batches, clipping and optimizer.
+
 One `step(batch)`:
 1. validate the records and build samples (`samples.build_samples`, versions checked
    against this trainer's version);
@@ -213,6 +216,44 @@ class TorchTrainer:
             lr=self.optimizer.param_groups[0]["lr"] if not updated else acc.get("lr"),
             step_s=time.perf_counter() - t0,
         )
+
+    def sft_step(self, batch: list[Trajectory], min_reward: float | None = 1.0) -> dict:
+        """One SFT step on teacher records (`trainers.sft`): the same shards, micro-batches,
+        gradient clipping and AdamW as `step`, the masked token-mean cross-entropy as the loss.
+        New weights are a new policy version. Returns the step's metrics; `loss` is the
+        update's loss before it (mean over its shards)."""
+        from harnessrl.trainers.sft import sft_loss, sft_samples
+
+        t0 = time.perf_counter()
+        samples = sft_samples(batch, vocab_size=self.vocab_size, min_reward=min_reward)
+        tokens = sum(s.n_sampled for s in samples)
+        losses, norms = [], []
+        if tokens:
+            self.model.train()
+            for shard in self._shards(samples):
+                mbs = self._micro_batches(shard)
+                denom = float(sum(mb.mask.sum().item() for mb in mbs))
+                self.optimizer.zero_grad(set_to_none=True)
+                total = 0.0
+                for mb in mbs:
+                    with self._autocast():
+                        logp = token_logprobs(self.model, mb)
+                    loss = sft_loss(logp, mb.mask, denom)
+                    loss.backward()
+                    total += loss.item()
+                params = [p for p in self.model.parameters() if p.grad is not None]
+                limit = self.config.max_grad_norm if self.config.max_grad_norm is not None else math.inf
+                norms.append(torch.nn.utils.clip_grad_norm_(params, limit).item())
+                self.optimizer.step()
+                self.scheduler.step()
+                losses.append(total)
+            self.step_count += 1
+            self._version += 1
+        return {"stage": "sft", "step": self.step_count, "version": self._version, "updated": bool(tokens),
+                "loss": sum(losses) / len(losses) if losses else None,
+                "grad_norm": sum(norms) / len(norms) if norms else None, "tokens": tokens, "samples": len(samples),
+                "trajectories": len({s.session_id for s in samples}), "lr": self.optimizer.param_groups[0]["lr"],
+                "step_s": time.perf_counter() - t0}
 
     def publish(self, out_dir: str | Path) -> int:
         """save_pretrained (safetensors) + tokenizer into `out_dir`, atomically; returns the

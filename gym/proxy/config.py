@@ -144,6 +144,24 @@ class ProxyConfig(BaseModel):
     one (its reply comes whole). Size it above the slowest legitimate `max_tokens_cap`
     generation: a policy must not be able to turn a long answer into a masked episode."""
 
+    teacher: str | None = None
+    """Record every call as teacher data (`gym.proxy.teacher`): this label goes into each call's
+    `flags["teacher"]`, its tokens get logprob NaN and version -1, and no RL trainer takes them.
+    For a token-level teacher in the student's tokenizer (the scripted gold policy behind
+    `engine_url` or a handed-in backend). None: the calls are the policy's own (default);
+    set by `teacher_url` when left out."""
+
+    teacher_url: str | None = None
+    """An OpenAI-compatible base URL (ending in /v1) of a teacher model: the proxy forwards each
+    harness call there and records the reply rendered in the student's template and tokens
+    (pass-through; `engine_url` is then unused)."""
+
+    teacher_model: str = "teacher"
+    """The model name sent to `teacher_url`."""
+
+    teacher_api_key: str | None = None
+    """Bearer key for `teacher_url` (None: no Authorization header)."""
+
     @field_validator("top_k")
     @classmethod
     def _top_k(cls, v: int) -> int:

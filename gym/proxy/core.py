@@ -38,6 +38,7 @@ from .render import Renderer
 from .rows import CallRow
 from .sampling import SamplingPolicy
 from .store import Store
+from .teacher import TeacherChat, mark
 from .toolcalls import load_tool_format
 
 _HEALTH_PROBE_S = 2.0
@@ -123,7 +124,10 @@ class ProxyCore:
     async def start(self) -> None:
         c = self.config
         # control requests (model info, health) get the first-byte bound: a stopped engine fails them too
-        if self._given_backend is not None:
+        if c.teacher_url is not None:  # pass-through: the teacher's replies in the student's tokens
+            self.engine = TeacherChat(c.teacher_url, c.teacher_model, c.teacher_api_key,
+                                      c.engine_total_timeout_s or 900.0)
+        elif self._given_backend is not None:
             self.engine = self._given_backend
         else:
             extra = {"route": c.vllm_route} if c.backend == "vllm" else {}
@@ -131,6 +135,14 @@ class ProxyCore:
                                        timeouts=EngineTimeouts(c.engine_connect_timeout_s, c.engine_first_byte_timeout_s,
                                                                c.engine_idle_timeout_s, c.engine_total_timeout_s), **extra)
         self.gate = PauseGate()
+
+    @property
+    def teacher(self) -> dict[str, str] | None:
+        """`flags["teacher"]` of every call when this proxy records a teacher (`gym.proxy.teacher`)."""
+        c = self.config
+        if c.teacher is None and c.teacher_url is None:
+            return None
+        return {"teacher": c.teacher or c.teacher_url, "model": c.teacher_model if c.teacher_url else (c.teacher or "")}
 
     async def stop(self) -> None:
         if self.engine is not None and self.engine is not self._given_backend:  # a handed-in backend is its owner's
@@ -277,7 +289,7 @@ class ProxyCore:
                 space = await self.sampling.space(self.engine)
                 if stream_writer is not None:
                     yield stream_writer.start()
-                if stream_writer is not None and self.config.engine_stream:
+                if stream_writer is not None and self.config.engine_stream and not isinstance(self.engine, TeacherChat):
                     detok = Detokenizer(self.renderer)
                     held, text = False, ""
                     async with contextlib.aclosing(generate(self.engine, self.gate, pl.prompt_ids, stream=True,
@@ -296,7 +308,7 @@ class ProxyCore:
                 else:
                     # One engine request; a streamed call sends keep-alives meanwhile, a plain
                     # one watches its client (a client gone stops the engine request).
-                    task = asyncio.ensure_future(self._drain(pl.prompt_ids, params, cid, gen))
+                    task = asyncio.ensure_future(self._drain(pl.prompt_ids, params, cid, gen, req))
                     try:
                         while not (await asyncio.wait({task}, timeout=self.config.keepalive_s))[0]:
                             if stream_writer is not None:
@@ -324,8 +336,12 @@ class ProxyCore:
                 rec.detached("proxy_error", params, finish_reason="proxy_error", completion=False,
                              proxy_error=f"{type(e).__name__}: {e}")
                 raise
+            if self.teacher is not None:
+                mark(gen)  # teacher tokens: no behaviour logprob, no policy version
             c, reply, flags = self._finish(req, gen, cid, created, len(pl.prompt_ids),
                                            sent if stream_writer is not None else None)
+            if self.teacher is not None:
+                flags["teacher"] = self.teacher
             flags["sampling"] = self.sampling.record(req, params, space, ignored)
             if pl.split_reason is not None:
                 flags["split_reason"] = pl.split_reason
@@ -369,7 +385,11 @@ class ProxyCore:
             s.oldest_version = min(versions + ([s.oldest_version] if s.oldest_version is not None else []))
         commit(s, pl, req, reply, gen.ids, gen.finish_reason, self.config.max_branches)
 
-    async def _drain(self, prompt: list[int], params: dict[str, Any], cid: str, gen: Generation) -> None:
+    async def _drain(self, prompt: list[int], params: dict[str, Any], cid: str, gen: Generation,
+                     req: ChatRequest | None = None) -> None:
+        if isinstance(self.engine, TeacherChat):
+            await self.engine.reply(req, params, self.renderer, gen)
+            return
         async for _ in generate(self.engine, self.gate, prompt, stream=False, params=params,
                                 max_interruptions=self.config.max_interruptions, rid=cid, out=gen):
             pass
