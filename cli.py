@@ -77,10 +77,19 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
     from harnessrl.gym.episode import EpisodeConfig
     from harnessrl.gym.rollout import RolloutConfig, run_rollout
 
-    cfg = RolloutConfig(harness=args.harness, suite=args.suite, model=args.model, tasks=args.tasks,
+    from harnessrl.gym.task_loaders import TaskFileError
+
+    cfg = RolloutConfig(harness=args.harness, suite=args.suite, source_root=args.source_root, model=args.model, tasks=args.tasks,
                         sandbox=args.sandbox, max_new_tokens=args.max_new_tokens,
                         sampling_policy=args.sampling_policy, temperature=args.temperature, top_p=args.top_p,
                         top_k=args.top_k, episode=EpisodeConfig(max_calls=args.max_calls, wall_time_s=args.wall_time))
+    try:  # task-file problems are one line each, before any engine starts
+        from harnessrl.gym.rollout import load_suite_tasks
+
+        load_suite_tasks(cfg)
+    except TaskFileError as e:
+        print("\n".join(f"harnessrl rollout: {line}" for line in str(e).splitlines()), file=sys.stderr)
+        return 2
     engine = None
     if args.engine_url is None:
         from harnessrl.trainers.engine import EngineServer
@@ -117,6 +126,16 @@ def _cmd_train(args: argparse.Namespace) -> int:
         cfg = cfg.model_copy(update={"out_dir": args.out})
     if args.resume is not None:
         cfg = cfg.model_copy(update={"resume_from": args.resume})
+    if args.source_root is not None:
+        cfg = cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={"source_root": args.source_root})})
+    from harnessrl.gym.rollout import load_suite_tasks
+    from harnessrl.gym.task_loaders import TaskFileError
+
+    try:  # task-file problems are one line each, before any engine starts
+        load_suite_tasks(cfg.rollout)
+    except TaskFileError as e:
+        print("\n".join(f"harnessrl train: {line}" for line in str(e).splitlines()), file=sys.stderr)
+        return 2
     history = asyncio.run(train(cfg))
     print(f"done: {len(history)} steps; metrics in {cfg.out_dir}/metrics.jsonl, run report in "
           f"{cfg.out_dir}/report.json, plots in {cfg.out_dir}/plots.png")
@@ -150,6 +169,10 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+_SOURCE_ROOT_HELP = ("folder holding the repositories a task file names (owner__name, name or name.bundle: "
+                     "checkouts, .bundle or .tar.gz)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="harnessrl", description=(__doc__ or "").splitlines()[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -176,6 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("rollout", help="run a harness on a suite and write trajectories + a report")
     p.add_argument("--harness", default="mini-swe-agent", help="adapter name or command-adapter config file")
     p.add_argument("--suite", default="builtin")
+    p.add_argument("--source-root", default=None, metavar="DIR", help=_SOURCE_ROOT_HELP)
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--tasks", nargs="*", default=None, help="instance ids (default: all)")
     p.add_argument("--episodes", type=int, default=4)
@@ -198,6 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--print-config", action="store_true", help="print the default config, every field documented")
     p.add_argument("--resume", default=None, metavar="CHECKPOINT",
                    help="go on from a checkpoint folder of an earlier run (e.g. runs/train/checkpoints/last)")
+    p.add_argument("--source-root", default=None, metavar="DIR", help=_SOURCE_ROOT_HELP + " (overrides rollout.source_root)")
     p = sub.add_parser("compare", help="training runs side by side: traj/s and the ratio against the η = 0 run")
     p.add_argument("runs", nargs="+", help="run folders (each with the report.json a finished train run writes)")
     for name, (_, about) in PASSTHROUGH.items():

@@ -38,6 +38,10 @@ class RolloutConfig(BaseModel):
     """Adapter name (`harnessrl.adapters.REGISTRY`), "module:Class", or a command-adapter config file."""
     suite: str = "builtin"
     """Task suite name or a .jsonl/.parquet task file."""
+    source_root: str | None = None
+    """Folder holding the repositories a task file's rows name but do not ship (SWE-bench
+    style): `owner__name`, `name` or `name.bundle` (a checkout, a git bundle or a .tar.gz);
+    None: every task must carry its own `source`."""
     tasks: list[str] | None = None
     """Only these instance ids (None: the whole suite)."""
     difficulties: list[str] | None = None
@@ -80,9 +84,9 @@ class RolloutConfig(BaseModel):
 
 
 def load_suite_tasks(cfg: RolloutConfig) -> list:
-    from harnessrl.gym.task_loaders import load_suite
+    from harnessrl.gym.task_loaders import load_suite, require_sources
 
-    tasks = load_suite(cfg.suite)
+    tasks = load_suite(cfg.suite, source_root=cfg.source_root)
     if cfg.tasks is not None:
         known = {t.instance_id for t in tasks}
         missing = [t for t in cfg.tasks if t not in known]
@@ -93,6 +97,7 @@ def load_suite_tasks(cfg: RolloutConfig) -> list:
         tasks = [t for t in tasks if t.difficulty in cfg.difficulties]
     if not tasks:
         raise ValueError(f"suite {cfg.suite!r} has no task matching tasks={cfg.tasks} difficulties={cfg.difficulties}")
+    require_sources(tasks)
     return tasks
 
 

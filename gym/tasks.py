@@ -114,11 +114,11 @@ class Task(BaseModel):
         if not self.source:
             raise ValueError(
                 f"task {self.instance_id!r} has no `source` (a local git repo, bundle or archive); "
-                f"load it with source_root=... or set `source` in the task file")
+                f"pass --source-root DIR (config: source_root) or set `source` in the task file")
         # Backends use repo_id in image tags, which allow only [a-z0-9_.-].
         repo_id = re.sub(r"[^a-z0-9_.-]+", "__", self.repo.lower())
         return RepoSpec(repo_id=repo_id, source=self.source, base_commit=self.base_commit,
-                        setup_commands=tuple(self.setup_commands), workdir=self.workdir)
+                        setup_commands=tuple(self.setup_commands), workdir=self.workdir, image=self.image)
 
     def test_files(self) -> list[str]:
         """Files of the listed tests (the part of each node id before `::`)."""

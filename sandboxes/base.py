@@ -35,6 +35,9 @@ class RepoSpec:
     """Shell commands run once, offline, when the image / cached checkout is built."""
     workdir: str = "/workspace/repo"
     """Absolute path of the repository inside the sandbox."""
+    image: str | None = None
+    """A Docker image of the task's own (SWE-Gym / R2E-Gym / SWE-rebench `image_name`) to build
+    the sandbox on instead of the base image; it must be present locally (nothing is pulled)."""
 
     def __post_init__(self) -> None:
         for name in ("repo_id", "source", "base_commit"):

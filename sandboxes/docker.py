@@ -1,6 +1,8 @@
 """Docker sandboxes: one container per episode, from an offline task image, on the real engine.
 
-Contract: a container has no network (`network_mode=none`), CPU / memory / pids limits, every
+Contract: a container runs the base image with the repository baked in, or, for a task that
+names its own image (`RepoSpec.image`), that image (present locally; nothing is ever pulled)
+with the repository baked in the same way. It has no network (`network_mode=none`), CPU / memory / pids limits, every
 capability dropped, `no-new-privileges`, runs as `agent` (uid 1000), and a read-only root;
 only the repository (`spec.workdir`), `/tmp`, `/home/agent` (anonymous volumes, seeded from
 the image, removed with the container) and a sized `/dev/shm` are writable; every file is capped
@@ -130,7 +132,21 @@ class DockerBackend:
         self.run_id = self.config.run_id or uuid.uuid4().hex[:12]
 
     def image_for(self, spec: RepoSpec) -> str:
-        return ensure_task_image(self.client, spec, self.config.base_image)
+        """The sandbox image of `spec`: built on the task's own image (`spec.image`) when it
+        names one, which must be present locally (never pulled), else on the base image."""
+        if spec.image is None:
+            return ensure_task_image(self.client, spec, self.config.base_image)
+        import docker.errors
+
+        try:
+            own = self.client.images.get(spec.image)
+        except docker.errors.ImageNotFound:
+            raise SandboxUnavailable(
+                f"task image {spec.image!r} of {spec.repo_id!r} is not present locally and is never pulled; "
+                f"fix: `docker load` or build it under that tag on this machine, or drop the task's image_name"
+            ) from None
+        # FROM the tag, keyed by the image id, so a rebuilt tag gets a new sandbox image.
+        return ensure_task_image(self.client, spec, spec.image, key_extra=own.id)
 
     def create(self, spec: RepoSpec, mounts: Sequence[Any] = (), env: dict[str, str] | None = None,
                start: bool = True) -> "DockerSandbox":

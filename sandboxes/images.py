@@ -90,12 +90,13 @@ def _context_tar(checkout: Path, dockerfile: str) -> io.BytesIO:
     return buf
 
 
-def ensure_task_image(client, spec: RepoSpec, base: str | None = None) -> str:
-    """The tag of `spec`'s task image, building it (offline, cached by content) when missing."""
+def ensure_task_image(client, spec: RepoSpec, base: str | None = None, key_extra: str = "") -> str:
+    """The tag of `spec`'s task image, building it (offline, cached by content) when missing.
+    `key_extra` joins the cache key (e.g. the id of a task's own base image)."""
     import docker.errors
 
     base = base or base_image_tag()
-    key = spec_key(spec, extra=base)
+    key = spec_key(spec, extra=base + key_extra)
     tag = f"{image_name(spec)}:{key[:16]}"
     with _lock_for(tag):
         try:

@@ -102,6 +102,7 @@ def test_check_suite_tells_valid_from_invalid_tasks():
         results = {r["instance_id"]: r for r in check_suite([good, mislabelled, broken_gold], backend)}
     finally:
         backend.reap(run_id=backend.run_id)
+    assert results[good.instance_id].pop("seconds") > 0
     assert results[good.instance_id] == {"instance_id": good.instance_id, "valid": True, "problem": "",
                                          "base_reward": 0.0, "gold_reward": 1.0}
     assert not results["mislabelled"]["valid"]

@@ -7,22 +7,36 @@ serves all of its tasks through reset(). Infra errors are reported as such, not 
 
     harnessrl tasks list builtin
     harnessrl tasks check builtin --backend docker
+    harnessrl tasks check swe.jsonl --source-root repos/
+
+Per task one line on stdout: gold reward, empty (untouched base) reward, seconds, and why an
+invalid task is invalid; then a JSON summary. Loading problems are one line each on stderr.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+import time
 from typing import Any, Callable
 
 from harnessrl.gym.rewards import RewardConfig, score
 from harnessrl.gym.tasks import Task
+from harnessrl.sandboxes.base import SandboxError
 
 
 def check_task(sb: Any, task: Task, config: RewardConfig | None = None) -> dict[str, Any]:
-    """{"instance_id", "valid", "problem", "base_reward", "gold_reward"} for one task."""
+    """{"instance_id", "valid", "problem", "base_reward", "gold_reward", "seconds"} for one task."""
     out: dict[str, Any] = {"instance_id": task.instance_id, "valid": False, "problem": "",
                            "base_reward": None, "gold_reward": None}
+    started = time.monotonic()
+    try:
+        return _check(sb, task, config, out)
+    finally:
+        out["seconds"] = round(time.monotonic() - started, 2)
+
+
+def _check(sb: Any, task: Task, config: RewardConfig | None, out: dict[str, Any]) -> dict[str, Any]:
     sb.reset()
     base = score(sb, task, config)
     out["base_reward"] = base.reward
@@ -63,7 +77,17 @@ def check_suite(tasks: list[Task], backend: Any, config: RewardConfig | None = N
     for t in tasks:
         by_repo.setdefault((t.repo, t.source, t.base_commit), []).append(t)
     for group in by_repo.values():
-        sb = backend.create(group[0].repo_spec())
+        started = time.monotonic()
+        try:
+            sb = backend.create(group[0].repo_spec())
+        except (SandboxError, ValueError) as e:  # no image, bad source: each task says so, no traceback
+            for task in group:
+                results.append({"instance_id": task.instance_id, "valid": False, "base_reward": None,
+                                "gold_reward": None, "seconds": round(time.monotonic() - started, 2),
+                                "problem": f"infra_error: no sandbox: {e}"})
+                if on_result:
+                    on_result(results[-1])
+            continue
         try:
             for task in group:
                 results.append(check_task(sb, task, config))
@@ -74,17 +98,36 @@ def check_suite(tasks: list[Task], backend: Any, config: RewardConfig | None = N
     return results
 
 
+def _line(r: dict[str, Any]) -> str:
+    """One task's verdict: `ok|INVALID  id  gold=R empty=R  S.SSs  [why invalid]`."""
+    def f(v: float | None) -> str:
+        return "-" if v is None else f"{v:.1f}"
+
+    return (f"{'ok     ' if r['valid'] else 'INVALID'} {r['instance_id']}  gold={f(r['gold_reward'])} "
+            f"empty={f(r['base_reward'])}  {r.get('seconds', 0.0):.2f}s" + (f"  {r['problem']}" if r["problem"] else ""))
+
+
 def main(argv: list[str] | None = None) -> int:
     """`harnessrl tasks list|check SUITE`: exit 0 when every checked task is valid."""
-    from harnessrl.gym.task_loaders import load_suite
+    from harnessrl.gym.task_loaders import TaskFileError, load_suite, require_sources
 
     parser = argparse.ArgumentParser(prog="harnessrl tasks", description=__doc__.split("\n\n")[0])
     parser.add_argument("action", choices=["list", "check"])
     parser.add_argument("suite", nargs="?", default="builtin", help="suite name or .jsonl/.parquet path")
     parser.add_argument("--task", action="append", help="only these instance ids (repeatable)")
     parser.add_argument("--backend", default="auto", help="sandbox backend for check: auto, docker, local")
+    parser.add_argument("--source-root", default=None, metavar="DIR",
+                        help="folder holding the repositories of a task file (owner__name, name or name.bundle: "
+                             "checkouts, .bundle or .tar.gz)")
     args = parser.parse_args(argv)
-    tasks = load_suite(args.suite)
+    try:
+        tasks = load_suite(args.suite, source_root=args.source_root)
+        if args.action == "check":
+            require_sources(tasks)
+    except (TaskFileError, ValueError) as e:  # one line per problem, never a traceback
+        for line in str(e).splitlines():
+            print(f"harnessrl tasks: {line}", file=sys.stderr)
+        return 2
     if args.task:
         tasks = [t for t in tasks if t.instance_id in set(args.task)]
     if args.action == "list":
@@ -94,9 +137,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from harnessrl.sandboxes import make_backend
 
-    backend = make_backend(args.backend)
-    results = check_suite(tasks, backend, on_result=lambda r: print(
-        f"{'ok     ' if r['valid'] else 'INVALID'} {r['instance_id']} {r['problem']}", file=sys.stderr))
+    try:
+        backend = make_backend(args.backend)
+    except SandboxError as e:
+        print(f"harnessrl tasks: {e}", file=sys.stderr)
+        return 2
+    results = check_suite(tasks, backend, on_result=lambda r: print(_line(r), flush=True))
     invalid = [r["instance_id"] for r in results if not r["valid"]]
     print(json.dumps({"checked": len(results), "valid": len(results) - len(invalid), "invalid": invalid}))
     return 1 if invalid else 0
