@@ -22,6 +22,7 @@ No torch import here: the env layer (proxy) uses this client.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from dataclasses import dataclass
 from typing import Any, AsyncIterator
@@ -76,16 +77,35 @@ class EngineTimeouts:
     """The whole request, streamed or not (the only bound on a non-streamed reply's wait)."""
 
 
-async def _bounded(aw, limit: float | None, phase: str, url: str):
-    """Await `aw` for at most `limit` seconds; past it, an EngineTimeout naming the phase."""
+@contextlib.asynccontextmanager
+async def _within(limit: float | None, phase: str, url: str):
+    """Bound a block to `limit` seconds; past it, an EngineTimeout naming the phase. The block
+    runs in the calling task (a timer cancels it): `asyncio.wait_for` would run the awaitable in a
+    helper task, and on Python 3.11 a cancelled stream read awaited that way can wait forever,
+    so a harness that hung up would never close its engine connection nor abort the request."""
     if limit is None:
-        return await aw
+        yield
+        return
+    task, fired = asyncio.current_task(), []
+    handle = asyncio.get_running_loop().call_later(limit, lambda: (fired.append(1), task.cancel()))
     try:
-        return await asyncio.wait_for(aw, limit)
-    except asyncio.TimeoutError:
+        yield
+    except asyncio.CancelledError:
+        if not fired:
+            raise
+        if hasattr(task, "uncancel"):
+            task.uncancel()
         what = {"total": "complete reply", "first_byte": "first chunk", "idle": "next chunk"}.get(phase, phase)
         raise EngineTimeout(f"engine at {url} timed out: no {what} within {limit:g} s "
                             f"(EngineTimeouts.{phase}_s)", phase) from None
+    finally:
+        handle.cancel()
+
+
+async def _bounded(aw, limit: float | None, phase: str, url: str):
+    """Await `aw` for at most `limit` seconds (in this task); past it, an EngineTimeout naming the phase."""
+    async with _within(limit, phase, url):
+        return await aw
 
 
 def _finish_reason(meta: dict) -> str:

@@ -180,3 +180,46 @@ def test_failing_trainer_side_is_a_recorded_503_and_the_proxy_goes_on(tok, engin
             assert len(t.calls) == 2 and not t.calls[1].detached and len(t.segments) == 1
     finally:
         trainer.close()
+
+
+@pytest.mark.parametrize("transport", ["httpx", "keepalive"])
+def test_cancelling_a_streamed_sglang_call_frees_the_engine_request(tok, engine, transport):
+    """The proxy cancels its engine call when the harness hangs up; the stream's reads run in
+    the calling task, so the connection closes and the engine drops the request, every time."""
+    from harnessrl.gym.engine_client import EngineClient
+    from harnessrl.gym.proxy.engine_http import make_engine_client
+
+    prompt = tok.apply_chat_template([{"role": "user", "content": "Tell a very long story."}],
+                                     add_generation_prompt=True, return_dict=False)
+
+    async def info(c):
+        return await c.model_info()
+
+    async def go():
+        async with EngineClient(engine.url) as probe:
+            client = make_engine_client(engine.url) if transport == "keepalive" else EngineClient(engine.url)
+            try:
+                for _ in range(5):
+                    async def consume():
+                        async for _ in client.generate_stream(prompt, max_new_tokens=5000, temperature=0):
+                            pass
+                    task = asyncio.create_task(consume())
+                    for _ in range(600):
+                        if (await info(probe))["running"] >= 1:
+                            break
+                        await asyncio.sleep(0.02)
+                    await asyncio.sleep(0.05)
+                    task.cancel()
+                    with pytest.raises(asyncio.CancelledError):
+                        await asyncio.wait_for(task, 20)  # a hung cancel would time out here
+                    for _ in range(300):
+                        i = await info(probe)
+                        if i["running"] == 0 and i["waiting"] == 0:
+                            break
+                        await asyncio.sleep(0.05)
+                    assert i["running"] == 0 and i["waiting"] == 0, i
+            finally:
+                await client.aclose()
+            return (await probe.generate(prompt, max_new_tokens=3, temperature=0)).finish_reason
+
+    assert asyncio.run(go()) == "length"

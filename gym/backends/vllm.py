@@ -35,41 +35,15 @@ Timeouts: `EngineTimeouts`, exactly as `EngineClient` (connect, first byte, idle
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 from typing import Any, AsyncIterator, Literal
 
 import httpx
 
-from ..engine_client import EngineError, EngineTimeout, EngineTimeouts, GenerateResult, _bounded
+from ..engine_client import EngineError, EngineTimeout, EngineTimeouts, GenerateResult, _bounded, _within
 from .vllm_wire import error_message, read_choice, reply_version
 
 PATHS = {"generate": "/inference/v1/generate", "completions": "/v1/completions"}
-
-
-@contextlib.asynccontextmanager
-async def _within(limit: float | None, phase: str, url: str):
-    """`_bounded`'s bound (same EngineTimeout, phase and wording) for a block that runs in the
-    calling task. `_bounded` awaits through `asyncio.wait_for`, whose helper task (Python 3.11)
-    can leave a cancelled stream read waiting forever: a harness that hung up would then never
-    close its engine connection, and vLLM would never abort the request."""
-    if limit is None:
-        yield
-        return
-    task, fired = asyncio.current_task(), []
-    handle = asyncio.get_running_loop().call_later(limit, lambda: (fired.append(1), task.cancel()))
-    try:
-        yield
-    except asyncio.CancelledError:
-        if not fired:
-            raise
-        if hasattr(task, "uncancel"):
-            task.uncancel()
-        what = {"total": "complete reply", "first_byte": "first chunk", "idle": "next chunk"}.get(phase, phase)
-        raise EngineTimeout(f"engine at {url} timed out: no {what} within {limit:g} s "
-                            f"(EngineTimeouts.{phase}_s)", phase) from None
-    finally:
-        handle.cancel()
 
 
 def _finish(reason: Any, url: str) -> str:
