@@ -58,6 +58,11 @@ class EngineConfig(BaseModel):
     """Dtype of the weights and the forward pass; float32 by default. Logprobs are always taken
     from the logits cast to float32."""
 
+    kv_preallocate: bool = True
+    """Decode into preallocated KV buffers (one column written per step, `engine.kv.BatchKV`);
+    False is the previous growing cache that concatenates every step (same outputs, slower;
+    kept for `bench/engine_throughput.py`'s before/after)."""
+
     @field_validator("device")
     @classmethod
     def _device(cls, v: str) -> str:

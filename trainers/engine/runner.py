@@ -72,6 +72,7 @@ def build_state(config: EngineConfig):
         num_threads=config.num_threads,
         logprob_space=config.logprob_space,
         prefix_cache_bytes=config.prefix_cache_mb << 20,
+        kv_preallocate=config.kv_preallocate,
     )
     sched.start()
     return EngineState(config=config, scheduler=sched, tokenizer=tokenizer, model_path=str(path),

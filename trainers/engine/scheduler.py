@@ -32,7 +32,7 @@ from typing import Any, Callable
 import torch
 from transformers import DynamicCache
 
-from harnessrl.trainers.engine.kv import BatchKV
+from harnessrl.trainers.engine.kv import BatchKV, ConcatKV
 from harnessrl.trainers.engine.prefix_cache import PrefixCache
 from harnessrl.trainers.engine.protocol import SamplingParams
 from harnessrl.trainers.engine.sampling import LogprobSpace, RowParams, sample
@@ -89,7 +89,7 @@ class Scheduler:
     def __init__(self, model, tokenizer, eos_ids: set[int], *, weight_version: str, max_running: int,
                  max_prefill_per_step: int, max_context: int, random_seed: int = 0,
                  num_threads: int | None = None, logprob_space: LogprobSpace = "sampled",
-                 prefix_cache_bytes: int = 0):
+                 prefix_cache_bytes: int = 0, kv_preallocate: bool = True):
         self.model, self.tokenizer, self.eos_ids = model, tokenizer, eos_ids
         self.weight_version = weight_version
         self.max_running, self.max_prefill = max_running, max_prefill_per_step
@@ -103,7 +103,7 @@ class Scheduler:
         self._cond = threading.Condition()
         self._waiting: deque[Req] = deque()
         self._running: list[Req] = []
-        self._kv = BatchKV()
+        self._kv = BatchKV() if kv_preallocate else ConcatKV()
         self._commands: deque[tuple[Callable[["Scheduler"], Any], Future]] = deque()
         self._abort_rids: set[str] = set()
         self._abort_all = False
