@@ -9,9 +9,12 @@ call and the first member of each GRPO pair is rewarded 1, the second 0. Two tra
 proxy's next calls use and record as the new version, and the policy's logprobs of a fixed
 sequence move.
 
-Needs (else skipped, with the reason): a tinker SDK that speaks SkyRL's protocol (0.25.x
-for SkyRL 0.4.0; see tinker_server.py), and SkyRL >= 0.4.0 with its JAX extra importable by
-the server: this Python, or the tree named by HARNESSRL_SKYRL_TINKER_PATH.
+Needs (else skipped, with the reason): SkyRL >= 0.4.0 with its JAX extra importable by the
+server, and a tinker SDK that speaks its protocol (0.25.x; see tinker_server.py) for the
+bridge. scripts/setup.sh unpacks both into .venv/share/harnessrl/ (HARNESSRL_SKYRL_TINKER_PATH
+and HARNESSRL_TINKER_CLIENT_PATH override). .venv's own tinker is 0.38 (hosted Tinker), so
+there the end-to-end test reruns itself in a child pytest with the 0.25 client first on
+PYTHONPATH, and passes, skips or fails as the child did.
 
 The fast tests pin the Datum layout, the normalization and the sampling refusal exactly.
 """
@@ -21,6 +24,7 @@ import asyncio
 import os
 import subprocess
 import sys
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import httpx
@@ -32,8 +36,9 @@ from harnessrl.trainers.samples import RecordError, Sample
 tinker = pytest.importorskip("tinker", reason="the Tinker SDK is in the `bridges` extra")
 from harnessrl.trainers.bridges.tinker import (  # noqa: E402
     TinkerTrainer, TinkerTrainerConfig, build_datums, check_raw_sampling, datum_inputs, token_scales)
+from harnessrl.trainers.bridges.tinker_server import server_pythonpath, tinker_client_path  # noqa: E402
 
-SKYRL_PATH = os.environ.get("HARNESSRL_SKYRL_TINKER_PATH")
+_CHILD = "HARNESSRL_TINKER_E2E_CHILD"  # set in the child pytest that has the 0.25 client
 
 
 def _sample(sid="a", adv=0.5, weight=1.0, temperature=1.0, top_p=1.0, top_k=-1) -> Sample:
@@ -86,17 +91,40 @@ def test_config_names_bad_fields():
 
 
 # -- end to end against SkyRL's Tinker server ---------------------------------------------------
+def _speaks_skyrl() -> bool:
+    return tuple(int(x) for x in tinker.__version__.split(".")[:2]) < (0, 26)
+
+
+def _in_child_with_the_client(request, tmp_path) -> None:
+    """Run this test again in a child pytest whose `tinker` is the unpacked 0.25 client; its
+    outcome (pass, skip with its reason, fail with its output) becomes this test's."""
+    client = tinker_client_path()
+    if client is None or os.environ.get(_CHILD):
+        pytest.skip(f"tinker {tinker.__version__}: SkyRL's Tinker server (0.4.0) speaks the protocol of tinker < 0.26 "
+                    "(tinker >= 0.30 requires sample_sequence_ids in asample promises), and no tinker 0.25 client is "
+                    "unpacked (scripts/setup.sh; or set HARNESSRL_TINKER_CLIENT_PATH)")
+    report = tmp_path / "child.xml"
+    env = dict(os.environ, **{_CHILD: "1"},
+               PYTHONPATH=os.pathsep.join(p for p in (client, os.environ.get("PYTHONPATH")) if p))
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", f"--junitxml={report}",
+                        f"--basetemp={tmp_path / 'child'}", f"{__file__}::{request.node.name}"],
+                       cwd=request.config.rootpath, env=env, capture_output=True, text=True, timeout=2300)
+    out = (r.stdout + r.stderr)[-6000:]
+    print(out)
+    case = next(ET.parse(report).getroot().iter("testcase"), None) if report.exists() else None
+    if r.returncode != 0 or case is None or case.find("failure") is not None or case.find("error") is not None:
+        pytest.fail(f"the child pytest with tinker from {client} failed (exit {r.returncode}):\n{out}")
+    if (skipped := case.find("skipped")) is not None:
+        pytest.skip(f"in the child pytest with tinker from {client}: {skipped.get('message')}")
+
+
 def _server_ready() -> str | None:
-    v = tuple(int(x) for x in tinker.__version__.split(".")[:2])
-    if v >= (0, 26):
-        return (f"tinker {tinker.__version__}: SkyRL's Tinker server (0.4.0) speaks the protocol of tinker < 0.26 "
-                "(tinker >= 0.30 requires sample_sequence_ids in asample promises); run with tinker 0.25.x")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (SKYRL_PATH, os.environ.get("PYTHONPATH")) if p))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (server_pythonpath(), os.environ.get("PYTHONPATH")) if p))
     probe = "import skyrl.tinker.api, skyrl.tinker.proto_serialization, skyrl.backends.jax"
     r = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300)
     if r.returncode != 0:
-        return ("SkyRL >= 0.4.0 with its jax extra is not importable for the server (set HARNESSRL_SKYRL_TINKER_PATH "
-                f"to an unpacked SkyRL 0.4.0): {r.stderr.strip().splitlines()[-1] if r.stderr.strip() else r.returncode}")
+        return ("SkyRL >= 0.4.0 with its jax extra is not importable for the server (scripts/setup.sh "
+                f"unpacks SkyRL 0.4.0 into .venv; or set HARNESSRL_SKYRL_TINKER_PATH): {r.stderr.strip().splitlines()[-1] if r.stderr.strip() else r.returncode}")
     return None
 
 
@@ -120,7 +148,10 @@ def _probe(client, prompt: list[int], seed: int):
 
 @pytest.mark.slow
 @pytest.mark.timeout(2400)
-def test_two_tinker_steps_through_the_proxy_move_the_policy_and_bump_the_version(tmp_path, monkeypatch):
+def test_two_tinker_steps_through_the_proxy_move_the_policy_and_bump_the_version(tmp_path, monkeypatch, request):
+    if not _speaks_skyrl():
+        _in_child_with_the_client(request, tmp_path)
+        return
     reason = _server_ready()
     if reason:
         pytest.skip(reason)
@@ -131,7 +162,7 @@ def test_two_tinker_steps_through_the_proxy_move_the_policy_and_bump_the_version
 
     monkeypatch.setenv("TINKER_API_KEY", "tml-local-skyrl")  # SkyRL checks none; the SDK wants the prefix
     model = "tiny-llama"  # the name the service serves, loaded from the prepared folder
-    with TinkerServer(model, checkpoint=resolve_model(model), pythonpath=SKYRL_PATH, workdir=tmp_path / "server") as server:
+    with TinkerServer(model, checkpoint=resolve_model(model), workdir=tmp_path / "server") as server:
         trainer = TinkerTrainer(TinkerTrainerConfig(base_url=server.url, model=model, lora_rank=4, lr=2e-2))
         assert trainer.version == 0 and trainer.backend.version == "0"
         v0_client = trainer.backend.client

@@ -14,6 +14,13 @@ and SDK must speak the same wire protocol. SkyRL 0.3.0 answers `sample` and
 `sample_sequence_ids` in the `asample` promise, which SkyRL 0.4.0 does not send). So the
 pairing that works is SkyRL 0.4.0 + tinker 0.25.x; hosted Tinker speaks the current SDK.
 
+Where SkyRL 0.4.0 comes from: its wheel declares Python >= 3.12, so scripts/setup.sh
+(scripts/setup_tinker_server.sh) unpacks it, with one import patched for 3.11, into
+`<venv>/share/harnessrl/skyrl-tinker-0.4.0/` and the tinker 0.25.0 it pins into
+`<venv>/share/harnessrl/tinker-client-0.25.0/`; the server runs with both on its PYTHONPATH
+(`server_pythonpath()`; HARNESSRL_SKYRL_TINKER_PATH and HARNESSRL_TINKER_CLIENT_PATH override
+each). Neither is on the venv's own path, so the bridge keeps tinker 0.38 for hosted Tinker.
+
 `TinkerServer(base_model, checkpoint=folder)` is a context manager: it starts the server,
 waits for `/api/v1/healthz` and the engine, and stops both (process group) on exit. The
 API key is not checked by SkyRL; the SDK still wants one that starts with "tml-".
@@ -45,6 +52,31 @@ uvicorn.run(api.app, host="127.0.0.1", port=int(sys.argv[2]), log_level="warning
 """
 
 
+SKYRL_VERSION, CLIENT_VERSION = "0.4.0", "0.25.0"
+
+
+def _installed(name: str) -> str | None:
+    path = Path(sys.prefix) / "share" / "harnessrl" / name
+    return str(path) if path.is_dir() else None
+
+
+def skyrl_tinker_path() -> str | None:
+    """The unpacked SkyRL the server imports: HARNESSRL_SKYRL_TINKER_PATH, else this venv's
+    installed copy, else None (SkyRL must then be importable by the server's Python)."""
+    return os.environ.get("HARNESSRL_SKYRL_TINKER_PATH") or _installed(f"skyrl-tinker-{SKYRL_VERSION}")
+
+
+def tinker_client_path() -> str | None:
+    """The unpacked tinker SDK that speaks SkyRL's protocol: HARNESSRL_TINKER_CLIENT_PATH, else
+    this venv's installed copy, else None."""
+    return os.environ.get("HARNESSRL_TINKER_CLIENT_PATH") or _installed(f"tinker-client-{CLIENT_VERSION}")
+
+
+def server_pythonpath() -> str | None:
+    """Both of the above, in that order, for the server's PYTHONPATH (SkyRL imports `tinker.proto`)."""
+    return os.pathsep.join(p for p in (skyrl_tinker_path(), tinker_client_path()) if p) or None
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -60,12 +92,13 @@ class TinkerServer:
         """`base_model`: the name clients ask for (`TinkerTrainerConfig.model`); `checkpoint`: the
         folder its weights are loaded from (default: `base_model` itself is the folder).
         `python`: the interpreter that has SkyRL (default: this one). `pythonpath`:
-        prepended to PYTHONPATH for the server (e.g. an unpacked SkyRL release)."""
+        prepended to PYTHONPATH for the server (default: `server_pythonpath()`; "" for none)."""
         self.base_model = str(base_model)
         self.port = port or _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.python = python or sys.executable
-        self.pythonpath, self.startup_s = pythonpath, startup_s
+        self.pythonpath = server_pythonpath() if pythonpath is None else pythonpath
+        self.startup_s = startup_s
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="tinker-server-"))
         self.config = {"base_model": self.base_model, "backend": backend,
                        **({"base_model_checkpoint_path": str(checkpoint)} if checkpoint is not None else {}),
@@ -124,7 +157,7 @@ class TinkerServer:
         self.stop()
 
 
-__all__ = ["TinkerServer"]
+__all__ = ["TinkerServer", "server_pythonpath", "skyrl_tinker_path", "tinker_client_path"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -136,12 +169,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--base-model", required=True, help="a prepared model name (tiny-llama, smollm2-135m) or a model folder")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--backend-config", default=None, help='JSON, e.g. {"max_lora_adapters": 4, "max_lora_rank": 8}')
-    p.add_argument("--skyrl-path", default=None, help="prepended to the server's PYTHONPATH (an unpacked SkyRL >= 0.4.0)")
+    p.add_argument("--skyrl-path", default=None, help="an unpacked SkyRL >= 0.4.0 for the server (default: the one "
+                   "scripts/setup.sh unpacks into the venv); the tinker client overlay is added either way")
     p.add_argument("--workdir", default=None, help="database, checkpoints and server.log (default: a temp folder)")
     a = p.parse_args(argv)
     from harnessrl.gym.models import resolve_model
 
-    server = TinkerServer(a.base_model, checkpoint=resolve_model(a.base_model), port=a.port, pythonpath=a.skyrl_path,
+    path = os.pathsep.join(p for p in (a.skyrl_path, tinker_client_path()) if p) if a.skyrl_path else None
+    server = TinkerServer(a.base_model, checkpoint=resolve_model(a.base_model), port=a.port, pythonpath=path,
                           workdir=a.workdir,
                           backend_config=json.loads(a.backend_config) if a.backend_config else None)
     with server:
