@@ -237,6 +237,7 @@ PASSTHROUGH = {
     "check-adapter": ("harnessrl.gym.check_adapter", "run the contract checks on a harness adapter or config file"),
     "proxy": ("harnessrl.gym.proxy.__main__", "serve the proxy in front of an engine (--engine-url URL)"),
     "sandbox": ("harnessrl.sandboxes.__main__", "reap leftover sandboxes, build the base image, show the backend"),
+    "export": ("harnessrl.gym.formats.export", "write a run's trajectories as ATIF (validated), JSONL or Parquet"),
 }
 
 

@@ -1,0 +1,1 @@
+"""Trajectory formats of the field: ATIF (atif.py) and the run exports (export.py)."""
