@@ -116,6 +116,7 @@ def test_proxy_generates_on_the_trainers_loop_and_records_exact_ids(tok, engine)
                 assert c.completion_ids == ids
                 assert c.logprobs == pytest.approx(lps, abs=1e-5)
                 assert set(c.versions) == {0}  # the engine's "default" weights
+                assert c.flags["sampling"]["logprobs"] == "tempered"  # what a CallableBackend reports by default
         assert threads == {trainer.thread.ident}  # every generation ran on the trainer's loop
         assert backend.calls == 2
     finally:
@@ -138,7 +139,7 @@ def test_abort_resumes_with_prompt_plus_partial_and_keeps_per_token_versions(tok
 
     try:
         with ProxyServer(ProxyConfig(engine_url="", sampling_policy="honor"), tokenizer=tok,
-                         backend=CallableBackend(gen, loop=trainer.loop)) as proxy:
+                         backend=CallableBackend(gen, loop=trainer.loop, logprob_space="raw")) as proxy:
             sid, key = proxy.open_session({})
             r = _chat(proxy, sid, key, "Tell a long story about a lighthouse keeper.", max_tokens=12)
             assert r.status_code == 200, r.text
@@ -147,6 +148,7 @@ def test_abort_resumes_with_prompt_plus_partial_and_keeps_per_token_versions(tok
         assert second["input_ids"] == first["input_ids"] + c.completion_ids[:4]
         assert second["max_new_tokens"] == first["max_new_tokens"] - 4 == 8
         assert c.flags["interruptions"] == 1
+        assert c.flags["sampling"]["logprobs"] == "raw"  # the backend's space is recorded (vLLM's default)
         assert c.versions == [6] * 4 + [7] * (len(c.completion_ids) - 4)
         assert c.completion_ids == _direct(engine, c.prompt_ids, 12)[0]  # greedy: resume is seamless
     finally:

@@ -51,6 +51,12 @@ def test_tempered_logprobs_are_scored_without_the_filters():
     assert (t[5:], p[5:], k[5:]) == ([0.9] * 3, [1.0] * 3, [-1] * 3)
 
 
+def test_raw_logprobs_are_scored_at_the_models_own_distribution():
+    # vLLM's default space: the model's logprobs before temperature and filters -> (1, 1, -1)
+    t, p, k = scored(two_calls(sampling(0.7, 0.5, 40, "raw"), sampling(1.0, space="raw")))
+    assert (t, p, k) == ([1.0] * 8, [1.0] * 8, [-1] * 8)
+
+
 def test_records_without_calls_use_the_trainers_temperature():
     traj = two_calls(None, None)
     traj.calls = []
@@ -66,7 +72,7 @@ def test_records_without_calls_use_the_trainers_temperature():
     (sampling(float("nan")), "calls[1].flags.sampling.temperature", "not a temperature"),
     (sampling(1.0, 0.0), "calls[1].flags.sampling.top_p", "not a top_p"),
     (sampling(1.0, 1.0, 0), "calls[1].flags.sampling.top_k", "not a top_k"),
-    (sampling(1.0, space="original"), "calls[1].flags.sampling.logprobs", "sampled, tempered"),
+    (sampling(1.0, space="original"), "calls[1].flags.sampling.logprobs", "sampled, tempered, raw"),
 ])
 def test_refused_records_name_the_field(rec, field, words):
     with pytest.raises(RecordError, match=rf"trajectory 's1' field '{re.escape(field)}'.*{words}"):

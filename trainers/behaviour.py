@@ -12,6 +12,8 @@ parameters (temperature, top_p, top_k) for `engine.sampling.processed_logprobs`:
 - "tempered" (SGLang's default): (T, 1.0, -1), the tempered distribution before filtering,
   the only thing such logprobs can be compared with. With top-p/top-k on this is not the
   behaviour policy (the ratio ignores the filter); without them the two spaces coincide.
+- "raw" (vLLM's default `raw_logprobs`): (1.0, 1.0, -1), the model's own distribution before
+  temperature and filters; the behaviour policy only when sampling was at T = 1 unfiltered.
 
 Refused with a `RecordError` naming the field (`calls[j].flags.sampling.<name>`): a call
 without a sampling record, values out of range, an unknown space, and greedy data
@@ -26,7 +28,10 @@ import math
 from typing import Any
 
 from harnessrl.gym.trajectory import CallRecord, Trajectory
-from harnessrl.trainers.engine.sampling import LOGPROB_SPACES
+from harnessrl.trainers.engine.sampling import LOGPROB_SPACES as ENGINE_SPACES
+
+#: The spaces a record's logprobs can be in: the local engine's two, and vLLM's raw logprobs.
+LOGPROB_SPACES: tuple[str, ...] = (*ENGINE_SPACES, "raw")
 
 #: Scoring parameters of positions that are not sampled (never used by the loss).
 NEUTRAL = (1.0, 1.0, -1)
@@ -73,6 +78,8 @@ def call_scoring(sid: str, j: int, call: CallRecord) -> tuple[float, float, int]
     if space not in LOGPROB_SPACES:
         raise _error(sid, f"{space!r} is not a logprob space this trainer can recompute ({', '.join(LOGPROB_SPACES)})",
                      where + ".logprobs")
+    if space == "raw":
+        return NEUTRAL
     return (float(t), float(p), k) if space == "sampled" else (float(t), 1.0, -1)
 
 

@@ -94,9 +94,10 @@ class ProxyConfig(BaseModel):
     harness that sends one fixed seed would make every member of a GRPO group sample the same
     tokens, so the group's advantages are all zero. Tests that need reproducible samples turn it on."""
 
-    engine_logprobs: Literal["auto", "sampled", "tempered"] = "auto"
+    engine_logprobs: Literal["auto", "sampled", "tempered", "raw"] = "auto"
     """Which distribution the engine's logprobs belong to: "sampled" (filtered, renormalized: the
-    local engine), "tempered" (temperature applied, top-p/top-k not: SGLang's default). "auto" asks
+    local engine), "tempered" (temperature applied, top-p/top-k not: SGLang's default), "raw"
+    (temperature 1, unfiltered: vLLM's default `raw_logprobs`). "auto" asks
     the engine's /get_model_info once (`logprob_space`; an engine that does not say is "tempered").
     (An SGLang server with SGLANG_RETURN_ORIGINAL_LOGPROB reports temperature-1 logprobs, which
     neither value describes: do not train through one.)"""

@@ -10,7 +10,7 @@ of the run's value, and the record says so. `top_k` 0 or -1 from a harness means
 
 Every recorded call carries `flags["sampling"]`:
   {"policy": "run" | "honor", "temperature": T, "top_p": p, "top_k": k,
-   "logprobs": "sampled" | "tempered", "requested": {...what the harness sent...},
+   "logprobs": "sampled" | "tempered" | "raw", "requested": {...what the harness sent...},
    "ignored": [fields], (only when some were)}
 with the EFFECTIVE values sent to the engine and, in "logprobs", which distribution the
 recorded logprobs belong to (`harnessrl.trainers.engine.sampling`): "sampled" (the
@@ -93,7 +93,7 @@ class SamplingPolicy:
                 if e.status_code is None or e.status_code >= 500:
                     raise  # unreachable or failing: the call fails like a failed generation
                 reported = None  # answers, but has no such route: not the local engine
-            self._space = reported if reported in ("sampled", "tempered") else "tempered"
+            self._space = reported if reported in ("sampled", "tempered", "raw") else "tempered"
         return self._space
 
     def record(self, req: ChatRequest, params: dict[str, Any], space: str, ignored: list[str]) -> dict[str, Any]:
