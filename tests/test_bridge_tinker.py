@@ -100,9 +100,10 @@ def _in_child_with_the_client(request, tmp_path) -> None:
     outcome (pass, skip with its reason, fail with its output) becomes this test's."""
     client = tinker_client_path()
     if client is None or os.environ.get(_CHILD):
+        where = f"the one on PYTHONPATH ({client}) is not 0.25" if client else "none is unpacked"
         pytest.skip(f"tinker {tinker.__version__}: SkyRL's Tinker server (0.4.0) speaks the protocol of tinker < 0.26 "
-                    "(tinker >= 0.30 requires sample_sequence_ids in asample promises), and no tinker 0.25 client is "
-                    "unpacked (scripts/setup.sh; or set HARNESSRL_TINKER_CLIENT_PATH)")
+                    f"(tinker >= 0.30 requires sample_sequence_ids in asample promises); {where} "
+                    "(scripts/setup.sh unpacks tinker 0.25.0 into .venv; or set HARNESSRL_TINKER_CLIENT_PATH)")
     report = tmp_path / "child.xml"
     env = dict(os.environ, **{_CHILD: "1"},
                PYTHONPATH=os.pathsep.join(p for p in (client, os.environ.get("PYTHONPATH")) if p))
