@@ -234,6 +234,8 @@ def build_parser() -> argparse.ArgumentParser:
 PASSTHROUGH = {
     "tasks": ("harnessrl.gym.suites.check", "list or check a task suite (gold -> 1.0, base -> 0.0 in a real sandbox); "
                                          "synth: make tasks by mutating a repository"),
+    "collect": ("harnessrl.gym.collect", "record teacher episodes (scripted gold plans or an OpenAI-compatible URL) "
+                                         "for the sft stage; keeps the successful ones"),
     "check-adapter": ("harnessrl.gym.check_adapter", "run the contract checks on a harness adapter or config file"),
     "proxy": ("harnessrl.gym.proxy.__main__", "serve the proxy in front of an engine (--engine-url URL)"),
     "sandbox": ("harnessrl.sandboxes.__main__", "reap leftover sandboxes, build the base image, show the backend"),

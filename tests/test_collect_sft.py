@@ -34,8 +34,12 @@ def _chat(proxy: ProxyServer, sid: str, key: str, messages: list[dict], **kw) ->
     return r.json()["choices"][0]
 
 
+def _no_logprob(x) -> bool:
+    return x is None or math.isnan(x)  # NaN in process; JSON exports (orjson) write it null
+
+
 def _assert_teacher_segment(traj: Trajectory, label: str) -> None:
-    """One linear segment; mask 1 exactly on the calls' completions, NaN logprobs, version -1."""
+    """One linear segment; mask 1 exactly on the calls' completions, no logprobs, version -1."""
     assert len(traj.segments) == 1
     seg = traj.segments[0]
     spans = []
@@ -44,9 +48,9 @@ def _assert_teacher_segment(traj: Trajectory, label: str) -> None:
         start = len(traj.call_prompt(c))
         assert seg.token_ids[start:start + len(c.completion_ids)] == c.completion_ids
         spans += range(start, start + len(c.completion_ids))
-        assert all(math.isnan(x) for x in c.logprobs) and c.versions == [-1] * len(c.completion_ids)
+        assert all(_no_logprob(x) for x in c.logprobs) and c.versions == [-1] * len(c.completion_ids)
     assert [i for i, m in enumerate(seg.loss_mask) if m] == spans
-    assert all(math.isnan(seg.logprobs[i]) and seg.versions[i] == -1 for i in spans)
+    assert all(_no_logprob(seg.logprobs[i]) and seg.versions[i] == -1 for i in spans)
 
 
 # -- (b) pass-through: the local engine behind a proxy is the OpenAI-compatible teacher ------------
@@ -245,3 +249,50 @@ def test_rl_step_after_sft_changes_parameters_and_keeps_mismatch_zero():
     changed = [k for k, v in trainer.model.state_dict().items() if not torch.equal(before[k], v)]
     assert "model.embed_tokens.weight" in changed and m.updated and m.version == 2
     assert m.mismatch_tokens == 24 and m.logprob_mismatch_max < 1e-5 and m.logprob_mismatch_mean < 1e-6
+
+
+# -- (a) collect: the scripted gold teacher through mini-swe-agent in Docker --------------------------
+@pytest.mark.docker
+@pytest.mark.harness
+@pytest.mark.timeout(900)
+def test_collect_with_the_scripted_teacher_keeps_only_successful_episodes(tmp_path):
+    import asyncio
+
+    from adapter_helpers import builtin_task, docker_backend
+    from harnessrl.adapters.toolchain import installed_spec
+    from harnessrl.gym.collect import CollectConfig, collect
+    from harnessrl.gym.episode import EpisodeConfig
+    from harnessrl.gym.rollout import RolloutConfig
+
+    backend = docker_backend()
+    if installed_spec("venvs", "mini-swe-agent") is None:
+        pytest.skip("mini-swe-agent not installed: run scripts/install_harnesses.sh mini-swe-agent")
+    good = builtin_task()
+    # the same bug, a different statement, and a "gold" plan that fixes nothing: the teacher fails it
+    lines = good.problem_statement.splitlines()
+    bad = good.model_copy(update={"instance_id": good.instance_id + "-noop", "gold_plan": ["true"],
+                                  "problem_statement": "\n".join(["Something in this repository is broken."] + lines[1:])})
+    suite = tmp_path / "suite.jsonl"
+    suite.write_text("".join(json.dumps(t.model_dump(mode="json")) + "\n" for t in (good, bad)))
+    cfg = CollectConfig(teacher="scripted", episodes=2, concurrency=2, rollout=RolloutConfig(
+        harness="mini-swe-agent", suite=str(suite), model="tiny-llama", sandbox="docker", sandbox_pool_size=0,
+        episode=EpisodeConfig(max_calls=4, wall_time_s=300)))
+    try:
+        rep = asyncio.run(collect(cfg, tmp_path / "out"))
+    finally:
+        backend.reap(run_id=backend.run_id)
+    every = [Trajectory.from_dict(json.loads(x)) for x in (tmp_path / "out/episodes/trajectories.jsonl").read_text().splitlines()]
+    assert sorted((t.task_id, t.reward) for t in every) == sorted([(good.instance_id, 1.0), (bad.instance_id, 0.0)])
+    kept = [Trajectory.from_dict(json.loads(x)) for x in (tmp_path / "out/trajectories.jsonl").read_text().splitlines()]
+    assert [(t.task_id, t.reward, t.metadata["teacher"]) for t in kept] == [(good.instance_id, 1.0, "scripted")]
+    assert (rep["kept"], rep["episodes"], rep["teacher"]) == (1, 2, "scripted")
+    t = kept[0]
+    assert len(t.calls) == len(good.gold_plan) + 1  # the plan's edits, then mini's submit
+    _assert_teacher_segment(t, "scripted")
+    from harnessrl.trainers.samples import RecordError, SampleConfig, build_samples
+    from harnessrl.trainers.sft import load_teacher_file, sft_samples
+
+    with pytest.raises(RecordError, match="teacher data"):
+        build_samples(kept, SampleConfig())
+    assert [s.n_sampled for s in sft_samples(load_teacher_file(tmp_path / "out/trajectories.jsonl"))] == \
+        [sum(len(c.completion_ids) for c in t.calls)]

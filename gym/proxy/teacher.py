@@ -15,7 +15,8 @@ Two kinds of teacher (`ProxyConfig.teacher`, `teacher_url`):
   segment growth) is the pipeline every call takes, and the next prompt holds exactly them.
 
 Either way a teacher call is recorded with loss mask 1 on its completion (the store puts 1
-on every completion token), logprob NaN and policy version -1 on each of those tokens (no
+on every completion token), logprob NaN (null in the admin API's JSON export) and policy
+version -1 on each of those tokens (no
 policy of this run sampled them, so there is no behaviour logprob and no version), and
 `flags["teacher"] = {"teacher": label, "model": name}`. `trainers.samples.build_samples`
 refuses such records (RL trains on on-policy tokens only); `trainers.sft` trains on them.
