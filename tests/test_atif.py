@@ -120,7 +120,7 @@ def export_cli(*args: str) -> subprocess.CompletedProcess:
 def test_export_cli_missing_run_is_one_line(tmp_path):
     out = export_cli(str(tmp_path), "--format", "atif", "--out", str(tmp_path / "o"))
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1
-    assert out.stderr.startswith(f"harnessrl export: {tmp_path}: no trajectories.db")
+    assert out.stderr.startswith(f"harnessrl export: {tmp_path}: no trajectories.jsonl")
 
 
 @pytest.fixture(scope="module")
@@ -191,6 +191,12 @@ def test_export_a_real_run_in_three_formats(recorded_run, tmp_path):
     rows = pq.read_table(tmp_path / "t.parquet").to_pylist()
     assert [(r["token_ids"], r["loss_mask"], r["versions"], r["split_reason"]) for r in rows] == [
         (s.token_ids, s.loss_mask, s.versions, s.split_reason) for s in traj.segments]
+    # the store alone (a killed run's record): the same calls and segments, as ATIF too
+    out = export_cli(str(run / "trajectories.db"), "--format", "atif", "--out", str(tmp_path / "db"))
+    assert out.returncode == 0, out.stderr
+    from_db = from_atif(json.loads(next((tmp_path / "db").glob("*.json")).read_text()))
+    assert from_db.to_dict()["segments"] == traj.to_dict()["segments"]
+    assert from_db.to_dict()["calls"] == traj.to_dict()["calls"]
     # the same rows as the store's own Parquet export
     store = Store(run / "trajectories.db")
     store.export_parquet(tmp_path / "store.parquet")

@@ -1,8 +1,9 @@
 """`harnessrl export RUN --format atif|jsonl|parquet --out PATH`: a run's trajectories, written out.
 
 Contract: RUN is a run folder (a rollout's, or a train run's with `rollouts/` inside) or a
-file: the SQLite store `trajectories.db` is read when there (it is the durable record), else
-`trajectories.jsonl`. `atif` writes one `<session_id>.json` ATIF document per trajectory into
+file: `trajectories.jsonl` is read when there (each trajectory as its episode closed it, with
+the grading metadata), else the proxy's SQLite store `trajectories.db` (the durable record of
+every finished call, e.g. of a run that was killed). `atif` writes one `<session_id>.json` ATIF document per trajectory into
 the folder PATH, each validated before it is written (gym.formats.atif); `jsonl` one
 Trajectory per line; `parquet` one row per segment with per-token list columns (the store's
 export schema). Messages in ATIF are decoded with the tokenizer of the run's model (`--model`
@@ -26,15 +27,15 @@ class ExportError(ValueError):
 
 
 def find_record(run: str | Path) -> Path:
-    """The store (preferred) or JSONL of a run folder, or `run` itself when it is a file."""
+    """The JSONL (preferred) or store of a run folder, or `run` itself when it is a file."""
     run = Path(run)
     if run.is_file():
         return run
     for folder in (run, run / "rollouts"):
-        for name in ("trajectories.db", "trajectories.jsonl"):
+        for name in ("trajectories.jsonl", "trajectories.db"):
             if (folder / name).is_file():
                 return folder / name
-    raise ExportError(f"{run}: no trajectories.db or trajectories.jsonl here or in {run / 'rollouts'}; "
+    raise ExportError(f"{run}: no trajectories.jsonl or trajectories.db here or in {run / 'rollouts'}; "
                       "fix: pass a rollout or train run folder (or one of those files)")
 
 
