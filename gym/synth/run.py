@@ -178,6 +178,7 @@ def _screen_singles(p: _Project, order: list[mutate.Mutation], quota: int | None
                     rejected: Counter, log) -> list[_Kept]:
     kept: list[_Kept] = []
     seen: set[str] = set()
+    before = sum(rejected.values())
     for m in order:
         if quota is not None and len(kept) >= quota:
             break
@@ -193,7 +194,7 @@ def _screen_singles(p: _Project, order: list[mutate.Mutation], quota: int | None
         seen.add(fp)
         kept.append(_Kept([m], f2p, p2p, {n: run.results.get(n, ("", "not run"))[1] for n in f2p},
                           [p.key(m)]))
-    log(f"{p.name}: {len(kept)} single-mutation tasks kept of {sum(rejected.values()) + len(kept)} screened")
+    log(f"{p.name}: {len(kept)} single-mutation tasks kept of {sum(rejected.values()) - before + len(kept)} screened")
     return kept
 
 
