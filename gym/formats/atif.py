@@ -62,8 +62,10 @@ def _drop_none(d: dict[str, Any]) -> dict[str, Any]:
 
 
 def to_atif(traj: Trajectory, decode: Callable[[list[int]], str] | None = None,
-            agent_version: str = "unknown") -> dict[str, Any]:
-    """One ATIF document for one trajectory (module doc). `decode`: token ids -> text."""
+            agent_version: str | None = None) -> dict[str, Any]:
+    """One ATIF document for one trajectory (module doc). `decode`: token ids -> text;
+    `agent_version`: default the harness version the episode recorded."""
+    agent_version = agent_version or str(traj.metadata.get("harness_version") or "unknown")
     text = decode or (lambda ids: "")
     steps: list[dict[str, Any]] = []
     agent_steps: list[dict[str, Any]] = []
