@@ -296,3 +296,39 @@ def test_collect_with_the_scripted_teacher_keeps_only_successful_episodes(tmp_pa
         build_samples(kept, SampleConfig())
     assert [s.n_sampled for s in sft_samples(load_teacher_file(tmp_path / "out/trajectories.jsonl"))] == \
         [sum(len(c.completion_ids) for c in t.calls)]
+
+
+# -- `harnessrl train` stages ------------------------------------------------------------------------
+def test_stages_are_validated_and_named():
+    from harnessrl.trainers.loop import TrainConfig
+
+    assert TrainConfig().stages == ["rl"]
+    with pytest.raises(ValueError, match="sft.data"):
+        TrainConfig(stages=["sft", "rl"])
+    with pytest.raises(ValueError, match=r"stages: \['rl', 'sft'\]"):
+        TrainConfig(stages=["rl", "sft"], sft={"data": "x.jsonl"})
+    with pytest.raises(ValueError, match="stages"):
+        TrainConfig(stages=[], sft={"data": "x.jsonl"})
+
+
+@pytest.mark.timeout(600)
+def test_train_runs_the_sft_stage_from_one_config(tmp_path):
+    import asyncio
+
+    from harnessrl.trainers.loop import TrainConfig, train
+
+    data = tmp_path / "teacher.jsonl"
+    data.write_text("".join(t.to_json() + "\n" for t in _teacher_records(2)))
+    cfg = TrainConfig(model="tiny-llama", stages=["sft"], out_dir=str(tmp_path / "run"), tensorboard=False,
+                      progress=False, trainer={"device": "cpu", "lr": 1e-6, "micro_batch_tokens": 128},
+                      sft={"data": str(data), "steps": 3, "batch_size": 1, "lr": 1e-3})
+    history = asyncio.run(train(cfg))
+    assert [(m["stage"], m["step"], m["version"], m["trajectories"]) for m in history] == \
+        [("sft", 1, 1, 1), ("sft", 2, 2, 1), ("sft", 3, 3, 1)]
+    assert all(m["lr"] == 1e-3 for m in history)
+    assert history[2]["loss"] < history[0]["loss"]  # step 3 sees step 1's trajectory again, after 2 updates
+    lines = [json.loads(x) for x in (tmp_path / "run/metrics.jsonl").read_text().splitlines()]
+    assert [x["stage"] for x in lines] == ["sft"] * 3
+    assert (tmp_path / "run/checkpoints/sft").is_dir() and (tmp_path / "run/checkpoints/last").is_dir()
+    with pytest.raises(FileNotFoundError, match="sft.data"):
+        asyncio.run(train(cfg.model_copy(update={"sft": cfg.sft.model_copy(update={"data": str(tmp_path / "no")})})))

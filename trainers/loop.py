@@ -7,6 +7,9 @@
       -> weight sync (save -> /update_weights_from_disk with weight_version)
       -> scheduler.advance_version: later tokens carry the new version
 
+`stages = ["sft", "rl"]` first trains on teacher trajectories (`harnessrl collect`; the
+masked cross-entropy of `trainers.sft`), checkpoints, pushes those weights, then runs RL.
+
 One config file (TOML or YAML), every field documented; a bad field is named in the error.
 Each step prints one line (reward mean, success rate, loss, grad norm, KL, logprob mismatch,
 staleness, env latency p95) and appends it to metrics.jsonl and TensorBoard; at the end the
@@ -21,7 +24,7 @@ import itertools
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -44,6 +47,23 @@ def _default_rollout() -> RolloutConfig:
 #: Sandbox start, session open and close, record fetch: time an episode needs besides the
 #: harness's wall time and scoring.
 EPISODE_OVERHEAD_S = 120.0
+
+
+class SFTConfig(BaseModel):
+    """The sft stage: supervised steps on teacher trajectories (`harnessrl collect`) before RL."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    data: str | None = None
+    """A trajectories.jsonl written by `harnessrl collect` (teacher records only)."""
+    steps: int = Field(1, ge=1)
+    """SFT steps; each is one optimizer update per `trainer.minibatches` shard of its batch."""
+    batch_size: int = Field(0, ge=0)
+    """Teacher trajectories per step, taken in file order and cycled; 0: the whole file every step."""
+    lr: float | None = Field(None, gt=0)
+    """Learning rate of the SFT updates (None: `trainer.lr`)."""
+    min_reward: float | None = 1.0
+    """Refuse teacher records scored below this (None: any scored record)."""
 
 
 class TrainConfig(BaseModel):
@@ -81,6 +101,12 @@ class TrainConfig(BaseModel):
     """Save a resumable checkpoint every N steps (0: only at the end)."""
     tensorboard: bool = True
     """Also write TensorBoard event files to out_dir/tb."""
+    stages: list[Literal["sft", "rl"]] = Field(default_factory=lambda: ["rl"])
+    """What the run does, in order: ["rl"] (default), ["sft", "rl"] (SFT on `sft.data`, a
+    checkpoint in checkpoints/sft, the weights pushed to the engine, then RL from them) or
+    ["sft"]. With `resume_from` the sft stage runs again on the restored weights."""
+    sft: SFTConfig = Field(default_factory=SFTConfig)
+    """The sft stage (used when `stages` holds "sft")."""
     progress: bool = True
     """Show a progress bar."""
 
@@ -91,6 +117,17 @@ class TrainConfig(BaseModel):
             name = "rollout.temperature: 0" if r.temperature == 0 else "rollout.top_k: 1"
             raise ValueError(f"{name} is greedy sampling, a point mass with no importance ratio: the trainer "
                              "would refuse every episode; train at a temperature > 0 with top_k -1 or >= 2")
+        return self
+
+    @model_validator(mode="after")
+    def _stages(self) -> "TrainConfig":
+        st = self.stages
+        if not st or len(set(st)) != len(st) or st not in (["rl"], ["sft"], ["sft", "rl"]):
+            raise ValueError(f"stages: {st} is not one of ['rl'], ['sft'], ['sft', 'rl']")
+        if "sft" in st and self.sft.data is None:
+            raise ValueError("sft.data: the sft stage needs a teacher trajectories.jsonl (`harnessrl collect`)")
+        if "sft" in st and self.tinker is not None:
+            raise ValueError("stages: the sft stage runs on the built-in trainer; the tinker bridge has no SFT step")
         return self
 
     @model_validator(mode="after")
@@ -176,7 +213,8 @@ async def train(cfg: TrainConfig) -> list[dict[str, Any]]:
     (out / "config.json").write_text(cfg.model_dump_json(indent=2))
     sc = cfg.scheduler  # the warm pool starts the first groups' sandboxes now, while the engine and trainer load
     first = itertools.cycle(sorted(t.instance_id for t in load_suite_tasks(cfg.rollout)))
-    sandboxes = prewarmed_sandboxes(cfg.rollout, itertools.islice(first, sc.groups_per_step * (1 + sc.staleness)))
+    sandboxes = (prewarmed_sandboxes(cfg.rollout, itertools.islice(first, sc.groups_per_step * (1 + sc.staleness)))
+                 if "rl" in cfg.stages else None)
     engine = None
     if cfg.tinker is not None:  # the Tinker bridge: the service trains and samples; no local engine
         from harnessrl.trainers.bridges.tinker import TinkerSync, TinkerTrainer
@@ -184,11 +222,11 @@ async def train(cfg: TrainConfig) -> list[dict[str, Any]]:
         engine_url, trainer = "", await asyncio.to_thread(TinkerTrainer, cfg.tinker)  # blocking SDK calls
         client = sync = TinkerSync()
     else:
-        if cfg.engine_url is None:
+        if cfg.engine_url is None and "rl" in cfg.stages:  # an sft-only run samples nothing
             from harnessrl.trainers.engine import EngineServer
 
             engine = EngineServer(model=cfg.model, port=0, weight_version="0", num_threads=cfg.engine_threads).start()
-        engine_url = cfg.engine_url or engine.url
+        engine_url = cfg.engine_url or (engine.url if engine is not None else "")
         client = EngineClient(engine_url)
         trainer = TorchTrainer(cfg.trainer.model_copy(update={"model": cfg.model}))
         sync = DiskWeightSync(client, out / "weights")
@@ -200,6 +238,13 @@ async def train(cfg: TrainConfig) -> list[dict[str, Any]]:
     rollout_cfg = cfg.rollout.model_copy(update={"model": cfg.model})
     t_start = time.monotonic()
     try:
+        if "sft" in cfg.stages:
+            sft_history = await _sft_stage(cfg, trainer, out, writer)
+            trainer.save_checkpoint(out / "checkpoints" / "sft")
+            if "rl" not in cfg.stages:
+                trainer.save_checkpoint(out / "checkpoints" / "last")
+                return sft_history
+            await sync.push(trainer)  # RL samples from the SFT policy (its version is the trainer's)
         with Rollout(rollout_cfg, engine_url, out / "rollouts", generation_backend=getattr(trainer, "backend", None),
                      sandboxes=sandboxes) as ro:
             sync.gate = ro.proxy  # weight updates pause proxy admission too
@@ -245,6 +290,25 @@ async def train(cfg: TrainConfig) -> list[dict[str, Any]]:
         if engine is not None:
             engine.stop()
     plot(history, out / "plots.png")
+    return history
+
+
+async def _sft_stage(cfg: TrainConfig, trainer, out: Path, writer) -> list[dict[str, Any]]:
+    """`sft.steps` SFT steps over the teacher file (module `trainers.sft`), one line each."""
+    from harnessrl.trainers.sft import load_teacher_file
+
+    data = load_teacher_file(cfg.sft.data)
+    n = cfg.sft.batch_size or len(data)
+    order = itertools.cycle(range(len(data)))
+    history = []
+    for _ in range(cfg.sft.steps):
+        picks = sorted({next(order) for _ in range(min(n, len(data)))})
+        m = await asyncio.to_thread(trainer.sft_step, [data[i] for i in picks], cfg.sft.min_reward, cfg.sft.lr)
+        history.append(m)
+        _record(out, m, writer)
+        print(f"sft {m['step']:>3} v{m['version']}  loss {m['loss'] if m['loss'] is None else format(m['loss'], '.4f')}  "
+              f"gnorm {m['grad_norm'] if m['grad_norm'] is None else format(m['grad_norm'], '.3f')}  "
+              f"tokens {m['tokens']}  trajectories {m['trajectories']}  ({m['step_s']:.1f}s)", flush=True)
     return history
 
 

@@ -217,11 +217,12 @@ class TorchTrainer:
             step_s=time.perf_counter() - t0,
         )
 
-    def sft_step(self, batch: list[Trajectory], min_reward: float | None = 1.0) -> dict:
+    def sft_step(self, batch: list[Trajectory], min_reward: float | None = 1.0, lr: float | None = None) -> dict:
         """One SFT step on teacher records (`trainers.sft`): the same shards, micro-batches,
         gradient clipping and AdamW as `step`, the masked token-mean cross-entropy as the loss.
         New weights are a new policy version. Returns the step's metrics; `loss` is the
-        update's loss before it (mean over its shards)."""
+        update's loss before it (mean over its shards). `lr`: this step's learning rate instead of
+        the schedule's (the schedule sets it back at its next step)."""
         from harnessrl.trainers.sft import sft_loss, sft_samples
 
         t0 = time.perf_counter()
@@ -244,6 +245,9 @@ class TorchTrainer:
                 params = [p for p in self.model.parameters() if p.grad is not None]
                 limit = self.config.max_grad_norm if self.config.max_grad_norm is not None else math.inf
                 norms.append(torch.nn.utils.clip_grad_norm_(params, limit).item())
+                if lr is not None:
+                    for g in self.optimizer.param_groups:
+                        g["lr"] = lr
                 self.optimizer.step()
                 self.scheduler.step()
                 losses.append(total)
@@ -252,7 +256,8 @@ class TorchTrainer:
         return {"stage": "sft", "step": self.step_count, "version": self._version, "updated": bool(tokens),
                 "loss": sum(losses) / len(losses) if losses else None,
                 "grad_norm": sum(norms) / len(norms) if norms else None, "tokens": tokens, "samples": len(samples),
-                "trajectories": len({s.session_id for s in samples}), "lr": self.optimizer.param_groups[0]["lr"],
+                "trajectories": len({s.session_id for s in samples}),
+                "lr": lr if lr is not None else self.optimizer.param_groups[0]["lr"],
                 "step_s": time.perf_counter() - t0}
 
     def publish(self, out_dir: str | Path) -> int:
