@@ -63,6 +63,10 @@ class EngineConfig(BaseModel):
     False is the previous growing cache that concatenates every step (same outputs, slower;
     kept for `bench/engine_throughput.py`'s before/after)."""
 
+    gqa_attention: bool = True
+    """On CPU, attend over the grouped KV heads as cached (`engine.attention`, bit-identical);
+    False keeps HF's sdpa, which copies each KV head per query head on every padded step."""
+
     @field_validator("device")
     @classmethod
     def _device(cls, v: str) -> str:

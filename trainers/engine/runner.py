@@ -38,6 +38,7 @@ def _bind(host: str, port: int) -> socket.socket:
 def build_state(config: EngineConfig):
     """Load tokenizer and model, start the scheduler thread; the routes' shared state."""
     from harnessrl.gym.models import ModelNotPrepared, load_tokenizer, resolve_model
+    from harnessrl.trainers.engine.attention import use_gqa_sdpa
     from harnessrl.trainers.engine.scheduler import Scheduler
     from harnessrl.trainers.engine.server import EngineState
     from harnessrl.trainers.engine.weights import WeightLoadError, eos_token_ids, load_model
@@ -52,6 +53,8 @@ def build_state(config: EngineConfig):
         path = resolve_model(config.model)
         tokenizer = load_tokenizer(str(path))
         model = load_model(path, dtype=getattr(torch, config.dtype), device=config.device)
+        if config.gqa_attention:
+            use_gqa_sdpa(model)  # CPU: attention over the grouped KV heads, no repeated copy per step
     except (ModelNotPrepared, KeyError) as e:
         raise EngineStartupError(str(e.args[0] if e.args else e)) from None
     except WeightLoadError as e:
