@@ -128,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--teacher-model", default="teacher", help="model name sent to a URL teacher")
     p.add_argument("--harness", default="mini-swe-agent")
     p.add_argument("--suite", default="builtin")
+    p.add_argument("--source-root", default=None, metavar="DIR",
+                   help="folder holding the repositories a task file names (owner__name, name or name.bundle)")
     p.add_argument("--model", default="smollm2-135m", help="the student: its tokenizer and chat template")
     p.add_argument("--tasks", nargs="*", default=None, help="instance ids (default: all)")
     p.add_argument("--episodes", type=int, default=4)
@@ -144,12 +146,12 @@ def main(argv: list[str] | None = None) -> int:
         cfg = CollectConfig(teacher=a.teacher, teacher_model=a.teacher_model,
                             teacher_api_key=os.environ.get("HARNESSRL_TEACHER_API_KEY"), keep=a.keep,
                             episodes=a.episodes, concurrency=a.concurrency, rollout=RolloutConfig(
-                                harness=a.harness, suite=a.suite, model=a.model, tasks=a.tasks, sandbox=a.sandbox,
+                                harness=a.harness, suite=a.suite, source_root=a.source_root, model=a.model, tasks=a.tasks, sandbox=a.sandbox,
                                 max_new_tokens=a.max_new_tokens,
                                 episode=EpisodeConfig(max_calls=a.max_calls, wall_time_s=a.wall_time)))
         rep = asyncio.run(collect(cfg, a.out, progress=True))
     except (ValueError, FileNotFoundError, KeyError) as e:
-        print(f"harnessrl collect: {e}", file=sys.stderr)
+        print("\n".join(f"harnessrl collect: {line}" for line in str(e).splitlines()), file=sys.stderr)
         return 2
     print(json.dumps(rep, indent=2))
     return 0

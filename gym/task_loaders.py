@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import inspect
 import json
 import re
 from pathlib import Path
@@ -342,6 +343,8 @@ def load_suite(name: str, source_root: str | Path | None = None, **kwargs: Any) 
         target = SUITES.get(name, name)
         module, func = target.split(":", 1)
         loader: Callable[..., list[Task]] = getattr(importlib.import_module(module), func)
+        if "source_root" in kwargs and "source_root" not in inspect.signature(loader).parameters:
+            del kwargs["source_root"]  # a suite that ships its repositories (builtin) needs none
         return loader(**kwargs)
     if Path(name).suffix.lower() in (".jsonl", ".json", ".parquet", ".pq"):
         if not Path(name).exists():

@@ -131,8 +131,18 @@ def test_missing_source_is_one_line_naming_the_task_and_the_fix(suite, tmp_path)
     assert "(task 'acme__alpha-1')" in out.stderr
     out = cli("tasks", "list", str(path), "--source-root", str(tmp_path / "nope"), timeout=120)
     assert out.returncode == 2 and "is not a folder" in out.stderr and "Traceback" not in out.stderr
-    out = cli("rollout", "--suite", str(path), "--source-root", str(empty), timeout=120)
-    assert out.returncode == 2 and out.stderr.startswith("harnessrl rollout: ") and "Traceback" not in out.stderr
+    for cmd in ("rollout", "collect"):
+        out = cli(cmd, "--suite", str(path), "--source-root", str(empty), "--out", str(tmp_path / cmd), timeout=120)
+        assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+        assert out.stderr.strip().splitlines()[-1].startswith(f"harnessrl {cmd}: ") and "(task 'acme__" in out.stderr
+    import tomllib
+    tiny = tomllib.loads((Path(__file__).resolve().parents[1] / "examples" / "train-tiny.toml").read_text())
+    tiny["rollout"].update(suite=str(path), source_root=str(tmp_path / "nope"))
+    config = tmp_path / "train.yaml"  # YAML reads JSON
+    config.write_text(json.dumps(tiny))
+    out = cli("train", "--config", str(config), "--source-root", str(empty), timeout=120)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    assert out.stderr.startswith("harnessrl train: ") and "(task 'acme__alpha-1')" in out.stderr
 
 
 def test_tasks_list_with_source_root(suite):
