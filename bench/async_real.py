@@ -39,8 +39,10 @@ system-wide CPU busy fraction, our process tree's CPU (cores), the load average 
 episode's time went (harness run outside its turns, i.e. start-up and exit; hidden tests;
 sandbox acquisition) are printed.
 
-Rerun: `.venv/bin/python bench/async_real.py` (~25 min on 2 loaded cores; `--quick`: CV 1,
-η 0 and 2, ~7 min).
+Rerun: `.venv/bin/python bench/async_real.py` (40 min on 2 cores at load average 13-27;
+`--quick`: CV 1, η 0 and 2, ~11 min). Per-episode harness CPU (mini-swe-agent's start-up) and
+the hidden tests make throughput CPU-bound on such a machine: see the `cpu`/`own` columns and
+`bound_with_episode_overhead`, which occupancy tracks.
 
 Target (issue 13): on CV 1, >= 2.5x the synchronous throughput at some η <= 2 with <= 5% of
 sampled tokens masked and occupancy >= 85% of the bound; max lag <= η in every row. The last
