@@ -75,6 +75,17 @@ def test_round_trip_is_exact_and_validates(tmp_path):
     assert [c.call_id for c in back.calls if c.detached] == ["c2"]
 
 
+def test_an_episode_without_calls_exports_and_reads_back(tmp_path):
+    store = Store(tmp_path / "trajectories.db")
+    store.open_session("s0", {}, "h", "tiny-llama")
+    store.set_reward("s0", 0.0, "ok", "harness_crashed")
+    traj = store.trajectory("s0")
+    doc = to_atif(traj)
+    validate(doc)
+    assert doc["steps"] == [{"step_id": 1, "source": "system", "message": "no model calls (harness_crashed)"}]
+    assert from_atif(doc).to_dict() == traj.to_dict()
+
+
 def test_tool_calls_and_their_observation(tmp_path):
     traj = stored_trajectory(tmp_path)
     texts = {(10, 11): 'Let me look.\n<tool_call>{"name": "bash", "arguments": {"command": "ls"}}</tool_call>',

@@ -113,6 +113,8 @@ def to_atif(traj: Trajectory, decode: Callable[[list[int]], str] | None = None,
                 "source_call_id": tool_calls[0]["tool_call_id"] if tool_calls else None, "content": content})]}
         steps.append(_drop_none(step))
         agent_steps.append(step)
+    if not steps:  # an episode that ended before its first model call (ATIF needs one step)
+        steps.append({"source": "system", "message": f"no model calls ({traj.termination or traj.status})"})
     for n, step in enumerate(steps, 1):
         step["step_id"] = n
     return _drop_none({
