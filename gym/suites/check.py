@@ -142,6 +142,11 @@ def main(argv: list[str] | None = None) -> int:
     except SandboxError as e:
         print(f"harnessrl tasks: {e}", file=sys.stderr)
         return 2
+    imaged = [t.instance_id for t in tasks if t.image]
+    if imaged and getattr(backend, "name", "") != "docker":
+        print(f"harnessrl tasks: note: {len(imaged)} task(s) name a Docker image (e.g. {imaged[0]!r}); the "
+              f"{getattr(backend, 'name', args.backend)} backend runs them without it (use --backend docker)",
+              file=sys.stderr)
     results = check_suite(tasks, backend, on_result=lambda r: print(_line(r), flush=True))
     invalid = [r["instance_id"] for r in results if not r["valid"]]
     print(json.dumps({"checked": len(results), "valid": len(results) - len(invalid), "invalid": invalid}))
