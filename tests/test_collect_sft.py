@@ -332,3 +332,54 @@ def test_train_runs_the_sft_stage_from_one_config(tmp_path):
     assert (tmp_path / "run/checkpoints/sft").is_dir() and (tmp_path / "run/checkpoints/last").is_dir()
     with pytest.raises(FileNotFoundError, match="sft.data"):
         asyncio.run(train(cfg.model_copy(update={"sft": cfg.sft.model_copy(update={"data": str(tmp_path / "no")})})))
+
+
+@pytest.mark.docker
+@pytest.mark.harness
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_train_runs_sft_then_rl_from_one_config(tmp_path):
+    """collect (scripted gold teacher, mini-swe-agent, Docker) -> train stages ["sft", "rl"]:
+    the RL batch is sampled by the SFT policy's version and trained at it, mismatch ~ 0."""
+    import asyncio
+
+    from adapter_helpers import builtin_task, docker_backend
+    from harnessrl.adapters.toolchain import installed_spec
+    from harnessrl.gym.collect import CollectConfig, collect
+    from harnessrl.gym.episode import EpisodeConfig
+    from harnessrl.gym.proxy import Store
+    from harnessrl.gym.rollout import RolloutConfig
+    from harnessrl.trainers.loop import TrainConfig, train
+
+    backend = docker_backend()
+    if installed_spec("venvs", "mini-swe-agent") is None:
+        pytest.skip("mini-swe-agent not installed: run scripts/install_harnesses.sh mini-swe-agent")
+    task = builtin_task().instance_id
+    try:
+        rep = asyncio.run(collect(CollectConfig(episodes=1, concurrency=1, rollout=RolloutConfig(
+            tasks=[task], model="tiny-llama", sandbox="docker", episode=EpisodeConfig(max_calls=4, wall_time_s=300))),
+            tmp_path / "teacher"))
+        assert rep["kept"] == 1
+        cfg = TrainConfig.model_validate({
+            "model": "tiny-llama", "steps": 1, "out_dir": str(tmp_path / "run"), "progress": False,
+            "tensorboard": False, "stages": ["sft", "rl"],
+            "sft": {"data": str(tmp_path / "teacher/trajectories.jsonl"), "steps": 2, "lr": 1e-4},
+            "rollout": {"tasks": [task], "max_new_tokens": 32, "sandbox": "docker",
+                        "episode": {"max_calls": 2, "wall_time_s": 180}},
+            "scheduler": {"env_pool_size": 2, "group_size": 2, "groups_per_step": 1, "staleness": 1},
+            "trainer": {"lr": 1e-5, "device": "cpu"},
+        })
+        history = asyncio.run(train(cfg))
+    finally:
+        backend.reap(run_id=backend.run_id)
+    lines = [json.loads(x) for x in (tmp_path / "run/metrics.jsonl").read_text().splitlines()]
+    assert [(x.get("stage"), x["version"]) for x in lines[:2]] == [("sft", 1), ("sft", 2)]
+    assert lines[1]["loss"] < lines[0]["loss"]
+    (m,) = history
+    assert m["step"] == 3 and m["staleness_max"] == 0  # sampled by the SFT policy (v2), trained at v2
+    if m["updated"]:
+        assert m["version"] == 3 and m["mismatch_tokens"] > 0 and m["logprob_mismatch_mean"] < 1e-3
+    store = Store(str(tmp_path / "run/rollouts/trajectories.db"))
+    versions = {v for sid in store.session_ids() for c in store.trajectory(sid).calls for v in c.versions}
+    assert versions == {2}  # the engine served the SFT weights from the first RL call
+    assert (tmp_path / "run/checkpoints/sft").is_dir() and (tmp_path / "run/checkpoints/last").is_dir()

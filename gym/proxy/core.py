@@ -381,6 +381,7 @@ class ProxyCore:
 
     def _advance(self, s: Session, pl, req: ChatRequest, reply: Message, gen: Generation, versions: list[int]) -> None:
         """The harness has the reply: the session's segment now ends with it."""
+        versions = [v for v in versions if v >= 0]  # teacher tokens (-1) have no policy version to be stale by
         if versions:
             s.oldest_version = min(versions + ([s.oldest_version] if s.oldest_version is not None else []))
         commit(s, pl, req, reply, gen.ids, gen.finish_reason, self.config.max_branches)
