@@ -5,12 +5,13 @@
    model's own reply and a ~`--grow`-token observation (command output), rendered by the
    model's chat template as a harness's conversation is. Each turn is one streamed engine
    call (greedy, 16 new tokens); time to first token (TTFT) and whole-call time per turn,
-   for an engine with the prefix cache and one without (same model, same prompts; greedy, so
-   the two produce the same ids — checked).
+   for an engine with the prefix cache and one without (same model, same prompts, turns
+   interleaved between the two so load on a shared machine hits both alike; greedy, so the
+   two produce the same ids — checked).
 2. Episodes: `--episodes` real mini-swe-agent episodes (the main job's settings: trivial
    built-in tasks, 3 model calls, 192 new tokens; greedy, so both engines see the same
-   conversation) in Docker through the real proxy, against each engine in turn; end-to-end
-   wall time and the proxy's recorded hit tokens.
+   conversation) in Docker through the real proxy, alternating between the two engines
+   episode by episode; end-to-end wall time and the proxy's recorded hit tokens.
 
 Targets (issue 13): TTFT at the last turn within 1.5x of turn 1 with the cache; episodes at
 least 2x faster end to end with it. The last stdout line is one JSON object with
@@ -56,23 +57,34 @@ def _conversation(tok, turns: int, grow: int):
         msgs.append({"role": "user", "content": "".join(text)})
 
 
-async def _session(url: str, tok, turns: int, grow: int) -> list[dict]:
+async def _session(urls: dict[str, str], tok, turns: int, grow: int) -> dict[str, list[dict]]:
+    """The same session against every engine, turn by turn interleaved (so load changes on a
+    shared machine hit both alike); the conversation follows the first engine's replies."""
     from harnessrl.gym.engine_client import EngineClient
 
-    rows = []
-    async with EngineClient(url, timeout=900) as c:
+    rows: dict[str, list[dict]] = {m: [] for m in urls}
+    clients = {m: EngineClient(u, timeout=900) for m, u in urls.items()}
+    try:
+        warm = tok.encode("warm-up: an unrelated short prompt", add_special_tokens=False)
+        for c in clients.values():  # a fresh engine's first forward is slow: keep it out of turn 1
+            await c.generate(warm, max_new_tokens=4, temperature=0.0)
         for msgs in _conversation(tok, turns, grow):
             ids = tok.apply_chat_template(msgs, add_generation_prompt=True, return_dict=False)
-            t0 = time.perf_counter()
-            ttft, out = None, []
-            async for ch in c.generate_stream(ids, max_new_tokens=16, temperature=0.0):
-                if ttft is None and ch.output_ids:
-                    ttft = time.perf_counter() - t0
-                out += ch.output_ids
-                cached = ch.cached_tokens
-            rows.append({"prompt_tokens": len(ids), "ttft_s": round(ttft, 4), "call_s": round(time.perf_counter() - t0, 4),
-                         "cached_tokens": cached, "ids": out})
-            msgs.append({"role": "assistant", "content": tok.decode(out, skip_special_tokens=True)})
+            for mode, c in clients.items():
+                t0 = time.perf_counter()
+                ttft, out, cached = None, [], 0
+                async for ch in c.generate_stream(ids, max_new_tokens=16, temperature=0.0):
+                    if ttft is None and ch.output_ids:
+                        ttft = time.perf_counter() - t0
+                    out += ch.output_ids
+                    cached = max(cached, ch.cached_tokens)
+                rows[mode].append({"prompt_tokens": len(ids), "ttft_s": round(ttft, 4),
+                                   "call_s": round(time.perf_counter() - t0, 4), "cached_tokens": cached, "ids": out})
+            msgs.append({"role": "assistant", "content": tok.decode(rows[next(iter(urls))][-1]["ids"],
+                                                                    skip_special_tokens=True)})
+    finally:
+        for c in clients.values():
+            await c.aclose()
     return rows
 
 
@@ -113,16 +125,25 @@ def main() -> int:
 
     tok = load_tokenizer(args.model)
     res: dict = {"model": args.model, "turns": args.turns, "grow": args.grow}
-    sessions, episodes = {}, {}
-    for mode, mb in (("cache", 1024), ("no_cache", 0)):
-        with EngineServer(model=args.model, prefix_cache_mb=mb, num_threads=args.threads) as eng:
-            sessions[mode] = asyncio.run(_session(eng.url, tok, args.turns, args.grow))
-            if args.episodes:
-                episodes[mode] = _episodes(eng.url, args.episodes)
-        last = sessions[mode][-1]
-        print(f"{mode:9s} turn 1: ttft {sessions[mode][0]['ttft_s']:.3f}s  turn {args.turns}: ttft "
-              f"{last['ttft_s']:.3f}s call {last['call_s']:.3f}s ({last['prompt_tokens']} prompt tokens, "
-              f"{last['cached_tokens']} cached)", file=sys.stderr, flush=True)
+    episodes: dict[str, dict] = {}
+    with EngineServer(model=args.model, prefix_cache_mb=1024, num_threads=args.threads) as hot, \
+            EngineServer(model=args.model, prefix_cache_mb=0, num_threads=args.threads) as cold:
+        urls = {"cache": hot.url, "no_cache": cold.url}
+        sessions = asyncio.run(_session(urls, tok, args.turns, args.grow))
+        for i in range(args.episodes):  # episode by episode, alternating engines
+            for mode, url in urls.items():
+                one = _episodes(url, 1)
+                acc = episodes.setdefault(mode, {"wall_s": 0.0, "episodes": 0, "calls": 0, "prompt_tokens": 0,
+                                                 "hit_tokens": 0, "completions": [], "rewards": []})
+                for k in ("wall_s", "episodes", "calls", "prompt_tokens", "hit_tokens"):
+                    acc[k] = round(acc[k] + one[k], 2)
+                acc["completions"] += one["completions"]
+                acc["rewards"] += one["rewards"]
+    for mode, rows in sessions.items():
+        last = rows[-1]
+        print(f"{mode:9s} turn 1: ttft {rows[0]['ttft_s']:.3f}s  turn {args.turns}: ttft {last['ttft_s']:.3f}s "
+              f"call {last['call_s']:.3f}s ({last['prompt_tokens']} prompt tokens, {last['cached_tokens']} cached)",
+              file=sys.stderr, flush=True)
     on, off = sessions["cache"], sessions["no_cache"]
     same_ids = [a["ids"] for a in on] == [b["ids"] for b in off]
     per_turn = [{"turn": i + 1, "prompt_tokens": a["prompt_tokens"], "ttft_cache_s": a["ttft_s"],
