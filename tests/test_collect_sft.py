@@ -195,6 +195,10 @@ def test_sft_step_lowers_the_masked_loss_and_rl_refuses_teacher_data():
     with pytest.raises(RecordError, match="teacher data") as e:
         build_samples(batch, SampleConfig())
     assert e.value.field == "metadata.teacher"
+    from harnessrl.trainers.samples import validate_trajectory  # the bridges' entry check (verl)
+
+    with pytest.raises(RecordError, match="teacher data"):
+        validate_trajectory(batch[0])
     samples = sft_samples(batch)
     assert [s.n_sampled for s in samples] == [sum(t.segments[0].loss_mask) for t in batch]
     assert all(s.logprobs == [0.0] * len(s.token_ids) and set(s.versions) == {-1} for s in samples)

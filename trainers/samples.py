@@ -126,10 +126,11 @@ class SampleBatch:
 def validate_trajectory(traj: Trajectory, *, current_version: int | None = None, vocab_size: int | None = None) -> None:
     """Check a record's shapes, masks, logprobs and versions; raise `RecordError` on the first fault.
 
-    A sampled token (mask 1) needs a version in [0, current_version] and a finite logprob
+    Teacher records (`is_teacher`) are refused. A sampled token (mask 1) needs a version in [0, current_version] and a finite logprob
     <= 0; an unsampled one has version -1. Position 0 cannot be sampled: nothing precedes it.
     """
     sid = traj.session_id
+    refuse_teacher(traj)
     if traj.status not in STATUSES or traj.status == "running":
         raise RecordError(sid, f"{traj.status!r} is not a finished status (ok, truncated, infra_error)", field="status")
     if traj.reward is not None and (isinstance(traj.reward, bool) or not math.isfinite(float(traj.reward))):
@@ -165,6 +166,14 @@ def is_teacher(traj: Trajectory) -> bool:
     """A teacher record (`harnessrl collect`, `gym.proxy.teacher`): its trajectory metadata or
     any of its calls says `teacher`. Its tokens were sampled by no policy of this run."""
     return bool(traj.metadata.get("teacher")) or any(c.flags.get("teacher") for c in traj.calls)
+
+
+def refuse_teacher(traj: Trajectory) -> None:
+    """RL trainers (and bridges, through `validate_trajectory`) never take teacher records."""
+    if is_teacher(traj):
+        raise RecordError(traj.session_id, "is teacher data (no behaviour logprobs, no policy version): RL "
+                          "trains only on the policy's own samples; train on it with the sft stage "
+                          "(`trainers.sft`)", field="metadata.teacher")
 
 
 def _staleness_weight(traj: Trajectory) -> float:
@@ -215,10 +224,7 @@ def build_samples(
 
     seen: set[str] = set()
     for traj in batch:
-        if is_teacher(traj):
-            raise RecordError(traj.session_id, "is teacher data (no behaviour logprobs, no policy version): RL "
-                              "trains only on the policy's own samples; train on it with the sft stage "
-                              "(`trainers.sft`)", field="metadata.teacher")
+        refuse_teacher(traj)
         if traj.session_id in seen:
             raise RecordError(traj.session_id, "appears twice in the batch", field="session_id")
         seen.add(traj.session_id)
