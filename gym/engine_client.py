@@ -102,6 +102,24 @@ async def _within(limit: float | None, phase: str, url: str):
         handle.cancel()
 
 
+class StreamBudget:
+    """The bounds of one streamed request: each phase's own bound, capped by what is left of
+    `total_s` (then the phase reported is "total"). Made when the request starts."""
+
+    def __init__(self, timeouts: EngineTimeouts):
+        self.t = timeouts
+        self.loop = asyncio.get_running_loop()
+        self.deadline = self.loop.time() + timeouts.total_s if timeouts.total_s is not None else None
+
+    def left(self, phase: str) -> tuple[float | None, str]:
+        """(seconds, phase name) for the next wait in `phase` ("first_byte" or "idle")."""
+        limit = getattr(self.t, phase + "_s")
+        if self.deadline is None:
+            return limit, phase
+        rest = max(0.0, self.deadline - self.loop.time())
+        return (rest, "total") if limit is None or rest < limit else (limit, phase)
+
+
 async def _bounded(aw, limit: float | None, phase: str, url: str):
     """Await `aw` for at most `limit` seconds (in this task); past it, an EngineTimeout naming the phase."""
     async with _within(limit, phase, url):
@@ -295,18 +313,7 @@ class EngineClient:
         seen = 0  # output tokens already yielded
         text_seen = ""
         finished = False
-        t = self.timeouts
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + t.total_s if t.total_s is not None else None
-
-        def left(phase: str) -> tuple[float | None, str]:
-            """The tighter of a phase's own bound and what is left of the total."""
-            limit = getattr(t, phase + "_s")
-            if deadline is None:
-                return limit, phase
-            rest = max(0.0, deadline - loop.time())
-            return (rest, "total") if limit is None or rest < limit else (limit, phase)
-
+        left = StreamBudget(self.timeouts).left
         resp = None
         try:
             resp = await _bounded(self._http.send(self._generate_request(payload), stream=True),

@@ -34,13 +34,12 @@ Timeouts: `EngineTimeouts`, exactly as `EngineClient` (connect, first byte, idle
 """
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Any, AsyncIterator, Literal
 
 import httpx
 
-from ..engine_client import EngineError, EngineTimeout, EngineTimeouts, GenerateResult, _bounded, _within
+from ..engine_client import EngineError, EngineTimeout, EngineTimeouts, GenerateResult, StreamBudget, _bounded, _within
 from .vllm_wire import error_message, read_choice, reply_version
 
 PATHS = {"generate": "/inference/v1/generate", "completions": "/v1/completions"}
@@ -176,17 +175,7 @@ class VllmBackend:
         payload = await self._payload(input_ids, max_new_tokens, temperature, top_p, top_k, stop_token_ids, rid,
                                       seed, priority, True)
         url = self.base_url + self.path
-        t = self.timeouts
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + t.total_s if t.total_s is not None else None
-
-        def left(phase: str) -> tuple[float | None, str]:
-            limit = getattr(t, phase + "_s")
-            if deadline is None:
-                return limit, phase
-            rest = max(0.0, deadline - loop.time())
-            return (rest, "total") if limit is None or rest < limit else (limit, phase)
-
+        left = StreamBudget(self.timeouts).left
         resp, finished, done = None, False, False
         try:
             async with _within(*left("first_byte"), url):
