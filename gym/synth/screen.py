@@ -29,6 +29,18 @@ __all__ = ["Run", "Screener", "classify"]
 _WORST = ("error", "failed", "skipped", "passed")
 
 
+def _vm_bytes() -> int:
+    """This process's address-space size (VmSize), 0 where /proc does not say."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmSize:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
 @dataclass
 class Run:
     """What one test run on the host found."""
@@ -113,7 +125,14 @@ class Screener:
 
             import pytest
 
-            resource.setrlimit(resource.RLIMIT_AS, (self.memory_bytes, self.memory_bytes))
+            # The limit is on top of what the child starts with: a forked child inherits its
+            # parent's address space (a test process that imported torch and jax is past 2 GiB
+            # already), and an absolute limit below that would fail every allocation.
+            soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+            limit = _vm_bytes() + self.memory_bytes
+            if hard != resource.RLIM_INFINITY:
+                limit = min(limit, hard)
+            resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
             os.setpgid(0, 0)
             # Dies on its own past the limit even if the parent is gone (killed mid-run).
             signal.alarm(int(self.timeout_s) + 5)
