@@ -45,6 +45,14 @@ from .vllm_wire import error_message, read_choice, reply_version
 PATHS = {"generate": "/inference/v1/generate", "completions": "/v1/completions"}
 
 
+def _json(resp: httpx.Response, url: str) -> Any:
+    """A reply's JSON body; an EngineError quoting its start when it is not JSON."""
+    try:
+        return resp.json()
+    except ValueError as e:
+        raise EngineError(f"vLLM at {url} sent non-JSON: {resp.text[:200]!r}") from e
+
+
 def _finish(reason: Any, url: str) -> str:
     r = str(reason or "")
     if r == "error":
@@ -156,10 +164,7 @@ class VllmBackend:
             raise EngineError(f"vLLM at {url} unreachable: {type(e).__name__}: {e}") from e
         if resp.status_code >= 400:
             raise self._status_error(resp, url)
-        try:
-            body = resp.json()
-        except ValueError as e:
-            raise EngineError(f"vLLM at {url} sent non-JSON: {resp.text[:200]!r}") from e
+        body = _json(resp, url)
         choice = self._choice(body, url)
         ids, lps = self._read(choice, url)
         return GenerateResult(ids, lps, _finish(choice.get("finish_reason") or "stop", url),
@@ -234,10 +239,7 @@ class VllmBackend:
             raise EngineError(f"vLLM at {url} unreachable: {type(e).__name__}: {e}") from e
         if resp.status_code >= 400:
             raise self._status_error(resp, url)
-        try:
-            body = resp.json()
-        except ValueError as e:
-            raise EngineError(f"vLLM at {url} sent non-JSON: {resp.text[:200]!r}") from e
+        body = _json(resp, url)
         return body if isinstance(body, dict) else {"result": body}
 
     async def health(self) -> bool:
