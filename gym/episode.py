@@ -288,6 +288,11 @@ def _judge(run: _Run, early: EpisodeEnded | None, played: Trajectory, proxy: Pro
     return end
 
 
+#: How much of the agent's diff the record keeps (`metadata.grading.agent_diff`; `agent_diff_chars`
+#: says how long it was): enough to read a fix, bounded when an agent writes a huge file.
+_DIFF_KEPT_CHARS = 64_000
+
+
 def run_episode(task: Task, adapter: HarnessAdapter, make_sandbox: SandboxFactory | SandboxSource, proxy: ProxyHandle,
                 model: str, config: EpisodeConfig | None = None, toolchain: Path | None = None,
                 session_meta: dict[str, Any] | None = None, cancel: Cancel | None = None,
@@ -365,7 +370,11 @@ def run_episode(task: Task, adapter: HarnessAdapter, make_sandbox: SandboxFactor
     if reward is not None:  # why the grader decided as it did travels with the record
         traj.metadata["grading"] = {"status": reward.status, "reason": reward.reason, "tampered": reward.tampered,
                                     "cause": reward.cause, "restored_files": reward.restored_files,
-                                    "dropped_files": reward.dropped_files}
+                                    "dropped_files": reward.dropped_files,
+                                    # what the viewer shows: the agent's patch and the hidden tests' run
+                                    "agent_diff": reward.agent_diff[:_DIFF_KEPT_CHARS],
+                                    "agent_diff_chars": len(reward.agent_diff), "test_output": reward.test_output,
+                                    "tests": [t.model_dump() for t in reward.tests]}
     return EpisodeResult(traj, h, reward, reason, status, run.timings, error)
 
 
