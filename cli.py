@@ -131,12 +131,20 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from harnessrl.gym.rollout import load_suite_tasks
     from harnessrl.gym.task_loaders import TaskFileError
 
-    try:  # task-file problems are one line each, before any engine starts
-        load_suite_tasks(cfg.rollout)
+    try:  # task-file problems are one line each, before any engine starts (prepared ones are made first)
+        if cfg.prepare.tasks_dir is None:
+            load_suite_tasks(cfg.rollout)
     except TaskFileError as e:
         print("\n".join(f"harnessrl train: {line}" for line in str(e).splitlines()), file=sys.stderr)
         return 2
-    history = asyncio.run(train(cfg))
+    from harnessrl.trainers.evaluate import LeakError
+    from harnessrl.trainers.prepare import PrepareError
+
+    try:
+        history = asyncio.run(train(cfg))
+    except (LeakError, PrepareError, TaskFileError) as e:
+        print("\n".join(f"harnessrl train: {line}" for line in str(e).splitlines()), file=sys.stderr)
+        return 2
     print(f"done: {len(history)} steps; metrics in {cfg.out_dir}/metrics.jsonl, run report in "
           f"{cfg.out_dir}/report.json, plots in {cfg.out_dir}/plots.png")
     return 0

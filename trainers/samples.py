@@ -19,7 +19,8 @@ Contract:
   exactly that trajectory's policy-gradient term and leaves the others' untouched; the KL
   term is not scaled. Its group baseline still uses its unweighted reward.
 - Teacher records (`is_teacher`: `harnessrl collect`) are refused with a `RecordError`: they
-  are never on-policy; `trainers.sft` builds their samples.
+  are never on-policy; `trainers.sft` builds their samples. Held-out evaluation records
+  (`metadata["eval"]`, `trainers.evaluate`) are refused too: they are never trained on.
 - Infra failures (status "infra_error", or no reward) are masked: no samples and no part
   in any baseline, never scored as 0. Truncated episodes follow `SampleConfig.truncated`.
 - Each sampled token carries the parameters its recorded logprob must be recomputed with
@@ -169,11 +170,15 @@ def is_teacher(traj: Trajectory) -> bool:
 
 
 def refuse_teacher(traj: Trajectory) -> None:
-    """RL trainers (and bridges, through `validate_trajectory`) never take teacher records."""
+    """RL trainers (and bridges, through `validate_trajectory`) never take teacher records, nor
+    held-out evaluation records."""
     if is_teacher(traj):
         raise RecordError(traj.session_id, "is teacher data (no behaviour logprobs, no policy version): RL "
                           "trains only on the policy's own samples; train on it with the sft stage "
                           "(`trainers.sft`)", field="metadata.teacher")
+    if traj.metadata.get("eval"):
+        raise RecordError(traj.session_id, f"is a held-out evaluation episode ({traj.metadata['eval']}, "
+                          "`trainers.evaluate`): evaluation records are never trained on", field="metadata.eval")
 
 
 def _staleness_weight(traj: Trajectory) -> float:

@@ -1,0 +1,228 @@
+"""Held-out evaluation inside `harnessrl train`: the same tasks, before SFT, after SFT, after RL.
+
+Contract: `evaluate(point, ...)` runs `episodes_per_task` real episodes of every held-out task
+through the run's own rollout machinery (`gym.rollout.Rollout`: the engine at the weights it
+serves now, a proxy of its own, sandboxes, the unmodified harness, the hidden tests) and
+returns that point's figures (`summarize`): n, successes, success rate with its Wilson 95%
+interval, mean reward, and why each episode that did not succeed failed (`outcome`, read
+from its record). Records go to `out_dir/eval/<point>/` and carry `metadata["eval"]`; no
+trainer takes them (`trainers.samples` refuses them; they are never handed to the scheduler).
+
+`guard_disjoint(...)` refuses a run whose held-out tasks reach SFT or RL: by instance id, by
+gold patch, and by mutated function when the task files sit beside their `meta.jsonl`
+(`harnessrl tasks synth`).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any, Iterable, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from harnessrl.gym.rollout import Rollout, RolloutConfig, load_suite_tasks
+from harnessrl.gym.trajectory import Trajectory
+
+Point = Literal["pre_sft", "post_sft", "post_rl"]
+POINTS: tuple[str, ...] = ("pre_sft", "post_sft", "post_rl")
+
+#: Why an episode ended as it did, from its record (`outcome`), in the order they are checked.
+OUTCOMES = ("masked_infra", "success", "harness_error", "no_tool_call", "limit", "wrong_edit")
+
+
+class EvalConfig(BaseModel):
+    """The held-out evaluation of a training run (off while `suite` is unset)."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    suite: str | None = None
+    """The held-out task file (e.g. the heldout.jsonl of `harnessrl tasks synth`) or suite name;
+    None: no evaluation."""
+    source_root: str | None = None
+    """Folder of the repositories its rows name but do not ship (as `rollout.source_root`)."""
+    difficulties: list[str] | None = None
+    """Only held-out tasks of these difficulties (None: all)."""
+    max_tasks: int | None = Field(None, ge=1)
+    """The first N held-out tasks by instance id (None: all); fixed before any result is seen."""
+    episodes_per_task: int = Field(1, ge=1)
+    """Episodes of each task at each point."""
+    temperature: float | None = Field(None, ge=0)
+    """Sampling temperature of evaluation episodes (0: greedy; None: `rollout.temperature`)."""
+    points: list[Point] | None = None
+    """When to evaluate: "pre_sft" (the starting weights), "post_sft" (after the sft stage),
+    "post_rl" (after the last RL step); only points the run's stages reach are allowed.
+    None: every point the stages reach."""
+    concurrency: int = Field(2, ge=1)
+    """Evaluation episodes at once."""
+
+    @property
+    def enabled(self) -> bool:
+        return self.suite is not None and self.points != []
+
+    def points_for(self, stages: list[str]) -> list[str]:
+        """The points a run of these stages evaluates at, in run order."""
+        if self.points is not None:
+            return [p for p in POINTS if p in self.points]
+        return [p for p in POINTS if p == "pre_sft" or (p == "post_sft" and "sft" in stages)
+                or (p == "post_rl" and "rl" in stages)]
+
+
+def rollout_config(ev: EvalConfig, base: RolloutConfig) -> RolloutConfig:
+    """The run's rollout settings (harness, sandboxes, episode limits, model) on the held-out tasks."""
+    assert ev.suite is not None
+    return base.model_copy(update={
+        "suite": ev.suite, "source_root": ev.source_root, "tasks": None, "difficulties": ev.difficulties,
+        "temperature": base.temperature if ev.temperature is None else ev.temperature})
+
+
+def eval_task_ids(ev: EvalConfig, base: RolloutConfig) -> list[str]:
+    """The held-out tasks every point runs, in order (the first `max_tasks` by id)."""
+    ids = sorted(t.instance_id for t in load_suite_tasks(rollout_config(ev, base)))
+    return ids[:ev.max_tasks] if ev.max_tasks else ids
+
+
+# -- one evaluation point ------------------------------------------------------------------------
+async def evaluate(point: str, ev: EvalConfig, base: RolloutConfig, engine_url: str, out_dir: str | Path, *,
+                   generation_backend: Any = None, episode_timeout_s: float | None = None) -> dict[str, Any]:
+    """Run the point's episodes, write `<out_dir>/eval/<point>/summary.json`, return the summary.
+    An episode past `episode_timeout_s` is cancelled (its sandbox closed) and counted as masked."""
+    folder = Path(out_dir) / "eval" / point
+    cfg = rollout_config(ev, base)
+    ids = eval_task_ids(ev, base)
+    order = [t for t in ids for _ in range(ev.episodes_per_task)]
+    t0 = time.monotonic()
+    with Rollout(cfg.model_copy(update={"tasks": ids, "difficulties": None}), engine_url, folder,
+                 generation_backend=generation_backend) as ro:
+        ro.prewarm(order[:ev.concurrency])
+        sem = asyncio.Semaphore(ev.concurrency)
+
+        async def one(task_id: str) -> Trajectory | None:
+            async with sem:
+                try:
+                    traj = await asyncio.wait_for(ro.run_cancellable(task_id, {"eval": point}), episode_timeout_s)
+                except asyncio.TimeoutError:
+                    return None
+            traj.metadata["eval"] = point
+            return traj
+
+        done = await asyncio.gather(*(one(t) for t in order))
+    trajs = [t for t in done if t is not None]
+    summary = summarize(point, trajs, timed_out=len(done) - len(trajs))
+    summary["wall_s"] = round(time.monotonic() - t0, 1)
+    summary["tasks"] = len(ids)
+    summary["records"] = str(folder / "trajectories.jsonl")
+    (folder / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def outcome(t: Trajectory) -> str:
+    """One of OUTCOMES for a finished episode record:
+    masked_infra: not scored (an infra failure: sandbox, engine, proxy, cancelled);
+    success: reward >= 1; harness_error: the harness crashed; no_tool_call: the harness got no
+    parsable tool call in any reply (a format error: nothing was run); limit: it ran commands
+    but hit the call limit or the wall time; wrong_edit: it ended by itself, the tests failed."""
+    if t.status == "infra_error" or t.reward is None:
+        return "masked_infra"
+    if t.reward >= 1.0:
+        return "success"
+    if t.termination == "harness_crashed":
+        return "harness_error"
+    if not any(c.finish_reason == "tool_calls" for c in t.delivered_calls):
+        return "no_tool_call"
+    if t.termination in ("call_limit", "timeout"):
+        return "limit"
+    return "wrong_edit"
+
+
+def wilson(k: int, n: int, z: float = 1.959963984540054) -> tuple[float | None, float | None]:
+    """The Wilson score interval of k successes in n trials (95% for the default z):
+    (p + z²/2n ± z·sqrt(p(1-p)/n + z²/4n²)) / (1 + z²/n); (None, None) when n is 0."""
+    if n == 0:
+        return None, None
+    p = k / n
+    d = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / d
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def summarize(point: str, trajs: Iterable[Trajectory], timed_out: int = 0) -> dict[str, Any]:
+    """The point's figures. Rates are over scored episodes (masked ones are counted apart, never
+    as 0); `outcomes` counts every episode, `timed_out` ones as masked_infra."""
+    trajs = list(trajs)
+    counts = Counter({k: 0 for k in OUTCOMES})
+    counts.update(outcome(t) for t in trajs)
+    counts["masked_infra"] += timed_out
+    scored = [t for t in trajs if outcome(t) != "masked_infra"]
+    k, n = counts["success"], len(scored)
+    lo, hi = wilson(k, n)
+    calls = [c for t in scored for c in t.delivered_calls]
+    return {
+        "point": point, "n": n, "episodes": len(trajs) + timed_out, "successes": k,
+        "success_rate": k / n if n else None, "ci95": [lo, hi],
+        "reward_mean": sum(float(t.reward) for t in scored) / n if n else None,
+        "outcomes": dict(counts),
+        "tool_call_rate": sum(c.finish_reason == "tool_calls" for c in calls) / len(calls) if calls else None,
+        "calls_per_episode": len(calls) / n if n else None,
+        "by_task": {tid: [t.reward for t in scored if t.task_id == tid] for tid in sorted({t.task_id for t in scored})},
+    }
+
+
+def line(s: dict[str, Any]) -> str:
+    """One printed line per point: success k/n, rate, CI, mean reward, failure reasons."""
+    if not s["n"]:
+        return f"eval {s['point']:<8} no scored episode ({s['episodes']} run): {s['outcomes']}"
+    lo, hi = s["ci95"]
+    why = ", ".join(f"{k} {v}" for k, v in s["outcomes"].items() if v and k != "success") or "none"
+    return (f"eval {s['point']:<8} success {s['successes']}/{s['n']} = {s['success_rate']:.2f} "
+            f"(95% CI {lo:.2f}-{hi:.2f})  reward {s['reward_mean']:.3f}  failed: {why}")
+
+
+# -- the guard: held-out tasks never reach SFT or RL ------------------------------------------------
+class LeakError(ValueError):
+    """A held-out task (or its function) is among the tasks the run trains on."""
+
+
+def guard_disjoint(train_tasks: list, eval_tasks: list, sft_task_ids: Iterable[str] = (),
+                   train_meta: str | Path | None = None, eval_meta: str | Path | None = None) -> None:
+    """Raise LeakError naming the overlap between held-out tasks and the RL tasks or SFT records:
+    the same instance id, the same gold patch as an RL task, or (with both meta.jsonl files) a
+    function that an RL task or an SFT record's task mutates."""
+    held = {t.instance_id: t for t in eval_tasks}
+    sft_task_ids = set(sft_task_ids)
+    rl = sorted(set(held) & {t.instance_id for t in train_tasks})
+    if rl:
+        raise LeakError(f"eval.suite: held-out task(s) {rl[:5]} are also RL tasks (rollout.suite)")
+    sft = sorted(set(held) & set(sft_task_ids))
+    if sft:
+        raise LeakError(f"sft.data: holds teacher episodes of held-out task(s) {sft[:5]}")
+    patches = {t.patch: t.instance_id for t in train_tasks if t.patch}
+    same = sorted(f"{i} = {patches[t.patch]}" for i, t in held.items() if t.patch and t.patch in patches)
+    if same:
+        raise LeakError(f"eval.suite: held-out task(s) with the gold patch of an RL task: {same[:5]}")
+    if train_meta and eval_meta and Path(train_meta).exists() and Path(eval_meta).exists():
+        seen = _functions(train_meta, {t.instance_id for t in train_tasks} | set(sft_task_ids))
+        shared = sorted({f"{'/'.join(f)}" for f in _functions(eval_meta, set(held)) & seen})
+        if shared:
+            raise LeakError(f"eval.suite: held-out tasks mutate function(s) that RL tasks mutate: {shared[:5]}")
+
+
+def _functions(meta: str | Path, ids: set[str]) -> set[tuple[str, ...]]:
+    out: set[tuple[str, ...]] = set()
+    for row in Path(meta).read_text().splitlines():
+        d = json.loads(row)
+        if d.get("instance_id") in ids:
+            out |= {tuple(f) for f in d.get("functions") or []}
+    return out
+
+
+def meta_beside(suite: str | None) -> Path | None:
+    """The meta.jsonl next to a synthesized task file, if there is one."""
+    if suite is None or not suite.endswith(".jsonl"):
+        return None
+    p = Path(suite).parent / "meta.jsonl"
+    return p if p.exists() else None

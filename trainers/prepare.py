@@ -1,0 +1,116 @@
+"""Data a learning run makes for itself when it is missing: synthesized tasks, teacher episodes.
+
+Contract (`await prepare_data(cfg)`, called by `train` before anything starts):
+1. `prepare.tasks_dir` without a manifest.json: `harnessrl tasks synth` into it
+   (`gym.synth.synthesize` with `prepare.synth`); with one, its config must match
+   `prepare.synth` (a folder made with other settings is refused, never silently reused);
+2. the sft stage's `sft.data` missing and `prepare.teacher_episodes` > 0: `harnessrl collect`
+   with the scripted gold teacher on the RL tasks (`rollout.suite`, the run's harness, model
+   and episode limits) into the folder of `sft.data`. Held-out tasks are never collected on:
+   `train` checks the RL tasks, the teacher records and the held-out tasks are disjoint
+   (`trainers.evaluate.guard_disjoint`) before it trains.
+Both outputs depend only on their settings, so several runs (seeds of the trainer) share them.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class PrepareError(ValueError):
+    """Data could not be made (or a folder made with other settings is in the way)."""
+
+
+class PrepareConfig(BaseModel):
+    """What `harnessrl train` makes first when it is missing (nothing, by default)."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    tasks_dir: str | None = None
+    """Folder of synthesized tasks (train.jsonl, heldout.jsonl, meta.jsonl, repos/); made with
+    `synth` when it has no manifest.json. Point `rollout.suite` at its train.jsonl and
+    `eval.suite` at its heldout.jsonl. None: no synthesis."""
+    synth: dict[str, Any] = Field(default_factory=dict)
+    """`harnessrl tasks synth` settings (gym.synth.SynthConfig fields but `out`: seed,
+    max_tasks, project, easy_fraction, ...)."""
+    teacher_episodes: int = Field(0, ge=0)
+    """Scripted gold-teacher episodes on the RL tasks when `sft.data` is missing (0: never collect)."""
+    teacher_concurrency: int = Field(2, ge=1)
+    """Teacher episodes at once."""
+
+    @model_validator(mode="after")
+    def _synth_fields(self) -> "PrepareConfig":
+        if self.tasks_dir is None:
+            if self.synth:
+                raise ValueError("prepare.synth: set prepare.tasks_dir, the folder to synthesize into")
+            return self
+        if "out" in self.synth:
+            raise ValueError("prepare.synth.out: the output folder is prepare.tasks_dir")
+        self.synth_config()
+        return self
+
+    def synth_config(self):
+        from harnessrl.gym.synth.run import SynthConfig
+
+        try:
+            return SynthConfig(**self.synth, out=str(self.tasks_dir))
+        except ValidationError as e:
+            err = e.errors()[0]
+            raise ValueError(f"prepare.synth.{'.'.join(str(x) for x in err['loc'])}: {err['msg']}") from None
+
+
+async def prepare_data(cfg: Any, log=print) -> dict[str, Any]:
+    """Steps 1 and 2 of the module doc for a TrainConfig; returns what was made and its seconds."""
+    p: PrepareConfig = cfg.prepare
+    made: dict[str, Any] = {}
+    if p.tasks_dir is not None:
+        made["synth"] = await asyncio.to_thread(_synth, p, log)
+    if "sft" in cfg.stages and p.teacher_episodes and cfg.sft.data and not Path(cfg.sft.data).exists():
+        made["collect"] = await _collect(cfg, log)
+    return made
+
+
+def _synth(p: PrepareConfig, log) -> dict[str, Any]:
+    sc = p.synth_config()
+    manifest = Path(sc.out) / "manifest.json"
+    if manifest.exists():
+        have = json.loads(manifest.read_text()).get("config", {})
+        want = json.loads(sc.model_dump_json())
+        differ = sorted(k for k in want if k not in ("out", "backend", "verify_workers") and have.get(k) != want[k])
+        if differ:
+            raise PrepareError(f"prepare.tasks_dir: {sc.out} was synthesized with other settings ({', '.join(differ)}: "
+                             f"{[have.get(k) for k in differ]} there, {[want[k] for k in differ]} asked); "
+                             "remove it or name another folder")
+        return {"tasks_dir": sc.out, "made": False}
+    from harnessrl.gym.synth.run import synthesize
+
+    log(f"prepare: synthesizing tasks into {sc.out} ({json.dumps(p.synth)}); this runs once")
+    t0 = time.monotonic()
+    m = synthesize(sc, log=lambda line: log(f"  synth: {line}"))
+    if not m.get("tasks"):
+        raise PrepareError(f"prepare.synth: synthesis wrote no task into {sc.out}")
+    log(f"prepare: {m['tasks']} tasks ({m['by_split']}) in {time.monotonic() - t0:.0f}s")
+    return {"tasks_dir": sc.out, "made": True, "tasks": m["tasks"], "by_split": m["by_split"],
+            "seconds": round(time.monotonic() - t0, 1)}
+
+
+async def _collect(cfg: Any, log) -> dict[str, Any]:
+    from harnessrl.gym.collect import CollectConfig, collect
+
+    out = Path(cfg.sft.data).parent
+    rollout = cfg.rollout.model_copy(update={"model": cfg.model})
+    log(f"prepare: {cfg.prepare.teacher_episodes} scripted-teacher episodes on {rollout.suite} into {out}")
+    t0 = time.monotonic()
+    rep = await collect(CollectConfig(teacher="scripted", episodes=cfg.prepare.teacher_episodes,
+                                            concurrency=cfg.prepare.teacher_concurrency, rollout=rollout), out)
+    if not rep["kept"]:
+        raise PrepareError(f"prepare.teacher_episodes: none of {rep['episodes']} teacher episodes succeeded "
+                         f"({rep['endings']}); see {out}/episodes/trajectories.jsonl")
+    log(f"prepare: kept {rep['kept']} of {rep['episodes']} teacher episodes in {time.monotonic() - t0:.0f}s")
+    return {"data": cfg.sft.data, "kept": rep["kept"], "episodes": rep["episodes"],
+            "seconds": round(time.monotonic() - t0, 1)}

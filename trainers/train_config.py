@@ -1,0 +1,257 @@
+"""The config of `harnessrl train`: one file (TOML or YAML), every field documented, a bad
+field named in the error (`load_config`), printed whole with its docstrings by
+`documented_config` (`harnessrl train --print-config`). Validation only: nothing here acts.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from harnessrl.gym.episode import EpisodeConfig
+from harnessrl.gym.rewards import RewardConfig
+from harnessrl.gym.rollout import RolloutConfig
+from harnessrl.gym.scheduler import SchedulerConfig
+from harnessrl.trainers.bridges.tinker import TinkerTrainerConfig
+from harnessrl.trainers.evaluate import EvalConfig
+from harnessrl.trainers.prepare import PrepareConfig
+from harnessrl.trainers.torch_trainer import TorchTrainerConfig
+
+
+def _default_rollout() -> RolloutConfig:
+    # Sized for the embedded default: 2 steps in well under 15 minutes on 2 CPU cores.
+    # The built-in tasks' hidden tests take about a second; 120 s still scores a hang 0.
+    return RolloutConfig(difficulties=["trivial"], max_new_tokens=192,
+                         episode=EpisodeConfig(max_calls=3, wall_time_s=300, reward=RewardConfig(test_timeout_s=120)))
+
+
+#: Sandbox start, session open and close, record fetch: time an episode needs besides the
+#: harness's wall time and scoring.
+EPISODE_OVERHEAD_S = 120.0
+
+
+class SFTConfig(BaseModel):
+    """The sft stage: supervised steps on teacher trajectories (`harnessrl collect`) before RL."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    data: str | None = None
+    """A trajectories.jsonl written by `harnessrl collect` (teacher records only)."""
+    steps: int = Field(1, ge=1)
+    """SFT steps; each is one optimizer update per `trainer.minibatches` shard of its batch."""
+    batch_size: int = Field(0, ge=0)
+    """Teacher trajectories per step, taken in file order and cycled; 0: the whole file every step."""
+    lr: float | None = Field(None, gt=0)
+    """Learning rate of the SFT updates (None: `trainer.lr`)."""
+    min_reward: float | None = 1.0
+    """Refuse teacher records scored below this (None: any scored record)."""
+
+
+class TrainConfig(BaseModel):
+    """The main job. Every section has its own documented config."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    model: str = "smollm2-135m"
+    """Prepared model name or folder; the engine, the proxy's tokenizer and the trainer all use it."""
+    steps: int = Field(2, ge=1)
+    """Training steps (each: one batch of complete groups, one update, one weight sync)."""
+    out_dir: str = "runs/train"
+    """Run folder: metrics.jsonl, TensorBoard events, trajectories, weights, checkpoints, plots."""
+    engine_url: str | None = None
+    """An SGLang-contract engine to use (e.g. a real SGLang server); None starts the local CPU engine."""
+    engine_threads: int | None = Field(None, ge=1)
+    """torch threads of the local engine (None: torch's default)."""
+    rollout: RolloutConfig = Field(default_factory=_default_rollout)
+    """Harness, suite, sandboxes, per-episode limits (its `model` is overridden by `model`)."""
+    scheduler: SchedulerConfig = Field(default_factory=lambda: SchedulerConfig(
+        env_pool_size=2, group_size=2, groups_per_step=1, staleness=1, episode_timeout_s=1200))
+    """Env pool size, GRPO group size G, groups per step, staleness η and its policy."""
+    trainer: TorchTrainerConfig = Field(default_factory=lambda: TorchTrainerConfig(lr=1e-6, micro_batch_tokens=4096))
+    """The built-in torch trainer (its `model` is overridden by `model`)."""
+    tinker: TinkerTrainerConfig | None = None
+    """The Tinker bridge instead of the built-in trainer: a Tinker service (hosted, or SkyRL's
+    Tinker server) trains a LoRA of `tinker.model` and samples every call through the proxy;
+    `trainer`, `engine_url` and `engine_threads` are then unused, and `model` only names the
+    proxy's tokenizer (it must be the tokenizer of `tinker.model`)."""
+    resume_from: str | None = None
+    """A checkpoint folder of an earlier run (e.g. runs/train/checkpoints/last): the trainer's
+    weights, optimizer, step and RNG are restored and pushed to the engine before any rollout,
+    so the run goes on at that checkpoint's policy version. `steps` more steps are taken."""
+    checkpoint_every: int = Field(0, ge=0)
+    """Save a resumable checkpoint every N steps (0: only at the end)."""
+    tensorboard: bool = True
+    """Also write TensorBoard event files to out_dir/tb."""
+    stages: list[Literal["sft", "rl"]] = Field(default_factory=lambda: ["rl"])
+    """What the run does, in order: ["rl"] (default), ["sft", "rl"] (SFT on `sft.data`, a
+    checkpoint in checkpoints/sft, the weights pushed to the engine, then RL from them) or
+    ["sft"]. With `resume_from` the sft stage runs again on the restored weights."""
+    sft: SFTConfig = Field(default_factory=SFTConfig)
+    """The sft stage (used when `stages` holds "sft")."""
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    """Held-out evaluation (`trainers.evaluate`): the same held-out tasks at each of `eval.points`
+    (before SFT, after SFT, after RL), real episodes at the current weights, never trained on."""
+    prepare: PrepareConfig = Field(default_factory=PrepareConfig)
+    """Data the run makes first when it is missing (`trainers.prepare`): synthesized tasks and
+    scripted-teacher trajectories for the sft stage."""
+    progress: bool = True
+    """Show a progress bar."""
+
+    @model_validator(mode="after")
+    def _trainable_sampling(self) -> "TrainConfig":
+        r = self.rollout
+        if r.temperature == 0 or r.top_k == 1:  # under "honor" a greedy harness is refused at its first step
+            name = "rollout.temperature: 0" if r.temperature == 0 else "rollout.top_k: 1"
+            raise ValueError(f"{name} is greedy sampling, a point mass with no importance ratio: the trainer "
+                             "would refuse every episode; train at a temperature > 0 with top_k -1 or >= 2")
+        return self
+
+    @model_validator(mode="after")
+    def _stages(self) -> "TrainConfig":
+        st = self.stages
+        if not st or len(set(st)) != len(st) or st not in (["rl"], ["sft"], ["sft", "rl"]):
+            raise ValueError(f"stages: {st} is not one of ['rl'], ['sft'], ['sft', 'rl']")
+        if "sft" in st and self.sft.data is None:
+            raise ValueError("sft.data: the sft stage needs a teacher trajectories.jsonl (`harnessrl collect`)")
+        if "sft" in st and self.tinker is not None:
+            raise ValueError("stages: the sft stage runs on the built-in trainer; the tinker bridge has no SFT step")
+        return self
+
+    @model_validator(mode="after")
+    def _eval_points(self) -> "TrainConfig":
+        ev = self.eval
+        if not ev.enabled:
+            return self
+        reach = {"pre_sft": True, "post_sft": "sft" in self.stages, "post_rl": "rl" in self.stages}
+        points = ev.points_for(self.stages)
+        bad = [p for p in points if not reach[p]]
+        if bad or (ev.points and len(set(ev.points)) != len(ev.points)):
+            raise ValueError(f"eval.points: {points}: stages {self.stages} do not reach {bad or 'a repeated point'}")
+        if ev.suite == self.rollout.suite:
+            raise ValueError(f"eval.suite: {ev.suite!r} is also rollout.suite: held-out tasks must not be RL tasks")
+        return self
+
+    @model_validator(mode="after")
+    def _prepared_paths(self) -> "TrainConfig":
+        p = self.prepare
+        if p.teacher_episodes and (self.sft.data is None or Path(self.sft.data).name != "trajectories.jsonl"):
+            raise ValueError(f"sft.data: {self.sft.data!r}: with prepare.teacher_episodes it must be a path ending "
+                             "in trajectories.jsonl (`harnessrl collect` writes that file in its folder)")
+        if p.tasks_dir is not None:
+            folder = Path(p.tasks_dir)
+            for name, path, want in (("rollout.suite", self.rollout.suite, "train.jsonl"),
+                                     ("eval.suite", self.eval.suite, "heldout.jsonl")):
+                if name == "eval.suite" and path is None:
+                    continue
+                if Path(path) != folder / want:
+                    raise ValueError(f"{name}: {path!r}: with prepare.tasks_dir it must be {str(folder / want)!r}")
+        return self
+
+    @model_validator(mode="after")
+    def _tinker_raw_sampling(self) -> "TrainConfig":
+        r = self.rollout
+        if self.tinker is not None and (r.temperature, r.top_p, r.top_k) != (1.0, 1.0, -1):
+            raise ValueError(f"rollout.temperature/top_p/top_k: {r.temperature:g}/{r.top_p:g}/{r.top_k} with tinker: "
+                             "Tinker's losses score tokens at temperature 1 without top-p/top-k; use 1.0/1.0/-1")
+        return self
+
+    @model_validator(mode="after")
+    def _backstop_after_scoring(self) -> "TrainConfig":
+        """The scheduler's episode timeout masks what it cuts off, so it must never fire while
+        the harness may still run or the grader may still score: otherwise a policy whose code
+        hangs the hidden tests would turn its 0 into a mask."""
+        ep = self.rollout.episode
+        need = ep.wall_time_s + ep.reward.worst_case_s() + EPISODE_OVERHEAD_S
+        if self.scheduler.episode_timeout_s < need:
+            raise ValueError(
+                f"scheduler.episode_timeout_s: {self.scheduler.episode_timeout_s:g} s would cut off episodes that are "
+                f"still running or being scored and mask them: it must be at least {need:g} s (rollout.episode."
+                f"wall_time_s {ep.wall_time_s:g} + scoring's worst case {ep.reward.worst_case_s():g} (2 x "
+                f"reward.test_timeout_s + 6 x reward.command_timeout_s) + {EPISODE_OVERHEAD_S:g} s of overhead)")
+        return self
+
+
+class ConfigError(ValueError):
+    """A bad config file; the message names the field."""
+
+
+def load_config(path: str | Path | None) -> TrainConfig:
+    """TOML (.toml) or YAML (.yaml/.yml); None gives the embedded default."""
+    if path is None:
+        return TrainConfig()
+    p = Path(path)
+    if not p.exists():
+        raise ConfigError(f"config file {p} does not exist")
+    text = p.read_text()
+    try:
+        if p.suffix == ".toml":
+            import tomllib
+
+            data = tomllib.loads(text)
+        elif p.suffix in (".yaml", ".yml"):
+            import yaml
+
+            data = yaml.safe_load(text) or {}
+        else:
+            raise ConfigError(f"{p}: use a .toml or .yaml file")
+    except (ValueError, ImportError) as e:  # tomllib.TOMLDecodeError / yaml.YAMLError are ValueErrors
+        if isinstance(e, ConfigError):
+            raise
+        raise ConfigError(f"{p}: not valid {p.suffix[1:].upper()}: {e}") from e
+    except Exception as e:  # yaml.YAMLError is not a ValueError
+        raise ConfigError(f"{p}: not valid YAML: {e}") from e
+    try:
+        return TrainConfig.model_validate(data)
+    except ValidationError as e:
+        lines = [f"{'.'.join(str(x) for x in err['loc'])}: {err['msg']}" for err in e.errors()]
+        raise ConfigError(f"{p}: bad config field(s):\n  " + "\n  ".join(lines)) from None
+
+
+# -- the documented config file ----------------------------------------------------------------
+def documented_config(cfg: BaseModel | None = None) -> str:
+    """The config as TOML, every field with its docstring as a comment (`harnessrl train --print-config`)."""
+    cfg = cfg or TrainConfig()
+    lines: list[str] = ["# harnessrl train config: every field, its default and what it means.", ""]
+    _emit(cfg, [], lines)
+    return "\n".join(lines) + "\n"
+
+
+def _toml_value(v: Any) -> str:
+    if v is None:
+        raise ValueError("TOML has no null: leave the field out instead")
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v)
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k} = {_toml_value(x)}" for k, x in v.items()) + "}"
+    return json.dumps(str(v))
+
+
+def _emit(model: BaseModel, path: list[str], lines: list[str]) -> None:
+    nested = []
+    for name, field in type(model).model_fields.items():
+        value = getattr(model, name)
+        doc = (field.description or "").strip()
+        if isinstance(value, BaseModel):
+            nested.append((name, value, doc))
+            continue
+        for d in doc.splitlines():
+            lines.append(f"# {d.strip()}")
+        if value is None:
+            lines.append(f"# {name} =   (unset: None)")
+        else:
+            lines.append(f"{name} = {_toml_value(value)}")
+        lines.append("")
+    for name, value, doc in nested:
+        lines.append(f"[{'.'.join(path + [name])}]")
+        for d in doc.splitlines():
+            lines.append(f"# {d.strip()}")
+        lines.append("")
+        _emit(value, path + [name], lines)
