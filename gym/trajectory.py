@@ -39,8 +39,15 @@ class Segment:
     versions: list[int]
     """Policy version that sampled each token; -1 where loss_mask is 0."""
     split_reason: str | None = None
-    """Why this segment started (None for the first): e.g. "history_rewrite", "template_mismatch"."""
+    """Why this segment started (None for the first): e.g. "history_rewrite", "template_mismatch",
+    "spawned" (a sub-agent's or side conversation started by a tool call of another segment)."""
     call_ids: list[str] = field(default_factory=list)
+    spawned_by: dict[str, Any] | None = None
+    """For a spawned segment: {"segment": the parent segment's index in this trajectory,
+    "call_id": the parent's call whose tool call started it, "tool": the tool's name,
+    "tool_call_id": the proxy's id of that tool call, `call_<hex>`, which the Anthropic
+    dialect shows as `toolu_<hex>`}. Each conversation of an episode is its own lineage of
+    segments; all are trained with the episode's reward."""
 
     def validate(self) -> None:
         n = len(self.token_ids)

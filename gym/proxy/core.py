@@ -43,7 +43,7 @@ from .toolcalls import load_tool_format
 
 _HEALTH_PROBE_S = 2.0
 """How long a timed-out call waits for the engine's /health before answering the harness."""
-_PREFIX = {"openai_chat": "chatcmpl-", "openai_responses": "resp_", "anthropic_messages": "msg_"}
+_PREFIX = {"openai_chat": "chatcmpl-", "openai_responses": "resp_", "anthropic_messages": "msg_", "gemini": "gen-"}
 
 
 @dataclass
@@ -345,6 +345,8 @@ class ProxyCore:
             flags["sampling"] = self.sampling.record(req, params, space, ignored)
             if pl.split_reason is not None:
                 flags["split_reason"] = pl.split_reason
+            if pl.spawned_by is not None:
+                flags["spawned_by"] = pl.spawned_by
             if stream_writer is None and p.disconnected is not None and await p.disconnected():
                 # generated, but nobody is left to receive it: keep it out of training
                 rec.detached("undelivered", params, flags, undelivered="client_disconnected")

@@ -7,6 +7,13 @@ rendered extension. Otherwise the conversation was rewritten and a new segment s
 a full render, with the reason class: new_conversation, tools_changed, retry,
 assistant_edited, truncation, summarization, edited, template_mismatch. Nothing is dropped:
 every call's tokens stay in the store.
+
+Several conversations in one episode (a sub-agent, Claude Code's Agent/Task tool; a side
+request) are kept apart: each live segment is a branch, and a request extends whichever
+branch it continues, so the main conversation resumes its own segment after a sub-agent ran.
+A new conversation whose first user message holds a string argument of a tool call that a
+live branch is still waiting on (its last message is that tool call) was spawned by it: its
+segment's reason is "spawned" and `Plan.spawned_by` names the parent segment and tool call.
 """
 from __future__ import annotations
 
@@ -42,6 +49,8 @@ class Plan:
     branch: Branch | None
     keys: list[tuple]
     tools_key: str
+    spawned_by: dict[str, Any] | None = None
+    """For a spawned conversation: {"segment": parent segment, "tool": name, "tool_call_id": id}."""
 
 
 @dataclass
@@ -92,6 +101,38 @@ def classify(prev: Branch | None, keys: list[tuple], tools_key: str) -> str | No
     return "summarization"  # old messages replaced by fewer, new ones
 
 
+#: Shortest tool-call string argument that attributes a new conversation to its call (shorter
+#: ones, like a file name, could appear in an unrelated first message by chance).
+MIN_SPAWN_ARG = 12
+
+
+def _strings(obj: Any) -> list[str]:
+    if isinstance(obj, str):
+        return [obj.strip()]
+    if isinstance(obj, dict):
+        return [s for v in obj.values() for s in _strings(v)]
+    if isinstance(obj, list):
+        return [s for v in obj for s in _strings(v)]
+    return []
+
+
+def spawner(branches: list[Branch], messages: list[Message]) -> dict[str, Any] | None:
+    """The live branch and tool call this new conversation was started by, if any: its first
+    user message contains a (long enough) string argument of a tool call the branch still
+    waits on. The most recent such branch wins."""
+    first = next((m.content for m in messages if m.role == "user"), "")
+    if not first:
+        return None
+    for br in reversed(branches):
+        last = br.history[-1] if br.history else None
+        if last is None or last.role != "assistant":
+            continue
+        for tc in last.tool_calls:
+            if any(len(a) >= MIN_SPAWN_ARG and a in first for a in _strings(tc.arguments_obj())):
+                return {"segment": br.index, "tool": tc.name, "tool_call_id": tc.id}
+    return None
+
+
 def plan(session: Session, req: ChatRequest, renderer: Renderer) -> Plan:
     """The prompt ids of this call and where they go (no state is changed here)."""
     keys = [m.key() for m in req.messages]
@@ -105,8 +146,10 @@ def plan(session: Session, req: ChatRequest, renderer: Renderer) -> Plan:
                 break
             return Plan(br.tokens + ext, br.index, len(br.tokens), None, br, keys, tk)
     else:
-        reason = classify(session.branches[-1] if session.branches else None, keys, tk)
-        return Plan(renderer.full_prompt(req.messages, req.tools), session.n_segments, 0, reason, None, keys, tk)
+        spawn = spawner(session.branches, req.messages)
+        reason = "spawned" if spawn else classify(session.branches[-1] if session.branches else None, keys, tk)
+        return Plan(renderer.full_prompt(req.messages, req.tools), session.n_segments, 0, reason, None, keys, tk,
+                    spawn)
     return Plan(renderer.full_prompt(req.messages, req.tools), session.n_segments, 0, "template_mismatch",
                 None, keys, tk)
 

@@ -50,6 +50,13 @@ def _unpack(code: str, b: bytes) -> list:
     return a.tolist()
 
 
+def _parent(spawn: dict, segs: dict[int, Segment]) -> dict:
+    """A spawn flag with its parent call: the parent segment's last call so far, the one whose
+    tool call the parent was waiting on when this conversation started."""
+    parent = segs.get(spawn.get("segment"))
+    return {**spawn, "call_id": parent.call_ids[-1] if parent is not None and parent.call_ids else None}
+
+
 class Store:
     """Thread-safe: the proxy loop writes, the episode runner reads from its own thread."""
 
@@ -141,6 +148,8 @@ class Store:
             else:
                 if seg is None:
                     seg = segs[seg_i] = Segment([], [], [], [], split_reason=reason)
+                    if flags.get("spawned_by"):
+                        seg.spawned_by = _parent(flags["spawned_by"], segs)
                 if prefix_len != have:
                     raise ValueError(f"session {sid} call {idx}: reuses {prefix_len} tokens but segment {seg_i} "
                                      f"has {have}: the store is inconsistent")
@@ -162,6 +171,9 @@ class Store:
         order = {k: i for i, k in enumerate(sorted(segs))}
         for c in calls:
             c.segment = order.get(c.segment, c.segment)
+        for seg in segs.values():
+            if seg.spawned_by is not None:
+                seg.spawned_by["segment"] = order.get(seg.spawned_by["segment"], seg.spawned_by["segment"])
         meta, reward, status, term, task_id, harness, model, th = s
         return Trajectory(sid, [segs[k] for k in sorted(segs)], reward, status, term or "", task_id or "",
                           harness or "", model or "", th or "", calls, json.loads(meta or "{}"))
