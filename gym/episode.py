@@ -237,8 +237,9 @@ def _play(run: _Run, task: Task, adapter: HarnessAdapter, make_sandbox: SandboxF
             run.timings["sandbox_s"] = time.monotonic() - t0
         run.stage = "harness launch"
         t0 = time.monotonic()
+        wall = task.agent_wall_time_s(cfg.wall_time_s)  # a Harbor task's own [agent] timeout_sec, capped
         run.harness = adapter.launch(Launch(endpoint, task.problem_statement, run.sandbox,
-                                            Limits(cfg.max_calls, cfg.max_tokens, cfg.wall_time_s),
+                                            Limits(cfg.max_calls, cfg.max_tokens, wall),
                                             scratch / "harness", toolchain, run.cancel))
         run.timings["harness_s"] = time.monotonic() - t0
         if run.cancel.is_set():

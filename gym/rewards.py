@@ -22,6 +22,9 @@ killing the runner or leaving no report (decided by re-running the hidden tests 
 pristine base: if that run completes, the failure was the agent's), an unreadable or
 unresettable tree: reward 0.0, status ok, reason recorded. `score` never raises.
 
+A Harbor task (`task.harbor`) is graded by its own tests/test.sh instead, in the same clean
+room (gym.harbor.verify).
+
 The hidden tests reach the sandbox only here, as files written with `write_file` after the
 reset (no agent process is alive to see them); node ids travel in a file too.
 """
@@ -141,6 +144,8 @@ class RewardResult(BaseModel):
     head_moved: bool = False
     """The agent committed or checked out something; scoring used the working tree anyway."""
     test_output: str = ""
+    metrics: dict[str, float] = Field(default_factory=dict)
+    """A Harbor verifier's named numbers (reward.json, or {"reward": x} from reward.txt)."""
     duration_s: float = 0.0
 
 
@@ -267,6 +272,9 @@ def score(sandbox: Sandbox, task: Task, config: RewardConfig | None = None) -> R
 
 
 def _score(sandbox: Sandbox, task: Task, config: RewardConfig, out: RewardResult) -> None:
+    if task.harbor is not None:  # a Harbor task: its tests/test.sh grades (gym.harbor.verify)
+        from harnessrl.gym.harbor.verify import score_harbor
+        return score_harbor(sandbox, task, config, out)
     nodes = [*task.FAIL_TO_PASS, *task.PASS_TO_PASS]
     if not task.FAIL_TO_PASS:
         raise _infra(f"task {task.instance_id} lists no FAIL_TO_PASS tests; it cannot be scored")

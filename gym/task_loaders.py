@@ -332,7 +332,7 @@ def load_tasks(path: str | Path, layout: str = "auto", source_root: str | Path |
 
 
 def load_suite(name: str, source_root: str | Path | None = None, **kwargs: Any) -> list[Task]:
-    """Tasks of a registered suite, a task file path, or a "module:function" loader.
+    """Tasks of a registered suite, a task file path, a folder of Harbor tasks, or a "module:function" loader.
     `source_root` (task files only; a loader gets it when given) is where repositories live."""
     if source_root is not None:
         if not Path(source_root).expanduser().is_dir():
@@ -346,9 +346,12 @@ def load_suite(name: str, source_root: str | Path | None = None, **kwargs: Any) 
         if "source_root" in kwargs and "source_root" not in inspect.signature(loader).parameters:
             del kwargs["source_root"]  # a suite that ships its repositories (builtin) needs none
         return loader(**kwargs)
+    if Path(name).is_dir():  # a folder of Harbor task folders (or one)
+        from harnessrl.gym.harbor.loader import load_dir
+        return load_dir(name)
     if Path(name).suffix.lower() in (".jsonl", ".json", ".parquet", ".pq"):
         if not Path(name).exists():
             raise TaskFileError(f"task file {name} does not exist")
         return load_tasks(name, **kwargs)
     raise ValueError(f"unknown suite {name!r}; valid: {', '.join(sorted(SUITES))}, "
-                     "a path to a .jsonl/.parquet task file, or a 'module:function' loader")
+                     "a path to a .jsonl/.parquet task file, a folder of Harbor tasks, or a 'module:function' loader")

@@ -16,6 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from harnessrl.gym.harbor.spec import HarborSpec
 from harnessrl.sandboxes.base import RepoSpec
 
 DEFAULT_WORKDIR = "/workspace/repo"
@@ -92,6 +93,8 @@ class Task(BaseModel):
     """Free-form grade: builtin uses trivial | easy | medium | hard."""
     gold_plan: list[str] = Field(default_factory=list)
     """Shell commands that apply the fix from the repo root (scripted-policy tests)."""
+    harbor: HarborSpec | None = None
+    """Set for a Harbor task folder (gym.harbor): its tests/test.sh grades, not FAIL_TO_PASS."""
 
     @field_validator("FAIL_TO_PASS", "PASS_TO_PASS", mode="before")
     @classmethod
@@ -117,8 +120,15 @@ class Task(BaseModel):
                 f"pass --source-root DIR (config: source_root) or set `source` in the task file")
         # Backends use repo_id in image tags, which allow only [a-z0-9_.-].
         repo_id = re.sub(r"[^a-z0-9_.-]+", "__", self.repo.lower())
+        h = self.harbor
+        own = dict(image_context=h.context_dir, cpus=h.cpus, memory_mb=h.memory_mb,
+                   storage_mb=h.storage_mb) if h else {}
         return RepoSpec(repo_id=repo_id, source=self.source, base_commit=self.base_commit,
-                        setup_commands=tuple(self.setup_commands), workdir=self.workdir, image=self.image)
+                        setup_commands=tuple(self.setup_commands), workdir=self.workdir, image=self.image, **own)
+
+    def agent_wall_time_s(self, limit: float) -> float:
+        """The harness's wall-clock limit: a Harbor task's [agent] timeout_sec, capped by `limit`."""
+        return min(limit, self.harbor.agent_timeout_s) if self.harbor else limit
 
     def test_files(self) -> list[str]:
         """Files of the listed tests (the part of each node id before `::`)."""

@@ -38,6 +38,16 @@ class RepoSpec:
     image: str | None = None
     """A Docker image of the task's own (SWE-Gym / R2E-Gym / SWE-rebench `image_name`) to build
     the sandbox on instead of the base image; it must be present locally (nothing is pulled)."""
+    image_context: str | None = None
+    """A Docker build context (a folder with a Dockerfile, e.g. a Harbor task's environment/)
+    that `image` is built from, offline, when missing; `source` is then exported from that
+    image's `workdir` (sandboxes.context_image)."""
+    cpus: float | None = None
+    """This task's CPU quota (cores); None: the backend's."""
+    memory_mb: int | None = None
+    """This task's memory limit in MiB; None: the backend's."""
+    storage_mb: int | None = None
+    """This task's disk budget in MiB; docker enforces it as the largest file (RLIMIT_FSIZE)."""
 
     def __post_init__(self) -> None:
         for name in ("repo_id", "source", "base_commit"):

@@ -2,7 +2,10 @@
 
 Contract: a container runs the base image with the repository baked in, or, for a task that
 names its own image (`RepoSpec.image`), that image (present locally; nothing is ever pulled)
-with the repository baked in the same way. It has no network (`network_mode=none`), CPU / memory / pids limits, every
+with the repository baked in the same way; a task with its own Dockerfile context
+(`RepoSpec.image_context`, e.g. a Harbor task) has that image built offline first and its
+workdir exported as the repository (sandboxes.context_image), and a task's own cpus /
+memory / storage (RepoSpec) replace the config's. It has no network (`network_mode=none`), CPU / memory / pids limits, every
 capability dropped, `no-new-privileges`, runs as `agent` (uid 1000), and a read-only root;
 only the repository (`spec.workdir`), `/tmp`, `/home/agent` (anonymous volumes, seeded from
 the image, removed with the container) and a sized `/dev/shm` are writable; every file is capped
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import socket
 import struct
 import tarfile
@@ -32,7 +36,9 @@ from pydantic import BaseModel, Field
 
 from harnessrl.sandboxes.base import (ExecResult, RepoSpec, SandboxDied, SandboxError,
                                       SandboxUnavailable)
-from harnessrl.sandboxes.images import HOME_PRISTINE, PRISTINE_DIR, base_image_tag, build_base_image, ensure_task_image
+from harnessrl.sandboxes.context_image import build_context_image, export_workdir
+from harnessrl.sandboxes.images import (HOME_PRISTINE, PRISTINE_DIR, _lock_for, base_image_tag, build_base_image,
+                                        ensure_task_image)
 from harnessrl.sandboxes.repo import DIFF_SCRIPT, RESET_SCRIPT
 
 __all__ = ["DockerConfig", "DockerBackend", "DockerSandbox", "base_image_tag", "build_base_image",
@@ -138,6 +144,11 @@ class DockerBackend:
             return ensure_task_image(self.client, spec, self.config.base_image)
         import docker.errors
 
+        if spec.image_context:  # the task's own Dockerfile: built offline, its workdir the source
+            with _lock_for(spec.image):
+                build_context_image(self.client, spec, self.config.base_image or base_image_tag())
+                export_workdir(self.client, spec)
+
         try:
             own = self.client.images.get(spec.image)
         except docker.errors.ImageNotFound:
@@ -156,7 +167,7 @@ class DockerBackend:
 
         image = self.image_for(spec)
         base_sha = self.client.images.get(image).labels.get("harnessrl.base_sha", "")
-        c = self.config
+        c = self._limits(spec)
         reset_argv = ["bash", "-c", _RESET, "harnessrl", spec.workdir, base_sha, PRISTINE_DIR]
         container = self.client.containers.create(
             image, ["python3", "-S", "-c", _INIT, json.dumps(reset_argv)], stdin_open=True,
@@ -178,6 +189,19 @@ class DockerBackend:
 
     def reap(self, older_than_s: float = 0.0, run_id: str | None = None) -> int:
         return reap(self.client, older_than_s, run_id)
+
+    def _limits(self, spec: RepoSpec) -> DockerConfig:
+        """The config with a task's own cpus / memory / storage (RepoSpec) in place of ours;
+        cpus capped at this host's cores (the engine refuses more)."""
+        c = self.config
+        update: dict[str, Any] = {}
+        if spec.cpus:
+            update["cpus"] = min(float(spec.cpus), float(os.cpu_count() or 1))
+        if spec.memory_mb:
+            update["memory"] = f"{int(spec.memory_mb)}m"
+        if spec.storage_mb:
+            update["file_size_limit"] = min(c.file_size_limit or 1 << 62, int(spec.storage_mb) << 20)
+        return c.model_copy(update=update) if update else c
 
 
 def reap(client=None, older_than_s: float = 0.0, run_id: str | None = None) -> int:

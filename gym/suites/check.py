@@ -8,6 +8,7 @@ serves all of its tasks through reset(). Infra errors are reported as such, not 
     harnessrl tasks list builtin
     harnessrl tasks check builtin --backend docker
     harnessrl tasks check swe.jsonl --source-root repos/
+    harnessrl tasks check gym/suites/harbor/        # a folder of Harbor task folders
 
 Per task one line on stdout: gold reward, empty (untouched base) reward, seconds, and why an
 invalid task is invalid; then a JSON summary. Loading problems are one line each on stderr.
@@ -37,6 +38,9 @@ def check_task(sb: Any, task: Task, config: RewardConfig | None = None) -> dict[
 
 
 def _check(sb: Any, task: Task, config: RewardConfig | None, out: dict[str, Any]) -> dict[str, Any]:
+    if task.harbor is not None:  # graded by its test.sh, gold is solution/solve.sh
+        from harnessrl.gym.harbor.oracle import check_harbor
+        return check_harbor(sb, task, config, out)
     sb.reset()
     base = score(sb, task, config)
     out["base_reward"] = base.reward
@@ -132,7 +136,8 @@ def main(argv: list[str] | None = None) -> int:
         tasks = [t for t in tasks if t.instance_id in set(args.task)]
     if args.action == "list":
         for t in tasks:
-            print(f"{t.instance_id}\t{t.difficulty or '-'}\t{len(t.FAIL_TO_PASS)} f2p\t{len(t.PASS_TO_PASS)} p2p\t"
+            tests = "harbor\ttest.sh" if t.harbor else f"{len(t.FAIL_TO_PASS)} f2p\t{len(t.PASS_TO_PASS)} p2p"
+            print(f"{t.instance_id}\t{t.difficulty or '-'}\t{tests}\t"
                   f"{t.problem_statement.splitlines()[0] if t.problem_statement else ''}")
         return 0
     from harnessrl.sandboxes import make_backend
