@@ -245,6 +245,8 @@ PASSTHROUGH = {
     "collect": ("harnessrl.gym.collect", "record teacher episodes (scripted gold plans or an OpenAI-compatible URL) "
                                          "for the sft stage; keeps the successful ones"),
     "check-adapter": ("harnessrl.gym.check_adapter", "run the contract checks on a harness adapter or config file"),
+    "harness": ("harnessrl.adapters.install", "harness install CONFIG|NAME: install a harness config's `install` "
+                                              "spec (npm/pip, stamped, cached) into the toolchain"),
     "proxy": ("harnessrl.gym.proxy.__main__", "serve the proxy in front of an engine (--engine-url URL)"),
     "sandbox": ("harnessrl.sandboxes.__main__", "reap leftover sandboxes, build the base image, show the backend"),
     "export": ("harnessrl.gym.formats.export", "write a run's trajectories as ATIF (validated), JSONL or Parquet"),

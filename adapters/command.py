@@ -7,13 +7,19 @@ placement and how completion is read. Variables:
     task, model, api_key, base_url (session URL without /v1; seen from where it runs),
     openai_base_url (base_url + "/v1"), workdir (repo in the sandbox), scratch (private
     dir: host for beside, /tmp/harnessrl in the sandbox for inside), max_calls,
-    wall_time_s, toolchain (toolchain root as the harness sees it),
+    wall_time_s, toolchain (toolchain root as the harness sees it), bin (the bin dir of the
+    config's own `install` as the harness sees it: the npm prefix's or the venv's; else ""),
     exec_socket + bridge_dir (beside only: run commands in the sandbox through the exec
     bridge; bridge_dir holds harnessrl_mini_env.py, a mini-swe-agent environment class)
 
 Inside harnesses run in the sandbox through the relay (adapters/inside.py) with the npm
 prefix named by `npm_prefix` on PATH; beside ones run on the host in `scratch`.
-See examples/harnesses/*.toml.
+`install = "npm:<pkg>@<x.y.z>"` / `"pip:<pkg>==<v>"` is installed by `harnessrl harness
+install CONFIG` (adapters/install.py) into <toolchain>/npm/<npm_prefix or name> or
+<toolchain>/venvs/<venv or name>; until it is, `launch` raises HarnessNotInstalled naming that
+command (nothing installs on first use: episodes run in parallel). `node` is a requirement
+on the toolchain's node, `mounts` extra read-only host paths in the sandbox
+(adapters/host_mounts.py). See examples/harnesses/*.toml.
 """
 from __future__ import annotations
 
@@ -24,14 +30,16 @@ import string
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from harnessrl.adapters.base import (REASONS, Endpoint, SANDBOX_SCRATCH, TOOLCHAIN_MOUNT, HarnessResult, Launch, Mount,
                                      classify_exit, tail)
 from harnessrl.adapters.exec_bridge import ExecBridge
+from harnessrl.adapters.host_mounts import parse_mounts
 from harnessrl.adapters.inside import inside_mounts, run_inside
 from harnessrl.adapters.proc import clean_env, run_host
-from harnessrl.adapters.toolchain import toolchain_root
+from harnessrl.adapters.toolchain import (InstallSpec, check_node, node_version, parse_install, require,
+                                          toolchain_root)
 
 MINI_ENV = Path(__file__).with_name("mini_env.py")
 
@@ -59,7 +67,15 @@ class CommandConfig(BaseModel):
     version: str = "unknown"
     """The harness version this config was written for."""
     install: str = "none"
-    """How it is installed ("npm:<spec>", "pip:<spec>", "none": user-provided)."""
+    """How it is installed: "npm:<package>@<x.y.z>" or "pip:<package>==<version>" (one exact
+    version; `harnessrl harness install CONFIG` puts it in the toolchain) or "none" (user-provided)."""
+    node: str | None = None
+    """Node versions the harness runs on, a PEP 440 specifier set (">=20", ">=18.17,<23"),
+    checked against the toolchain's node at install and at launch."""
+    venv: str | None = None
+    """pip install only: the venv's folder under <toolchain>/venvs (default: name)."""
+    mounts: list[str] = Field(default_factory=list)
+    """Extra host paths mounted read-only into the sandbox: "HOST" (same path) or "HOST:TARGET"."""
     dialect: Literal["openai-chat", "openai-responses", "anthropic"]
     """API dialect it speaks."""
     placement: Literal["inside", "beside"]
@@ -73,8 +89,21 @@ class CommandConfig(BaseModel):
     files: dict[str, str] = Field(default_factory=dict)
     """path template -> content template, written before the run (inside: sandbox paths)."""
     npm_prefix: str | None = None
-    """Inside only: toolchain npm prefix whose bin/ goes on PATH (e.g. "codex")."""
+    """The toolchain npm prefix (<toolchain>/npm/<it>) whose bin/ goes on PATH inside; an npm
+    `install` goes there (default: name)."""
     completion: CompletionConfig = Field(default_factory=CompletionConfig)
+
+    @field_validator("install")
+    @classmethod
+    def _pinned(cls, v: str) -> str:
+        parse_install(v)
+        return v
+
+    @field_validator("mounts")
+    @classmethod
+    def _mountable(cls, v: list[str]) -> list[str]:
+        parse_mounts(v)
+        return v
 
 
 class CommandAdapter:
@@ -82,9 +111,18 @@ class CommandAdapter:
 
     completion = "per config: exit code, a status file, or a stdout pattern"
 
-    def __init__(self, config: CommandConfig | dict[str, Any]):
+    def __init__(self, config: CommandConfig | dict[str, Any], source: str | None = None):
         self.config = config if isinstance(config, CommandConfig) else CommandConfig.model_validate(config)
+        self.source = source
+        """The config file it came from (named in the install hint)."""
         c = self.config
+        self.spec: InstallSpec | None = parse_install(c.install)
+        if self.spec is not None and self.spec.kind == "pip" and c.placement == "inside":
+            raise ValueError(f"command adapter {c.name!r}: a pip install runs beside the sandbox (its venv is "
+                             "built for the host); set placement = \"beside\"")
+        if self.spec is not None and self.spec.kind == "npm" and c.npm_prefix is None:
+            self.config = c = c.model_copy(update={"npm_prefix": c.name})
+        self.extra_mounts = parse_mounts(c.mounts)
         self.name, self.dialect, self.placement, self.streams = c.name, c.dialect, c.placement, c.streams
         self.version, self.install = c.version, c.install
         for reason in [*c.completion.status_reasons.values(), *c.completion.stdout_reasons.values()]:
@@ -105,21 +143,45 @@ class CommandAdapter:
             import yaml
             data = yaml.safe_load(text)
         try:
-            return cls(data)
+            return cls(data, str(p))
         except ValueError as e:
             raise ValueError(f"{p}: invalid harness config: {e}") from None
 
+    @property
+    def install_dir(self) -> tuple[str, str] | None:
+        """(toolchain subfolder, folder name) the config's `install` goes to; None for "none"."""
+        if self.spec is None:
+            return None
+        c = self.config
+        return self.spec.subdir, (c.npm_prefix if self.spec.kind == "npm" else c.venv) or c.name
+
+    def install_hint(self) -> str:
+        """The command that installs this harness."""
+        return f"harnessrl harness install {self.source or '<this config file>'}"
+
+    def check_installed(self, toolchain: Path | None = None) -> None:
+        """Raise HarnessNotInstalled (naming `install_hint`) or NodeTooOld unless it can run."""
+        where = self.install_dir
+        if where is None:
+            return
+        root = toolchain or toolchain_root()
+        require(where[0], where[1], self.spec.spec, root, fix=self.install_hint())
+        if self.config.node:
+            check_node(self.config.node, node_version(root), f"harness {self.name!r} ({self.spec.spec})")
+
     def mounts(self, endpoint: Endpoint, toolchain: Path | None = None) -> list[Mount]:
-        return inside_mounts(endpoint, toolchain) if self.placement == "inside" else []
+        own = inside_mounts(endpoint, toolchain) if self.placement == "inside" else []
+        return own + list(self.extra_mounts)
 
     def _vars(self, launch: Launch, inside: bool, scratch: str, **extra: str) -> dict[str, str]:
         ep = launch.endpoint
         base = ep.inside_base_url if inside else ep.base_url
         root = TOOLCHAIN_MOUNT if inside else str(launch.toolchain or toolchain_root())
+        where = self.install_dir
         return {"task": launch.problem_statement, "model": ep.model, "api_key": ep.api_key, "base_url": base,
                 "openai_base_url": f"{base}/v1", "workdir": launch.sandbox.workdir, "scratch": scratch,
                 "max_calls": str(launch.limits.max_calls), "wall_time_s": str(int(launch.limits.wall_time_s)),
-                "toolchain": root, **extra}
+                "toolchain": root, "bin": f"{root}/{where[0]}/{where[1]}/bin" if where else "", **extra}
 
     def _fill(self, template: str, v: dict[str, str]) -> str:
         try:
@@ -130,6 +192,7 @@ class CommandAdapter:
 
     def launch(self, launch: Launch) -> HarnessResult:
         c = self.config
+        self.check_installed(launch.toolchain)
         if c.placement == "inside":
             v = self._vars(launch, True, SANDBOX_SCRATCH)
             env = {k: self._fill(t, v) for k, t in c.env.items()}
@@ -156,9 +219,14 @@ class CommandAdapter:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(self._fill(t, v))
         env = clean_env({k: self._fill(t, v) for k, t in c.env.items()})
+        argv = [self._fill(a, v) for a in c.command]
         with ExecBridge(launch.sandbox, sock):
-            run = run_host([self._fill(a, v) for a in c.command], env, str(scratch), launch.limits.wall_time_s,
-                           launch.cancel)
+            try:
+                run = run_host(argv, env, str(scratch), launch.limits.wall_time_s, launch.cancel)
+            except (FileNotFoundError, PermissionError) as e:  # what a shell reports as 127 / 126
+                code = 127 if isinstance(e, FileNotFoundError) else 126
+                return HarnessResult("harness_exited", code, None, "", f"{argv[0]}: {e.strerror} "
+                                     f"(PATH={env.get('PATH', '')})", 0.0)
         status_text = None
         if c.completion.status_file:
             sf = Path(self._fill(c.completion.status_file, v))

@@ -87,7 +87,18 @@ def check_bwrap() -> Check:
     return Check("bwrap", True, "runs a network-less sandbox as an unprivileged uid")
 
 
+def check_locations() -> Check:
+    """Where models and the harness toolchain live (each movable on its own)."""
+    from harnessrl.adapters.toolchain import toolchain_root
+    from harnessrl.gym.models import models_root
+
+    models, toolchain = models_root(), toolchain_root()
+    return Check("locations", True, f"models {models} ($HARNESSRL_MODELS), toolchain {toolchain} "
+                                    "($HARNESSRL_TOOLCHAIN)")
+
+
 CHECKS: list[Callable[[], Check]] = [
+    check_locations,
     check_docker,
     check_base_image,
     lambda: check_model(DEFAULT_MODEL),

@@ -25,11 +25,18 @@ def home() -> Path:
     return Path(os.environ.get("HARNESSRL_HOME", Path.home() / ".cache" / "harnessrl"))
 
 
+def models_root() -> Path:
+    """Where prepared models live: $HARNESSRL_MODELS, else <home()>/models (the harness toolchain
+    moves on its own: $HARNESSRL_TOOLCHAIN, see adapters/toolchain.py)."""
+    own = os.environ.get("HARNESSRL_MODELS")
+    return Path(own) if own else home() / "models"
+
+
 def model_dir(name: str) -> Path:
     """The folder a short model name is prepared into (it may not exist yet)."""
     if name not in MODELS:
         raise KeyError(f"unknown model {name!r}; known: {', '.join(sorted(MODELS))}")
-    return home() / "models" / name
+    return models_root() / name
 
 
 def resolve_model(name_or_path: str) -> Path:

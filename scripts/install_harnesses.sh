@@ -3,7 +3,7 @@
 #
 #   scripts/install_harnesses.sh [--list] [--print-home] [HARNESS ...]     (default: all)
 #
-# Layout under ${HARNESSRL_HOME:-~/.cache/harnessrl}/toolchain/:
+# Layout under ${HARNESSRL_TOOLCHAIN:-${HARNESSRL_HOME:-~/.cache/harnessrl}/toolchain}/:
 #   node/bin/node            a copy of the host node runtime (runs in the bookworm sandbox image;
 #                            it needs only glibc + libstdc++); bind-mounted read-only into sandboxes
 #   npm/<harness>/           `npm install -g --prefix` of one npm harness: bin/<cli>, lib/node_modules
@@ -14,7 +14,7 @@
 set -euo pipefail
 
 HOME_DIR="${HARNESSRL_HOME:-$HOME/.cache/harnessrl}"
-TC="$HOME_DIR/toolchain"
+TC="${HARNESSRL_TOOLCHAIN:-$HOME_DIR/toolchain}"  # models move on their own: HARNESSRL_MODELS
 PY="${HARNESSRL_HARNESS_PYTHON:-python3}"
 
 # name -> pinned package spec. Sandboxed (inside) harnesses come from npm, beside ones from PyPI.
@@ -39,7 +39,8 @@ WANT=("$@")
 [[ ${#WANT[@]} -eq 0 ]] && WANT=("${ALL[@]}")
 for h in "${WANT[@]}"; do
   if [[ -z "${NPM_PKG[$h]:-}" && -z "${PIP_PKG[$h]:-}" ]]; then
-    echo "install_harnesses: unknown harness '$h' (known: ${ALL[*]})" >&2; exit 2
+    echo "install_harnesses: unknown harness '$h' (known: ${ALL[*]}; a harness config file with" \
+         "install = \"npm:...\" or \"pip:...\" installs with: harnessrl harness install CONFIG)" >&2; exit 2
   fi
 done
 mkdir -p "$TC"
