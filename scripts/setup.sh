@@ -2,7 +2,8 @@
 # harnessrl system set-up, used by both README commands and by CI. Idempotent: when
 # everything is present it finishes in a few seconds.
 #
-#   1. Debian packages: docker.io, debootstrap, bubblewrap, nodejs/npm (only if missing)
+#   1. Debian packages: docker.io, debootstrap, bubblewrap, nodejs/npm, chromium and
+#      chromium-driver (the viewer's browser test) (only if missing)
 #   2. a Docker engine: starts `dockerd --bridge=none --iptables=false` when none answers
 #      (no other network set-up, ever)
 #   3. the Python environment in .venv: torch==2.13.0 (CPU wheel), transformers==5.8.0,
@@ -40,6 +41,9 @@ command -v npm >/dev/null 2>&1 || need+=(npm)
 # The bubblewrap backend runs hidden tests with the host's system python.
 [ -x /usr/bin/python3 ] && /usr/bin/python3 -c "import pytest" >/dev/null 2>&1 || need+=(python3 python3-pytest)
 command -v git >/dev/null 2>&1 || need+=(git)
+# `harnessrl view`'s browser test (tests/test_viewer_browser.py): headless Chromium + its WebDriver.
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
+command -v chromedriver >/dev/null 2>&1 || need+=(chromium-driver)
 "$PYTHON" -c "import venv, ensurepip" >/dev/null 2>&1 || need+=(python3-venv)
 if [ "${#need[@]}" -gt 0 ]; then
   log "installing Debian packages: ${need[*]}"

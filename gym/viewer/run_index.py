@@ -1,0 +1,241 @@
+"""What a run folder holds, and paged queries over its episodes.
+
+Contract: `RunFiles.find(path)` locates a run's record: the proxy's SQLite store
+(`trajectories.db`), the episodes' JSONL (`trajectories.jsonl`, each trajectory as its
+episode closed it, with the grading metadata), and for a train run `metrics.jsonl`,
+`report.json` and `config.json`; a rollout folder, a train folder (`rollouts/` inside) or a
+`harnessrl collect` folder (`episodes/` inside) all work. `RunIndex` builds a small in-memory
+SQLite index of one row per episode (task, harness, reward, status, termination, calls,
+segments, tokens, sampled tokens, split reasons) straight from the store's tables (the store
+is attached read-only; no token blob is read, sizes come from blob lengths) and one row per
+call with its timings. The JSONL is only scanned for each session's byte offset (its records
+are read one at a time, when an episode is opened); a run that has no store is indexed from
+its JSONL one line at a time. `episodes()` filters, sorts and pages in SQL, so a run of any
+size costs the browser one page. The index is rebuilt when the record's files change (a
+live run), checked at most once a second (`refresh_s`).
+"""
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harnessrl.gym.trajectory import Trajectory
+
+#: Columns the episodes table sorts by (API name -> SQL column).
+SORTABLE = ("order", "task_id", "harness", "reward", "status", "termination", "calls", "segments", "tokens", "sampled")
+_SID_AT_START = re.compile(rb'^\{"session_id":\s*"([^"]+)"')
+
+_EPISODES = """CREATE TABLE episodes (
+  sid TEXT PRIMARY KEY, ord REAL, task_id TEXT, harness TEXT, model TEXT, reward REAL, status TEXT,
+  termination TEXT, calls INTEGER, segments INTEGER, tokens INTEGER, sampled INTEGER, splits TEXT,
+  jsonl_off INTEGER, in_store INTEGER);
+CREATE TABLE calls (sid TEXT, idx INTEGER, queue_s REAL, gen_s REAL, env_s REAL, detached INTEGER, at REAL);
+"""
+_FROM_STORE = """INSERT INTO episodes
+SELECT s.id, s.created, s.task_id, s.harness, s.model, s.reward, s.status, s.termination,
+  COUNT(c.call_id),
+  COUNT(DISTINCT CASE WHEN json_extract(c.flags, '$.detached') IS NULL THEN c.segment END),
+  COALESCE(SUM(CASE WHEN json_extract(c.flags, '$.detached') IS NULL
+                THEN length(c.new_prompt) / 4 + length(c.completion) / 4 END), 0),
+  COALESCE(SUM(CASE WHEN json_extract(c.flags, '$.detached') IS NULL THEN length(c.completion) / 4 END), 0),
+  GROUP_CONCAT(DISTINCT CASE WHEN json_extract(c.flags, '$.detached') IS NULL THEN c.split_reason END),
+  NULL, 1
+FROM store.sessions s LEFT JOIN store.calls c ON c.session_id = s.id GROUP BY s.id"""
+_CALLS_FROM_STORE = """INSERT INTO calls SELECT session_id, idx, queue_s, gen_s, env_s,
+  json_extract(flags, '$.detached') IS NOT NULL, created FROM store.calls"""
+
+
+class RunFolderError(ValueError):
+    """The path is not a run folder (no trajectories store or JSONL where looked)."""
+
+
+@dataclass(frozen=True)
+class RunFiles:
+    root: Path
+    store: Path | None
+    jsonl: Path | None
+    metrics: Path | None
+    report: Path | None
+    config: Path | None
+
+    @classmethod
+    def find(cls, path: str | Path) -> "RunFiles":
+        root = Path(path)
+        if root.is_file() and root.name in ("trajectories.db", "trajectories.jsonl"):
+            root = root.parent
+        if not root.is_dir():
+            raise RunFolderError(f"{path}: no such run folder")
+
+        def first(name: str) -> Path | None:
+            for folder in (root, root / "rollouts", root / "episodes"):
+                if (folder / name).is_file():
+                    return folder / name
+            return None
+
+        store, jsonl = first("trajectories.db"), first("trajectories.jsonl")
+        if store is None and jsonl is None:
+            raise RunFolderError(f"{path}: no trajectories.db or trajectories.jsonl here, in rollouts/ or in "
+                                 "episodes/; fix: pass a rollout, train or collect run folder")
+
+        def here(name: str) -> Path | None:
+            return root / name if (root / name).is_file() else None
+
+        return cls(root, store, jsonl, here("metrics.jsonl"), here("report.json") or first("report.json"),
+                   here("config.json"))
+
+    def stamp(self) -> tuple:
+        """Changes when the record does (size and mtime of the store, its WAL and the JSONL)."""
+        out = []
+        for p in (self.store, self.store and self.store.with_name(self.store.name + "-wal"), self.jsonl):
+            try:
+                st = p.stat() if p is not None else None
+                out.append((st.st_size, st.st_mtime_ns) if st else None)
+            except FileNotFoundError:
+                out.append(None)
+        return tuple(out)
+
+
+class RunIndex:
+    """One run's episodes and calls, queryable; thread-safe (one lock over one connection)."""
+
+    def __init__(self, path: str | Path, name: str | None = None, refresh_s: float = 1.0):
+        self.files = RunFiles.find(path)
+        self.name = name or str(path)
+        self.refresh_s = refresh_s
+        """How often at most a query checks whether the record changed (then rebuilds)."""
+        self._lock = threading.Lock()
+        self._db: sqlite3.Connection | None = None
+        self._stamp: tuple | None = None
+        self._checked = 0.0
+        self._build()
+
+    # -- building -------------------------------------------------------------------------
+    def _build(self) -> None:
+        db = sqlite3.connect("file::memory:", uri=True, check_same_thread=False)
+        db.executescript(_EPISODES)
+        stamp = self.files.stamp()
+        if self.files.store is not None:
+            db.execute("ATTACH DATABASE ? AS store", (f"file:{self.files.store.resolve()}?mode=ro",))
+            db.execute(_FROM_STORE)
+            db.execute(_CALLS_FROM_STORE)
+            db.commit()
+            db.execute("DETACH DATABASE store")
+        if self.files.jsonl is not None:
+            self._scan_jsonl(db)
+        for col in ("ord", "task_id", "reward", "status", "termination", "calls", "segments", "tokens", "sampled"):
+            db.execute(f"CREATE INDEX ep_{col} ON episodes({col})")
+        db.execute("CREATE INDEX calls_sid ON calls(sid, idx)")
+        db.commit()
+        old, self._db, self._stamp = self._db, db, stamp
+        if old is not None:
+            old.close()
+
+    def _scan_jsonl(self, db: sqlite3.Connection) -> None:
+        known = {r[0] for r in db.execute("SELECT sid FROM episodes")}
+        assert self.files.jsonl is not None
+        with open(self.files.jsonl, "rb") as f:
+            n = 0
+            while True:
+                off = f.tell()
+                line = f.readline()
+                if not line:
+                    break
+                n += 1
+                if not line.strip():
+                    continue
+                m = _SID_AT_START.match(line)
+                sid = m.group(1).decode() if m else None
+                if sid is not None and sid in known:
+                    db.execute("UPDATE episodes SET jsonl_off=? WHERE sid=?", (off, sid))
+                    continue
+                try:  # not in the store (or no store): this line is the record
+                    t = Trajectory.from_dict(json.loads(line))
+                except (ValueError, TypeError) as e:
+                    raise RunFolderError(f"{self.files.jsonl}:{n}: not a trajectory record: {e}") from None
+                self._insert(db, t, off, n)
+                known.add(t.session_id)
+
+    @staticmethod
+    def _insert(db: sqlite3.Connection, t: Trajectory, off: int, n: int) -> None:
+        splits = ",".join(dict.fromkeys(s.split_reason for s in t.segments if s.split_reason)) or None
+        db.execute("INSERT OR REPLACE INTO episodes VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", (
+            t.session_id, float(n), t.task_id, t.harness, t.model, t.reward, t.status, t.termination, len(t.calls),
+            len(t.segments), sum(len(s.token_ids) for s in t.segments), sum(sum(s.loss_mask) for s in t.segments),
+            splits, off, 0))
+        db.executemany("INSERT INTO calls VALUES (?,?,?,?,?,?,?)", [
+            (t.session_id, c.index, c.queue_s, c.gen_s, c.env_s, int(c.detached), c.finished_at) for c in t.calls])
+
+    def _fresh(self) -> sqlite3.Connection:
+        """The index, rebuilt first when the record changed (checked at most every `refresh_s`)."""
+        now = time.monotonic()
+        if now - self._checked >= self.refresh_s:
+            self._checked = now
+            if self.files.stamp() != self._stamp:
+                self._build()
+        assert self._db is not None
+        return self._db
+
+    # -- queries --------------------------------------------------------------------------
+    def query(self, sql: str, args: tuple = ()) -> list[tuple]:
+        with self._lock:
+            return self._fresh().execute(sql, args).fetchall()
+
+    def episodes(self, limit: int = 50, offset: int = 0, sort: str = "order", desc: bool = False,
+                 task: str | None = None, harness: str | None = None, status: str | None = None,
+                 termination: str | None = None, split: str | None = None, min_reward: float | None = None,
+                 max_reward: float | None = None) -> dict[str, Any]:
+        """One page of episodes, filtered and sorted in SQL, and the total that matched.
+        `task` and `split` match substrings; the others exactly (bounds inclusive)."""
+        if sort not in SORTABLE:
+            raise ValueError(f"sort must be one of {', '.join(SORTABLE)}, got {sort!r}")
+        where, args = [], []
+        for col, val, op in (("task_id", task, "LIKE"), ("harness", harness, "="), ("status", status, "="),
+                             ("termination", termination, "="), ("splits", split, "LIKE"),
+                             ("reward", min_reward, ">="), ("reward", max_reward, "<=")):
+            if val is not None and val != "":
+                where.append(f"{col} {op} ?")
+                args.append(f"%{val}%" if op == "LIKE" else val)
+        cond = f" WHERE {' AND '.join(where)}" if where else ""
+        col = "ord" if sort == "order" else sort
+        # NULL rewards (infra errors, running) sort last either way
+        order = f" ORDER BY ({col} IS NULL), {col} {'DESC' if desc else 'ASC'}, ord ASC"
+        cols = "sid, task_id, harness, model, reward, status, termination, calls, segments, tokens, sampled, splits"
+        with self._lock:
+            db = self._fresh()
+            total = db.execute(f"SELECT COUNT(*) FROM episodes{cond}", args).fetchone()[0]
+            rows = db.execute(f"SELECT {cols} FROM episodes{cond}{order} LIMIT ? OFFSET ?",
+                              (*args, limit, offset)).fetchall()
+        names = [c.strip() for c in cols.split(",")]
+        return {"total": total, "offset": offset, "limit": limit,
+                "rows": [dict(zip(names, r), splits=(r[-1] or "").split(",") if r[-1] else []) for r in rows]}
+
+    def distinct(self, column: str) -> list[str]:
+        """The values a filterable column takes (for the filter menus)."""
+        if column not in ("harness", "status", "termination"):
+            raise ValueError(f"no filter menu for {column!r}")
+        return [r[0] for r in self.query(f"SELECT DISTINCT {column} FROM episodes WHERE {column} != '' "
+                                         f"ORDER BY {column}")]
+
+    def trajectory(self, sid: str) -> Trajectory:
+        """The episode's record: its JSONL line (as the episode closed it) when there, else the store's."""
+        rows = self.query("SELECT jsonl_off, in_store FROM episodes WHERE sid=?", (sid,))
+        if not rows:
+            raise KeyError(f"no episode {sid!r} in run {self.name}")
+        off, in_store = rows[0]
+        if off is not None and self.files.jsonl is not None:
+            with open(self.files.jsonl, "rb") as f:
+                f.seek(off)
+                return Trajectory.from_dict(json.loads(f.readline()))
+        from harnessrl.gym.proxy.store import Store
+
+        store = Store(self.files.store)  # type: ignore[arg-type]
+        try:
+            return store.trajectory(sid)
+        finally:
+            store.close()
