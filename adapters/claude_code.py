@@ -4,7 +4,9 @@ Run in print mode with the settings ../shared/docs/harnesses.md records: base UR
 `/v1`, nonessential traffic / telemetry / autoupdate / error reporting / experimental betas
 off, one retry (a dead endpoint otherwise hangs for minutes), `--max-turns` from the limits,
 and the explicit tool list `Bash,Read,Edit,Write,Glob,Grep` (the full default set makes it
-put role:"system" entries inside `messages`). `--output-format json` prints one result
+put role:"system" entries inside `messages`); `ClaudeCodeAdapter(tools=TOOLS + ",Agent")`
+adds Claude Code's sub-agent tool, whose conversations the proxy records as spawned
+segments of the same episode. `--output-format json` prints one result
 object whose `subtype` says how it ended (`success`, `error_max_turns`, ...).
 """
 from __future__ import annotations
@@ -31,6 +33,10 @@ class ClaudeCodeAdapter:
     version: ClassVar[str] = "2.1.197"
     install: ClassVar[str] = "npm:@anthropic-ai/claude-code@2.1.197"
 
+    def __init__(self, tools: str = TOOLS):
+        self.tools = tools
+        """The `--tools` list Claude Code offers the model."""
+
     def mounts(self, endpoint: Endpoint, toolchain: Path | None = None) -> list[Mount]:
         return inside_mounts(endpoint, toolchain)
 
@@ -45,7 +51,7 @@ class ClaudeCodeAdapter:
             "MAX_THINKING_TOKENS": "0", "CLAUDE_CODE_MAX_RETRIES": "1", "PATH": path_for(self.name),
         }
         argv = ["claude", "-p", launch.problem_statement, "--dangerously-skip-permissions", "--output-format",
-                "json", "--max-turns", str(launch.limits.max_calls), "--tools", TOOLS]
+                "json", "--max-turns", str(launch.limits.max_calls), "--tools", self.tools]
         run = run_inside(launch, argv, env, {})
         subtype = _subtype(run.stdout)
         reason = classify_exit(run.exit_code, run.timed_out)

@@ -129,3 +129,50 @@ def test_an_unrelated_new_conversation_is_not_attributed(env):
     t = env.proxy.trajectory(sid)
     assert [s.split_reason for s in t.segments] == [None, "tools_changed"]
     assert t.segments[1].spawned_by is None
+
+
+@pytest.mark.docker
+@pytest.mark.harness
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_claude_code_sub_agent_is_a_lineage_of_the_same_episode():
+    """Real Claude Code in Docker: the scripted main agent hands its plan to Claude Code's own
+    sub-agent tool; the sub-agent's Bash calls fix the repository (reward 1.0), its
+    conversation is a spawned segment attributed to the main call that issued the tool call,
+    the main conversation resumes its own segment, and every call is token-exact."""
+    from harnessrl.adapters.claude_code import TOOLS, ClaudeCodeAdapter
+    from harnessrl.adapters.toolchain import installed_spec
+    from harnessrl.gym.check_adapter import token_exact_problems
+    from harnessrl.gym.doubles.scripted import DELEGATED
+    from harnessrl.gym.episode import EpisodeConfig, ProxyHandle, run_episode
+    from adapter_helpers import builtin_task, scripted_stack
+
+    adapter = ClaudeCodeAdapter(tools=TOOLS + ",Agent")
+    if installed_spec("npm", "claude-code") != adapter.install.split(":", 1)[1]:
+        pytest.skip("claude-code not installed: run scripts/install_harnesses.sh claude-code")
+    with scripted_stack() as (engine, proxy, backend):
+        task = builtin_task()
+        engine.set_tasks([task], gold=True)
+        engine.policy.delegate_tool = "Agent"
+        start = len(engine.calls)
+        res = run_episode(task, adapter, lambda spec, mounts: backend.create(spec, mounts=mounts),
+                          ProxyHandle.of(proxy), "policy", EpisodeConfig(max_calls=12, wall_time_s=300))
+        calls = engine.calls[start:]
+    t = res.trajectory
+    assert (res.reason, res.status, t.reward) == ("submitted", "ok", 1.0), (res.reason, res.error)
+    assert token_exact_problems(t, calls) == []
+    spawned = [i for i, s in enumerate(t.segments) if s.split_reason == "spawned"]
+    assert spawned, [s.split_reason for s in t.segments]
+    seg = t.segments[spawned[0]]
+    by = seg.spawned_by
+    assert by["tool"] == "Agent"
+    parent = next(c for c in t.calls if c.call_id == by["call_id"])
+    assert parent.segment == by["segment"] != spawned[0]
+    assert '"name": "Agent"' in engine.tokenizer.decode(parent.completion_ids)
+    sub_calls = [c for c in t.calls if c.segment == spawned[0]]
+    assert all(DELEGATED in engine.tokenizer.decode(t.call_prompt(c)) for c in sub_calls)
+    assert len(sub_calls) >= len(task.gold_plan) + 1  # the plan's Bash calls, then its answer
+    # the main conversation went on in its own segment after the sub-agent returned
+    main_after = [c for c in t.calls if c.segment == by["segment"] and c.index > sub_calls[-1].index]
+    assert main_after, "the main conversation did not resume in its own segment"
+

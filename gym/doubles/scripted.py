@@ -17,6 +17,10 @@ no session id and serves concurrent episodes:
   required string arguments filled with a short text;
 - how to finish: `echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT` through the tool when the
   prompt asks for that (mini-swe-agent), otherwise a final answer without a tool call.
+With `delegate_tool` set (e.g. "Agent", Claude Code's sub-agent tool), a main conversation
+whose tools include it hands the whole plan to a sub-agent: its first action is that tool
+with the problem statement as the prompt (marked DELEGATED), its next a final answer; the
+sub-agent's conversation (its prompt holds the marker) carries out the plan.
 A call with no tools in its prompt gets plain text: for an edit-only harness that asks for
 SEARCH/REPLACE blocks (aider), the task's gold patch rewritten as such blocks (`edits`);
 for a title or side request, a short answer.
@@ -35,6 +39,7 @@ from harnessrl.gym.backends.encode import finish_reason, sglang_reply
 SHELL_TOOLS = ("bash", "Bash", "exec_command", "shell", "run_shell_command")
 COMMAND_ARGS = ("command", "cmd")
 MINI_SUBMIT = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
+DELEGATED = "DELEGATED TASK (carry it out yourself):"
 _TOOLS_BLOCK = re.compile(r"<tools>\n(.*?)\n</tools>", re.S)
 
 
@@ -59,6 +64,8 @@ class ScriptedPolicy:
     """problem statement -> SEARCH/REPLACE text, for edit-only harnesses (aider)."""
     final_text: str = "The fix is applied; the task is done."
     assistant_marker: str = "<|im_start|>assistant"
+    delegate_tool: str | None = None
+    """A sub-agent tool to hand the plan to (None: carry the plan out in the main conversation)."""
 
     def _task(self, prompt: str) -> str | None:
         for statement in self.plans:
@@ -97,6 +104,16 @@ class ScriptedPolicy:
         call = json.dumps({"name": tool["name"], "arguments": args}, ensure_ascii=False)
         return f"<tool_call>\n{call}\n</tool_call>"
 
+    def _delegate(self, tools: list[dict], task: str) -> str:
+        tool = next(t for t in tools if t.get("name") == self.delegate_tool)
+        params = tool.get("parameters") or tool.get("input_schema") or {}
+        props = params.get("properties") or {}
+        args: dict[str, Any] = {"prompt": f"{DELEGATED}\n{task}"}
+        for name in params.get("required") or []:
+            if name not in args and (props.get(name) or {}).get("type") == "string":
+                args[name] = "general-purpose" if name == "subagent_type" else "fix the task"
+        return "<tool_call>\n" + json.dumps({"name": tool["name"], "arguments": args}, ensure_ascii=False) + "\n</tool_call>"
+
     def decide(self, prompt: str) -> tuple[str, str | None, int]:
         """(assistant text, task statement or None, step index) for a decoded prompt."""
         tools = self._tools(prompt)
@@ -112,6 +129,11 @@ class ScriptedPolicy:
                 return "No change is needed.", task, step
             return ("Scripted episode" if task is None else self.final_text), task, step
         plan = self.plans.get(task, []) if task is not None else []
+        if (plan and self.delegate_tool and DELEGATED not in prompt
+                and any(t.get("name") == self.delegate_tool for t in tools)):
+            if step == 0:
+                return self._delegate(tools, task), task, step
+            return self.final_text, task, step
         if step < len(plan):
             return self._call(tools, plan[step]), task, step
         if MINI_SUBMIT in prompt:  # the harness told the model to finish this way
