@@ -250,6 +250,7 @@ PASSTHROUGH = {
     "proxy": ("harnessrl.gym.proxy.__main__", "serve the proxy in front of an engine (--engine-url URL)"),
     "sandbox": ("harnessrl.sandboxes.__main__", "reap leftover sandboxes, build the base image, show the backend"),
     "export": ("harnessrl.gym.formats.export", "write a run's trajectories as ATIF (validated), JSONL or Parquet"),
+    "view": ("harnessrl.gym.viewer.cli", "a local web viewer of runs: curves, episodes, conversation and token view"),
 }
 
 
