@@ -19,10 +19,12 @@ past it). In order:
    read; the verdict comes back between markers only the grader knows.
 The reward is reward.txt's number, else reward.json's `reward` key, else its only key (the
 `metrics` of the result hold every key). A timeout is the agent's 0. No usable reward (no
-file, not a number, several keys and no `reward`, a process that escaped) is decided by
-running the verifier again on the pristine base: if that run gives a reward, the agent's
-state caused it (0.0, reason recorded); if not, the verifier itself is broken (infra_error,
-masked). Known limit: the tests run the agent's code as the verifier's user, as Harbor does,
+file, not a number, several keys and no `reward`; or a run that cannot be trusted: test.sh
+killed by a signal, a process that escaped its group) is decided by running the verifier
+again on the pristine base: if test.sh runs to its own end there, the verifier works and the
+agent's state caused it (0.0, reason recorded: also what a test.sh that never writes a
+reward gets, and `tasks check` flags its gold); if not, the verifier or the machine is
+broken (infra_error, masked). The sandbox dying or the runner giving no verdict is infra. Known limit: the tests run the agent's code as the verifier's user, as Harbor does,
 so code that writes the reward file in the instant between test.sh's write and its exit is
 not told apart.
 """
@@ -207,11 +209,26 @@ def _run_verifier(sandbox: Sandbox, task: Task, config: RewardConfig, patch: str
     return verdict, shown
 
 
+def _broken(verdict: dict) -> str:
+    """Why this verifier run did not complete on its own ("" when it did): a timeout, test.sh
+    killed by a signal, or processes that escaped its group (any of them could have written
+    the reward file in place of test.sh)."""
+    if verdict.get("timed_out"):
+        return "test.sh timed out"
+    code = verdict.get("exit")
+    if code is None or code < 0:
+        return f"test.sh was killed by signal {-code if code else '?'} before it ended"
+    if verdict.get("strays"):
+        return (f"processes escaped test.sh's process group and outlived it (they could write the reward "
+                f"after it did): {verdict['strays']}")
+    return ""
+
+
 def _usable(verdict: dict) -> tuple[float, dict[str, float], str]:
     """The verdict's reward, or ValueError saying why it cannot be trusted or read."""
-    if verdict.get("strays"):
-        raise ValueError(f"processes escaped test.sh's process group and outlived it (they could write the "
-                         f"reward after it did): {verdict['strays']}")
+    why = _broken(verdict)
+    if why:
+        raise ValueError(why)
     return read_reward(verdict.get("reward.txt"), verdict.get("reward.json"))
 
 
@@ -240,7 +257,7 @@ def score_harbor(sandbox: Sandbox, task: Task, config: RewardConfig, out: Reward
     try:
         reward, metrics, source = _usable(verdict)
     except ValueError as e:
-        _no_reward(sandbox, task, config, f"{e} (test.sh exit {verdict.get('exit')})")
+        _no_reward(sandbox, task, config, f"no usable reward: {e} (test.sh exit {verdict.get('exit')})")
     out.metrics = metrics
     out.reward = reward
     out.reason = f"{source} = {reward:g}" + (f"; metrics {metrics}" if len(metrics) > 1 else "") \
@@ -248,14 +265,13 @@ def score_harbor(sandbox: Sandbox, task: Task, config: RewardConfig, out: Reward
 
 
 def _no_reward(sandbox: Sandbox, task: Task, config: RewardConfig, what: str) -> Any:
-    """No usable reward: the agent's doing (0.0) if the pristine base's run gives one, else infra."""
+    """No usable reward: the agent's doing (0.0) when test.sh runs to its own end on the
+    pristine base (the verifier works; a test.sh that writes no reward on failure is common),
+    else the verifier's or the machine's (infra_error, masked)."""
     if not config.check_cause:
         raise _agent(what)
     verdict, _ = _run_verifier(sandbox, task, config, "")
-    try:
-        if verdict.get("timed_out"):
-            raise ValueError("it timed out")
-        _usable(verdict)
-    except ValueError as e:
-        raise _infra(f"{what} -- on the pristine base the verifier gives no reward either ({e})") from None
-    raise _agent(f"{what} -- on the pristine base test.sh writes one, so the agent's state stopped it")
+    why = _broken(verdict)
+    if why:
+        raise _infra(f"{what} -- on the pristine base the verifier does not complete either ({why})")
+    raise _agent(f"{what} -- on the pristine base test.sh runs to its end, so the agent's state caused it")
