@@ -49,7 +49,7 @@ def _call(name: str, **args) -> str:
 
 
 def _messages(env, sid, key, system, tools, messages) -> dict:
-    body = {"model": "policy", "max_tokens": 64, "system": system, "tools": tools, "messages": messages}
+    body = {"model": "policy", "max_tokens": 400, "system": system, "tools": tools, "messages": messages}
     r = post(env.proxy.anthropic_base_url(sid) + "/v1/messages", key, body,
              headers={"x-api-key": key, "anthropic-version": "2023-06-01"})
     assert r.status_code == 200, r.text
@@ -130,6 +130,35 @@ def test_an_unrelated_new_conversation_is_not_attributed(env):
     assert [s.split_reason for s in t.segments] == [None, "tools_changed"]
     assert t.segments[1].spawned_by is None
 
+
+
+def test_parallel_sub_agents_interleave_each_in_its_own_lineage(env):
+    """Two Agent calls in one reply; their conversations' calls interleave; main resumes."""
+    sid, key = env.proxy.open_session({})
+    n0 = len(env.eng.calls)
+    prompts = ["Investigate the parser module and report the bug.", "Investigate the printer module and report."]
+    both = (_call("Agent", description="a", prompt=prompts[0]) + "\n" + _call("Agent", description="b", prompt=prompts[1]))
+    env.script.say(both)
+    main = [{"role": "user", "content": "Fix it."}]
+    r0 = _messages(env, sid, key, "main", [AGENT_TOOL, BASH_TOOL], main)
+    uses = [b for b in r0["content"] if b["type"] == "tool_use"]
+    assert len(uses) == 2
+    subs = [[{"role": "user", "content": p}] for p in prompts]
+    for step in range(2):
+        for i in (0, 1):
+            env.script.say(f"sub {i} step {step}")
+            r = _messages(env, sid, key, "sub", [BASH_TOOL], subs[i])
+            subs[i] += [{"role": "assistant", "content": r["content"]}, {"role": "user", "content": f"go on {step}"}]
+    main += [{"role": "assistant", "content": r0["content"]},
+             {"role": "user", "content": [{"type": "tool_result", "tool_use_id": u["id"], "content": "ok"} for u in uses]}]
+    env.script.say("Done.")
+    _messages(env, sid, key, "main", [AGENT_TOOL, BASH_TOOL], main)
+    t = env.proxy.trajectory(sid)
+    assert [c.segment for c in t.calls] == [0, 1, 2, 1, 2, 0]
+    assert [s.split_reason for s in t.segments] == [None, "spawned", "spawned"]
+    assert [s.spawned_by["call_id"] for s in t.segments[1:]] == [t.calls[0].call_id] * 2
+    assert ["toolu_" + s.spawned_by["tool_call_id"][5:] for s in t.segments[1:]] == [u["id"] for u in uses]
+    check_exact(t, env.eng.calls[n0:])
 
 @pytest.mark.docker
 @pytest.mark.harness

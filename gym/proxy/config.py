@@ -127,8 +127,9 @@ class ProxyConfig(BaseModel):
     keepalive_s: float = Field(10.0, gt=0.0)
     """Seconds between keep-alive events of a buffered stream (engine_stream=False)."""
 
-    max_branches: int = Field(4, ge=1)
-    """Live segments per session a new call may extend (side calls such as title requests interleave)."""
+    max_branches: int = Field(16, ge=1)
+    """Live segments per session a new call may extend (side calls such as title requests, and
+    sub-agents, several of which may run in parallel, interleave with the main conversation)."""
 
     engine_connect_timeout_s: float | None = Field(10.0, gt=0.0)
     """Bound on opening a connection to the engine; None: no bound. Like every engine timeout
