@@ -1,8 +1,10 @@
 """HTTP surface of the proxy: per-session dialect routes, auth, and the admin API.
 
 Session routes live under `/s/{session}`: OpenAI clients use `/s/{session}/v1` as base
-URL, Anthropic clients `/s/{session}`. A session's secret key comes as
-`Authorization: Bearer` or `x-api-key`; wrong key -> 401, unknown or closed session -> 404.
+URL, Anthropic and Gemini clients `/s/{session}` (Gemini's model and method are in the path,
+`/v1beta/models/{model}:generateContent`). A session's secret key comes as
+`Authorization: Bearer`, `x-api-key`, `x-goog-api-key` or `?key=`; wrong key -> 401,
+unknown or closed session -> 404.
 The admin API (`/admin/...`, `admin.py`) answers loopback TCP clients only (or any client,
 with `admin_clients = "any"`), always with its own bearer token.
 Every refusal is a 4xx in the dialect's own error shape, and leaves the session usable,
@@ -28,7 +30,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from . import anthropic_messages, openai_chat, openai_responses
+from . import anthropic_messages, gemini, openai_chat, openai_responses
 from ..engine_client import EngineError
 from .admin import admin_routes
 from .core import Prepared, ProxyCore
@@ -45,7 +47,7 @@ except ImportError:  # pragma: no cover - transformers' chat templates need jinj
 log = logging.getLogger(__name__)
 
 DIALECTS = {"openai_chat": openai_chat, "openai_responses": openai_responses,
-            "anthropic_messages": anthropic_messages}
+            "anthropic_messages": anthropic_messages, "gemini": gemini}
 
 
 def _error(dialect, e: ProxyError) -> Response:
@@ -96,19 +98,23 @@ def build_app(core: ProxyCore, admin_token: str) -> Starlette:
         if s is None or s.closed:
             raise ProxyError(404, f"unknown or closed session {sid!r}", kind="not_found_error")
         auth = request.headers.get("authorization", "")
-        key = auth[7:] if auth[:7].lower() == "bearer " else request.headers.get("x-api-key", "")
+        key = (auth[7:] if auth[:7].lower() == "bearer " else request.headers.get("x-api-key")
+               or request.headers.get("x-goog-api-key") or request.query_params.get("key", ""))
         if not key or not secrets.compare_digest(key.encode(), s.key.encode()):
             raise ProxyError(401, "invalid API key for this session", kind="authentication_error")
         return s
 
-    def dialect_route(name: str):
+    def dialect_route(name: str, parser=None):
+        """The handler of one dialect; `parser(request)`, when given, is the body parser of
+        this request (Gemini reads the model and streaming from the URL)."""
         dialect = DIALECTS[name]
 
         async def handler(request: Request) -> Response:
             arrived = time.monotonic()
             try:
                 s = session_for(request)
-                req = await _parsed(dialect.parse, await read_body(request, cfg.max_body_bytes))
+                parse = dialect.parse if parser is None else parser(request)
+                req = await _parsed(parse, await read_body(request, cfg.max_body_bytes))
                 core.check_model(req)
                 core.check_budget(s)
                 core.check_staleness(s)
@@ -189,6 +195,35 @@ def build_app(core: ProxyCore, admin_token: str) -> Starlette:
         except Exception as e:
             return _fail(anthropic_messages, e)
 
+    gemini_generate = dialect_route("gemini", lambda request: gemini_parser(request))
+
+    def gemini_parser(request: Request):
+        model, method = gemini.split_target(request.path_params["target"])
+        if method == "streamGenerateContent" and request.query_params.get("alt") != "sse":
+            raise ProxyError(400, "streamGenerateContent is served as server-sent events only: add ?alt=sse",
+                             param="alt")
+        return lambda body: gemini.parse(body, model, method == "streamGenerateContent")
+
+    async def gemini_models(request: Request) -> Response:
+        """`models/{model}:generateContent`, `:streamGenerateContent?alt=sse` and `:countTokens`."""
+        try:
+            session_for(request)
+            model, method = gemini.split_target(request.path_params["target"])
+            if method in ("generateContent", "streamGenerateContent"):
+                return await gemini_generate(request)
+            if method != "countTokens":
+                raise ProxyError(404, f"method {method!r} is not served here (generateContent, "
+                                 "streamGenerateContent, countTokens)", kind="not_found_error")
+            raw = await read_body(request, cfg.max_body_bytes) or b"{}"
+
+            def count(body: dict) -> int:
+                inner = gemini.count_request(body)
+                req = gemini.parse(inner, model)
+                return len(core.renderer.full_prompt(req.messages, req.tools))
+            return json_response({"totalTokens": await offload(lambda: count(decode(raw)), heavy=len(raw) > HEAVY_BYTES)})
+        except Exception as e:
+            return _fail(gemini, e)
+
     async def models(request: Request) -> Response:
         try:
             session_for(request)
@@ -213,6 +248,7 @@ def build_app(core: ProxyCore, admin_token: str) -> Starlette:
         Route("/s/{sid}/v1/messages", dialect_route("anthropic_messages"), methods=["POST"]),
         Route("/s/{sid}/v1/messages/count_tokens", count_tokens, methods=["POST"]),
         Route("/s/{sid}/v1/models", models, methods=["GET"]),
+        Route("/s/{sid}/v1beta/models/{target}", gemini_models, methods=["POST"]),
         *admin_routes(core, admin_token),
     ]
 
