@@ -22,12 +22,13 @@ declare -A NPM_PKG=(
   [codex]="@openai/codex@0.171.0"
   [claude-code]="@anthropic-ai/claude-code@2.1.197"
   [opencode]="opencode-ai@1.18.33"
+  [gemini-cli]="@google/gemini-cli@0.61.0"  # needs node >= 20
 )
 declare -A PIP_PKG=(
   [mini-swe-agent]="mini-swe-agent==2.4.6"
   [aider]="aider-chat==0.86.2"
 )
-ALL=(mini-swe-agent codex claude-code opencode aider)
+ALL=(mini-swe-agent codex claude-code opencode aider gemini-cli)
 
 case "${1:-}" in
   --list) for h in "${ALL[@]}"; do echo "$h ${NPM_PKG[$h]:-${PIP_PKG[$h]:-}}"; done; exit 0 ;;
