@@ -130,6 +130,16 @@ class HarnessResult:
         if self.reason not in REASONS:
             raise ValueError(f"HarnessResult.reason {self.reason!r} not one of {REASONS}")
 
+    def account(self, chars: int = 800) -> str:
+        """Its exit code and the end of its stderr (else stdout), for a failure message:
+        e.g. `exit 127; stderr: ...timeout: failed to run command 'node': No such file or directory`."""
+        code = "killed" if self.exit_code is None else f"exit {self.exit_code}"
+        for name, text in (("stderr", self.stderr_tail), ("stdout", self.stdout_tail)):
+            text = text.strip()
+            if text:
+                return f"{code}; {name}: {'…' if len(text) > chars else ''}{text[-chars:]}"
+        return f"{code}; no output"
+
 
 @runtime_checkable
 class HarnessAdapter(Protocol):

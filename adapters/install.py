@@ -80,9 +80,7 @@ def install(spec: InstallSpec, dirname: str, root: Path | None = None, node: str
     else:
         _pip(spec, dest, python or os.environ.get("HARNESSRL_HARNESS_PYTHON") or shutil.which("python3") or sys.executable)
     (dest / STAMP).write_text(spec.spec + "\n")
-    took = time.monotonic() - t0
-    log(f"{dirname} ({spec.spec}): installed in {took:.0f} s -> {dest}")
-    return Installed(dest, spec.spec, "installed", took)
+    return Installed(dest, spec.spec, "installed", time.monotonic() - t0)
 
 
 def _run(argv: list[str], what: str, env: dict[str, str] | None = None) -> None:
@@ -155,7 +153,8 @@ def main(argv: list[str] | None = None) -> int:
         if done is None:
             print(f"{target}: install = \"none\": nothing to install (the harness is user-provided)")
         else:
-            print(f"{target}: {done.spec}: {done.action} -> {done.path}")
+            took = f" in {done.seconds:.0f} s" if done.action == "installed" else ""
+            print(f"{target}: {done.spec}: {done.action}{took} -> {done.path}")
     return 0
 
 

@@ -8,7 +8,12 @@ tokenizer): (1) it loads and declares valid capabilities; (2) its harness is ins
 and a token-exact record (each recorded call's prompt and completion ids are exactly what
 the engine was given and returned; each segment's loss mask marks exactly the sampled ids);
 (4) an empty-plan episode scores 0.0; (5) every ending carries its reason into the stored
-trajectory. Prints one line per check and ends with one JSON line; exit status 0 iff all pass.
+trajectory; (6) the harness's first prompt fits the model's context (`--model`'s
+max_position_embeddings, or `--context-length`; tokens as the scripted run's SmolLM2 tokenizer
+counts them): a harness whose system prompt and tools alone outgrow it fails here, with both
+numbers, not in the first rollout. A failing episode check shows the harness's exit code and
+the end of its stderr/stdout, and the JSON line keeps each episode's exit code and stream tails.
+Prints one line per check and ends with one JSON line; exit status 0 iff all pass.
 """
 from __future__ import annotations
 
@@ -35,6 +40,8 @@ class Check:
 class CheckReport:
     adapter: str
     checks: list[Check] = field(default_factory=list)
+    harness: dict[str, dict] = field(default_factory=dict)
+    """Per episode ("gold", "empty"): the harness's exit code, reason and stream tails."""
 
     @property
     def ok(self) -> bool:
@@ -93,6 +100,15 @@ def _capabilities(report: CheckReport, adapter: Any) -> bool:
 
 
 def _installed(report: CheckReport, adapter: Any) -> bool:
+    if callable(getattr(adapter, "check_installed", None)):  # a harness config: its own install target
+        from harnessrl.adapters.toolchain import HarnessNotInstalled, NodeTooOld
+
+        try:
+            adapter.check_installed()
+        except (HarnessNotInstalled, NodeTooOld) as e:
+            return report.add("installed", False, str(e))
+        return report.add("installed", True, adapter.install if adapter.install_dir else
+                          "user-provided (install = none): not checked")
     kind, _, spec = adapter.install.partition(":")
     if kind not in ("npm", "pip"):
         return report.add("installed", True, "user-provided (install = none): not checked")
@@ -102,7 +118,33 @@ def _installed(report: CheckReport, adapter: Any) -> bool:
                       + ("" if got == spec else f": run scripts/install_harnesses.sh {name}"))
 
 
-def check_adapter(target: str, backend: str = "auto", wall_time_s: float = 300.0) -> CheckReport:
+def context_length(model: str) -> int:
+    """The context of a prepared model (its config's max_position_embeddings)."""
+    from harnessrl.gym.models import resolve_model
+
+    cfg = json.loads((resolve_model(model) / "config.json").read_text())
+    text = cfg.get("text_config", cfg)
+    return int(text.get("max_position_embeddings") or 0)
+
+
+def _fits(report: CheckReport, traj: Any, context: int, model: str) -> bool:
+    if not traj.calls:
+        return report.add("first prompt fits the context", False, "no model call was recorded, so nothing to measure")
+    first = traj.calls[0]
+    n = first.flags.get("prompt_tokens") or len(traj.call_prompt(first))  # a refused one is counted by the proxy
+    return report.add("first prompt fits the context", n < context,
+                      f"first prompt {n} tokens, context length {context} ({model})"
+                      + ("" if n < context else ": the harness's own system prompt and tools do not fit; "
+                                                "use a model with a longer context or trim the harness's prompt"))
+
+
+def _episode_detail(res: Any) -> str:
+    h = res.harness
+    return f" [{h.account(600)}]" if h is not None and h.exit_code != 0 else ""
+
+
+def check_adapter(target: str, backend: str = "auto", wall_time_s: float = 300.0, model: str = "smollm2-135m",
+                  context: int | None = None) -> CheckReport:
     from harnessrl.gym.doubles.scripted import ScriptedEngine
     from harnessrl.gym.episode import EpisodeConfig, ProxyHandle, run_episode
     from harnessrl.gym.models import load_tokenizer
@@ -121,6 +163,11 @@ def check_adapter(target: str, backend: str = "auto", wall_time_s: float = 300.0
     report.add("loads", True, type(adapter).__name__)
     if not (_capabilities(report, adapter) and _installed(report, adapter)):
         return report
+    try:
+        context, model = (context, "--context-length") if context else (context_length(model), model)
+    except (OSError, KeyError, ValueError) as e:
+        report.add("model context", False, f"{model}: {e}")
+        return report
     task = next(t for t in load() if t.gold_plan)
     sandboxes = make_backend(backend)
     engine = ScriptedEngine(load_tokenizer("tiny-llama"))
@@ -134,13 +181,21 @@ def check_adapter(target: str, backend: str = "auto", wall_time_s: float = 300.0
                               EpisodeConfig(max_calls=10, wall_time_s=wall_time_s))
             label = "gold" if gold else "empty"
             want = 1.0 if gold else 0.0
+            h, meta = res.harness, res.trajectory.metadata
+            report.harness[label] = {"reason": res.reason, "exit_code": h.exit_code if h else None,
+                                     "stdout_tail": meta.get("harness_stdout_tail", ""),
+                                     "stderr_tail": meta.get("harness_stderr_tail", ""), "ending": meta.get("ending")}
+            why = _episode_detail(res)
             report.add(f"{label}: ends with a reason", res.trajectory.termination == res.reason and bool(res.reason),
-                       f"{res.reason} ({res.status}) {res.error}".strip())
-            report.add(f"{label}: reward {want}", res.status == "ok" and res.trajectory.reward == want,
-                       f"reward {res.trajectory.reward}, harness {res.harness.reason if res.harness else None}")
+                       f"{res.reason} ({res.status}) {res.error}".strip() + why)
+            ok = res.status == "ok" and res.trajectory.reward == want
+            report.add(f"{label}: reward {want}", ok,
+                       f"reward {res.trajectory.reward}, harness {h.reason if h else None}" + ("" if ok else why))
             problems = token_exact_problems(res.trajectory, engine.calls[start:])
             report.add(f"{label}: token-exact record", not problems,
-                       "; ".join(problems) or f"{len(res.trajectory.calls)} calls")
+                       "; ".join(problems) + (why if problems else "") or f"{len(res.trajectory.calls)} calls")
+            if gold:
+                _fits(report, res.trajectory, context, model)
     return report
 
 
@@ -149,11 +204,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("adapter", help="registry name, package.module:Class, or a .toml/.yaml command config")
     ap.add_argument("--backend", default="auto", help="sandbox backend: auto, docker or local")
     ap.add_argument("--wall-time", type=float, default=300.0, help="harness wall-clock limit per episode (s)")
+    ap.add_argument("--model", default="smollm2-135m", help="the model to be trained: its context bounds the prompt")
+    ap.add_argument("--context-length", type=int, default=None, help="the serving engine's context (default: --model's)")
     args = ap.parse_args(argv)
-    report = check_adapter(args.adapter, args.backend, args.wall_time)
+    report = check_adapter(args.adapter, args.backend, args.wall_time, args.model, args.context_length)
     for c in report.checks:
         print(f"{'PASS' if c.ok else 'FAIL'}  {c.name}: {c.detail}")
-    print(json.dumps({"adapter": report.adapter, "ok": report.ok, "checks": [asdict(c) for c in report.checks]}))
+    print(json.dumps({"adapter": report.adapter, "ok": report.ok, "checks": [asdict(c) for c in report.checks],
+                      "harness": report.harness}))
     return 0 if report.ok else 1
 
 

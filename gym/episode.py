@@ -95,6 +95,12 @@ class InfraFailed(EpisodeEnded):
     reason, status = "infra", "infra_error"
 
 
+class ContextExceeded(EpisodeEnded):
+    # The engine refused the conversation's next prompt (longer than its context) and the
+    # harness ended there: the episode was cut short, like a step limit.
+    reason, status = "context_exceeded", "truncated"
+
+
 class Stale(EpisodeEnded):
     reason, status = "stale", "infra_error"
 
@@ -107,7 +113,7 @@ class Cancelled(EpisodeEnded):
 
 ENDINGS: dict[str, type[EpisodeEnded]] = {c.reason: c for c in (
     Submitted, HarnessExited, HarnessCrashed, CallLimit, Timeout, SandboxGone, EngineFailed, InfraFailed, Stale,
-    Cancelled)}
+    Cancelled, ContextExceeded)}
 
 
 # -- plain data in and out ------------------------------------------------------------------
@@ -149,7 +155,21 @@ def ending_for(result: HarnessResult, calls_made: int, max_calls: int) -> Episod
     stopped after the proxy's call budget was spent hit the call limit, whatever it says."""
     if result.reason in ("harness_exited", "harness_crashed") and calls_made >= max_calls:
         return CallLimit(f"{calls_made} calls made, limit {max_calls}")
-    return ENDINGS[result.reason](f"harness status {result.harness_status!r}, exit {result.exit_code}")
+    if result.exit_code in (126, 127) and calls_made == 0:  # its command (or node) was not found
+        return InfraFailed(f"the harness did not start: {result.account()}")
+    if result.exit_code == 0:
+        return ENDINGS[result.reason](f"harness status {result.harness_status!r}, exit 0")
+    return ENDINGS[result.reason](f"harness status {result.harness_status!r}, {result.account()}")
+
+
+def refused_at_end(traj: Trajectory) -> ContextExceeded | None:
+    """The ending when the engine refused the last prompt the harness sent (recorded by the
+    proxy as a detached "refused" row with the engine's message and the prompt's length)."""
+    last = traj.calls[-1] if traj.calls else None
+    if last is None or last.flags.get("detached") != "refused":
+        return None
+    return ContextExceeded(f"the engine refused call {last.index}'s prompt of {last.flags.get('prompt_tokens')} "
+                           f"tokens: {last.flags.get('refused')}")
 
 
 def engine_failures(traj: Trajectory) -> list[int]:
@@ -273,6 +293,9 @@ def _judge(run: _Run, early: EpisodeEnded | None, played: Trajectory, proxy: Pro
     end = early or ending_for(run.harness, len(played.calls), cfg.max_calls)
     if end.status == "infra_error":
         return end
+    refused = refused_at_end(played) if end.reason not in ("timeout", "call_limit") else None
+    if refused is not None:
+        return ContextExceeded(f"{refused} ({end.reason}: {end})")
     failed = engine_failures(played)
     if failed:  # a timed-out call counts whatever /health said after it (`engine_healthy`): the
         # policy's reply is capped by max_new_tokens, so a call past the engine bounds is load or
@@ -313,6 +336,7 @@ def run_episode(task: Task, adapter: HarnessAdapter, make_sandbox: SandboxFactor
     reward: RewardResult | None = None
     final: float | None = None
     status, reason, error = "infra_error", "infra", ""
+    ending_text = ""  # why it ended, in words, whatever the status (`error` is for infra only)
     cleanup: list[str] = []
     try:
         try:
@@ -334,8 +358,8 @@ def run_episode(task: Task, adapter: HarnessAdapter, make_sandbox: SandboxFactor
             admin.close_session(sid)  # nothing more is recorded: the one read below is final
             played = admin.trajectory(sid)
             ending = _judge(run, early, played, proxy, cfg)
-            status, reason = ending.status, ending.reason
-            error = str(ending) if status == "infra_error" else ""
+            status, reason, ending_text = ending.status, ending.reason, str(ending)
+            error = ending_text if status == "infra_error" else ""
             if status != "infra_error" and run.sandbox is not None:
                 run.stage = "scoring"
                 t0 = time.monotonic()
@@ -353,7 +377,7 @@ def run_episode(task: Task, adapter: HarnessAdapter, make_sandbox: SandboxFactor
             if _fatal(e):
                 raise
             final, status, reason = None, "infra_error", Cancelled.reason if run.cancel.is_set() else "infra"
-            error = f"{run.stage}: {describe(e)}"
+            error = ending_text = f"{run.stage}: {describe(e)}"
             if sid is not None and admin is not None:
                 _record_failure(admin, sid, played is None, status, reason, cleanup)
     finally:
@@ -365,7 +389,10 @@ def run_episode(task: Task, adapter: HarnessAdapter, make_sandbox: SandboxFactor
     h = run.harness
     traj.metadata.update({"harness_status": h.harness_status if h else None,
                           "harness_exit_code": h.exit_code if h else None, "timings": run.timings, "error": error,
-                          "sandbox_id": getattr(run.sandbox, "id", None)})
+                          "sandbox_id": getattr(run.sandbox, "id", None),
+                          # the harness's own account (adapters keep the last few KB of each stream)
+                          "harness_stdout_tail": h.stdout_tail if h else "",
+                          "harness_stderr_tail": h.stderr_tail if h else "", "ending": ending_text})
     if cleanup:
         traj.metadata["cleanup_error"] = "; ".join(cleanup)
     if reward is not None:  # why the grader decided as it did travels with the record

@@ -289,6 +289,7 @@ def report(trajectories: list[Trajectory], wall_s: float | None = None) -> dict[
         "split_reasons": dict(Counter(s.split_reason for t in trajectories for s in t.segments if s.split_reason)),
         "endings": dict(Counter(t.termination for t in trajectories)),
         "failures_by_reason": dict(Counter(t.termination for t in trajectories if t.status == "infra_error")),
+        "failures": failures(trajectories),
         "completion_tokens": tokens,
     }
     out["generator_utilization"] = generator_utilization(trajectories)
@@ -296,6 +297,24 @@ def report(trajectories: list[Trajectory], wall_s: float | None = None) -> dict[
         out["wall_s"] = round(wall_s, 2)
         out["tokens_per_s"] = round(tokens / wall_s, 2)
         out["episodes_per_hour"] = round(len(trajectories) * 3600 / wall_s, 1)
+    return out
+
+
+def failures(trajectories: list[Trajectory], limit: int = 20, chars: int = 1500) -> list[dict[str, Any]]:
+    """The first `limit` episodes that failed (infra_error) or whose harness exited non-zero,
+    each with why (`ending`), the harness's exit code and the end of its stderr and stdout."""
+    out = []
+    for t in trajectories:
+        m = t.metadata
+        code = m.get("harness_exit_code")
+        if t.status != "infra_error" and code in (0, None):
+            continue
+        out.append({"task_id": t.task_id, "termination": t.termination, "status": t.status,
+                    "ending": m.get("ending") or m.get("error", ""), "exit_code": code,
+                    "stderr_tail": (m.get("harness_stderr_tail") or "")[-chars:],
+                    "stdout_tail": (m.get("harness_stdout_tail") or "")[-chars:]})
+        if len(out) == limit:
+            break
     return out
 
 

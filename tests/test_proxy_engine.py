@@ -125,7 +125,10 @@ def test_prompt_over_the_engine_context_is_a_clear_400_and_the_session_goes_on(s
     r = post(url, key, {"model": "policy", "messages": [{"role": "user", "content": "word " * 9000}], "max_tokens": 4})
     assert r.status_code == 400 and "context" in r.json()["error"]["message"]
     r = post(url, key, {"model": "policy", "messages": [{"role": "user", "content": "short"}], "max_tokens": 4})
-    assert r.status_code == 200 and len(proxy.trajectory(sid).calls) == 1
+    assert r.status_code == 200
+    refused, good = proxy.trajectory(sid).calls  # the refusal is kept detached, with its numbers
+    assert refused.flags["detached"] == "refused" and refused.completion_ids == [] and not good.detached
+    assert refused.flags["prompt_tokens"] > 8192 and "8192" in refused.flags["refused"]
 
 
 @pytest.mark.parametrize("stream", [False, True])

@@ -4,7 +4,8 @@ A delivered call's row extends its segment. A *detached* row (`flags["detached"]
 the record but in no segment (`gym.trajectory`): a failed engine call (finish_reason
 "engine_error", no completion tokens, `flags["engine_error"]` with the message, its kind,
 and for a timeout the phase and whether /health answered right after), or a reply the
-harness never received (`flags["undelivered"]`, with whatever was generated), or a call
+harness never received (`flags["undelivered"]`, with whatever was generated), a prompt the
+engine refused with a 400 (`flags["refused"]`: its message, `prompt_tokens`), or a call
 the proxy itself failed (`flags["proxy_error"]`: not an engine failure). Every row
 stores its prompt as a delta against its segment (`prefix_len` + the new ids).
 """
@@ -59,7 +60,11 @@ class CallRow:
         """Record a failed engine call (not a refused prompt); the error the harness gets for it."""
         if e.status_code == 400:
             # e.g. the prompt outgrew the context: the harness must compact. Not an engine
-            # failure (the policy's own doing, so never a mask) and nothing was generated: no row.
+            # failure (the policy's own doing, so never a mask) and nothing was generated: a
+            # detached "refused" row keeps the engine's message and the prompt's length, so an
+            # episode that ends here says why (gym.episode.ContextExceeded).
+            self.detached("refused", params, finish_reason="refused", completion=False, refused=str(e),
+                          prompt_tokens=len(self.pl.prompt_ids))
             return ProxyError(400, f"the engine refused the prompt: {e}", param="messages")
         timeout = isinstance(e, EngineTimeout)
         extra: dict[str, Any] = {"engine_error": str(e), "engine_error_kind": "timeout" if timeout else "unavailable"}
