@@ -213,3 +213,22 @@ def test_export_a_real_run_in_three_formats(recorded_run, tmp_path):
     store.export_parquet(tmp_path / "store.parquet")
     store.close()
     assert pq.read_table(tmp_path / "store.parquet").to_pylist() == rows
+
+
+def test_a_spawned_sub_agent_segment_keeps_its_attribution_through_atif(tmp_path):
+    store = Store(tmp_path / "trajectories.db")
+    store.open_session("s2", {}, "h", "tiny-llama")
+    base = dict(session_id="s2", dialect="anthropic", queue_s=0.0, gen_s=0.1, env_s=None, flags={})
+    store.add_call(call_id="m0", idx=0, segment=0, split_reason=None, prefix_len=0, new_prompt=[1, 2],
+                   completion=[7], logprobs=[-0.5], versions=[1], finish_reason="stop", **base)
+    store.add_call(call_id="a0", idx=1, segment=1, split_reason="spawned", prefix_len=0, new_prompt=[3],
+                   completion=[8], logprobs=[-0.5], versions=[1], finish_reason="stop",
+                   **{**base, "flags": {"spawned_by": {"segment": 0, "tool": "Agent", "tool_call_id": "call_9"}}})
+    store.set_reward("s2", 1.0, "ok", "submitted")
+    traj = store.trajectory("s2")
+    store.close()
+    assert traj.segments[1].spawned_by == {"segment": 0, "tool": "Agent", "tool_call_id": "call_9", "call_id": "m0"}
+    doc = to_atif(traj, decode=lambda ids: " ".join(f"t{i}" for i in ids))
+    validate(doc)
+    back = from_atif(json.loads(json.dumps(doc)))
+    assert back.to_dict() == traj.to_dict()
