@@ -199,6 +199,9 @@ class LocalBackend:
                start: bool = True) -> "LocalSandbox":
         """A new sandbox for `spec`; `mounts` as (host_path, container_path, read_only) tuples or
         objects with host/target/read_only attributes."""
+        if spec.image_context:  # its files and tools come from an image only docker can build
+            raise SandboxUnavailable(f"{spec.repo_id!r} is built from its own Dockerfile ({spec.image_context}): "
+                                     "it needs the docker backend (--backend docker, sandbox = \"docker\")")
         cdir = self.checkout(spec)
         box = Path(tempfile.mkdtemp(prefix=f"{spec.repo_id[:40]}-", dir=self.root / "boxes"))
         disk = None

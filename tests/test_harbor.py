@@ -328,3 +328,16 @@ def test_mini_swe_agent_episode_on_a_harbor_task_with_the_scripted_gold():
             assert token_exact_problems(res.trajectory, engine.calls[start:]) == []
             grading = res.trajectory.metadata["grading"]
             assert grading["reason"].startswith(f"reward.txt = {want:g}"), grading
+
+
+def test_the_local_backend_refuses_a_dockerfile_task_with_the_fix():
+    from harnessrl.sandboxes.base import SandboxUnavailable
+    from harnessrl.sandboxes.local import LocalBackend
+
+    try:
+        backend = LocalBackend()
+    except SandboxUnavailable as e:
+        pytest.skip(f"bubblewrap sandboxes unavailable: {e}")
+    task = load_dir(SHIPPED / "greet-script")[0]
+    with pytest.raises(SandboxUnavailable, match=r"built from its own Dockerfile .*needs the docker backend"):
+        backend.create(task.repo_spec())
