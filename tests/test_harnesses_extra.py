@@ -1,0 +1,189 @@
+"""The config-only harnesses in examples/harnesses/ beyond the built-in five (pi, Kilo Code CLI,
+Continue CLI), each run through the generic command adapter with no module of its own.
+
+- their recorded requests (tests/fixtures/harness-requests-extra/, made by record.py there)
+  are accepted by the proxy and recorded token-exact;
+- `check-adapter` on each, in real Docker with the real binary: gold plan reward 1.0, empty
+  plan 0.0, token-exact records, every ending with its reason;
+- a short episode with the real SmolLM2-135M policy ends with a reason and a complete record.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from adapter_helpers import builtin_task, docker_backend  # noqa: E402
+from proxy_helpers import check_exact, dialect_env, fill_placeholders, post, sse_events  # noqa: E402
+
+from harnessrl.adapters import get_adapter  # noqa: E402
+from harnessrl.adapters.toolchain import installed_spec, toolchain_root  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLES = REPO / "examples" / "harnesses"
+FIXTURES = Path(__file__).parent / "fixtures" / "harness-requests-extra"
+#: config stem -> (package spec pinned, the shell tool the scripted policy drives)
+EXTRA = {"pi": ("@mariozechner/pi-coding-agent@0.73.1", "bash"),
+         "kilo": ("@kilocode/cli@7.7.7", "bash"),
+         "continue": ("@continuedev/cli@1.5.47", "Bash")}
+
+
+def _config(name: str) -> str:
+    return str(EXAMPLES / f"{name}.toml")
+
+
+def _require_installed(adapter) -> None:
+    """Skip, naming the install command, unless the config's harness is in the toolchain."""
+    check = getattr(adapter, "check_installed", None)
+    if callable(check):
+        try:
+            check()
+            return
+        except Exception as e:  # noqa: BLE001 - HarnessNotInstalled / NodeTooOld: the message says what to do
+            pytest.skip(str(e))
+    spec = adapter.install.split(":", 1)[1]
+    if installed_spec("npm", adapter.config.npm_prefix or adapter.name) != spec:
+        pytest.skip(f"{adapter.name} not installed in {toolchain_root()}: "
+                    f"run `harnessrl harness install {_config(adapter.name)}`")
+
+
+# -- fast: the configs and the recorded requests ----------------------------------------------
+@pytest.mark.parametrize("name", sorted(EXTRA))
+def test_config_loads_with_a_pinned_install_and_capabilities(name):
+    a = get_adapter(_config(name))
+    spec, _ = EXTRA[name]
+    assert (a.name, a.dialect, a.placement, a.streams) == (name, "openai-chat", "inside", True)
+    assert a.install == f"npm:{spec}" and spec.endswith("@" + a.version)
+    assert type(a).__name__ == "CommandAdapter"  # no module of its own: configuration alone
+
+
+def _fixture(name: str) -> list[dict]:
+    return [json.loads(line) for line in (FIXTURES / f"{name}.jsonl").read_text().splitlines() if line.strip()]
+
+
+@pytest.mark.parametrize("name", sorted(EXTRA))
+def test_recorded_requests_are_the_harness_at_its_pin(name):
+    a = get_adapter(_config(name))
+    recs = _fixture(name)
+    assert len(recs) >= 2 and [r["call"] for r in recs] == list(range(len(recs)))
+    assert {(r["harness"], r["version"], r["method"], r["path"]) for r in recs} == \
+        {(name, a.version, "POST", "/v1/chat/completions")}
+    first, last = recs[0]["body"], recs[-1]["body"]
+    assert first["stream"] is True and first["stream_options"] == {"include_usage": True}
+    assert EXTRA[name][1] in [t["function"]["name"] for t in first["tools"]]
+    # The second call carries the shell step back: an assistant tool call, then its result.
+    roles = [m["role"] for m in last["messages"]]
+    assert roles[-2:] == ["assistant", "tool"] and last["messages"][-2]["tool_calls"][0]["function"]["name"] == \
+        EXTRA[name][1]
+    assert all(r["headers"]["authorization"] == "<redacted>" for r in recs)
+
+
+@pytest.fixture()
+def env():
+    from harnessrl.gym.models import load_tokenizer
+
+    try:
+        tok = load_tokenizer("tiny-llama")
+    except Exception as e:  # noqa: BLE001
+        pytest.skip(f"tiny-llama tokenizer not prepared: {e}")
+    with dialect_env(tok, engine_stream=False) as e:
+        yield e
+
+
+@pytest.mark.parametrize("name", sorted(EXTRA))
+def test_proxy_accepts_the_recorded_requests_token_exact(env, name):
+    sid, key = env.proxy.open_session({"harness": name})
+    n0 = len(env.eng.calls)
+    recs = _fixture(name)
+    for rec in recs:
+        body = fill_placeholders(rec["body"], model="probe-model")
+        r = post(env.proxy.url + f"/s/{sid}" + rec["path"], key, body)
+        assert r.status_code == 200, r.text
+        events = sse_events(r.text)
+        assert events[-1][1] == "[DONE]"
+        assert json.loads(events[-2][1])["usage"]["prompt_tokens"] > 0  # include_usage honoured
+    traj = env.proxy.trajectory(sid)
+    assert len(traj.calls) == len(recs)
+    check_exact(traj, env.eng.calls[n0:])
+
+
+# -- end to end: check-adapter in Docker with the real binaries --------------------------------
+@pytest.mark.docker
+@pytest.mark.harness
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("name", sorted(EXTRA))
+def test_check_adapter_passes_gold_empty_and_token_exact(name):
+    from harnessrl.gym.check_adapter import check_adapter
+
+    docker_backend()
+    adapter = get_adapter(_config(name))
+    _require_installed(adapter)
+    report = check_adapter(_config(name), backend="docker", wall_time_s=240)
+    checks = {c.name: c for c in report.checks}
+    failed = {c.name: c.detail for c in report.checks if not c.ok}
+    assert report.ok, failed
+    for label, want in (("gold", "1.0"), ("empty", "0.0")):
+        assert checks[f"{label}: ends with a reason"].detail.startswith("submitted (ok)")
+        assert checks[f"{label}: reward {want}"].detail.startswith(f"reward {want}, harness submitted")
+    # Gold: the shell step and the final answer are two recorded calls at least; empty: one at least.
+    assert int(checks["gold: token-exact record"].detail.split()[0]) >= 2
+    assert int(checks["empty: token-exact record"].detail.split()[0]) >= 1
+
+
+# -- the real policy --------------------------------------------------------------------------
+CAP = 16
+
+
+@pytest.fixture(scope="module")
+def real_stack():
+    backend = docker_backend()
+    from harnessrl.gym.models import ModelNotPrepared, resolve_model
+    try:
+        resolve_model("smollm2-135m")
+    except ModelNotPrepared as e:
+        pytest.skip(str(e))
+    from harnessrl.gym.episode import ProxyHandle
+    from harnessrl.gym.proxy.config import ProxyConfig
+    from harnessrl.gym.proxy.server import ProxyServer
+    from harnessrl.trainers.engine.config import EngineConfig
+    from harnessrl.trainers.engine.runner import EngineServer
+
+    with EngineServer(EngineConfig(model="smollm2-135m", port=0)) as eng, \
+            ProxyServer(ProxyConfig(engine_url=eng.url, model="smollm2-135m", max_tokens_cap=CAP)) as proxy:
+        yield ProxyHandle.of(proxy), backend
+    backend.reap(run_id=backend.run_id)
+
+
+@pytest.mark.docker
+@pytest.mark.harness
+@pytest.mark.model
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("name", sorted(EXTRA))
+def test_real_policy_episode_ends_with_reason_and_complete_record(real_stack, name):
+    from harnessrl.gym.episode import EpisodeConfig, run_episode
+
+    adapter = get_adapter(_config(name))
+    _require_installed(adapter)
+    handle, backend = real_stack
+    res = run_episode(builtin_task(), adapter, lambda s, m: backend.create(s, mounts=m), handle, "policy",
+                      EpisodeConfig(max_calls=1, wall_time_s=600))
+    traj = res.trajectory
+    assert res.reason in ("submitted", "harness_exited", "call_limit", "harness_crashed", "timeout"), \
+        (res.reason, res.error, traj.metadata.get("harness_stderr_tail"))
+    assert traj.termination == res.reason and traj.status == res.status
+    assert res.status in ("ok", "truncated") and traj.reward in (0.0, 1.0)
+    assert traj.calls, "the harness made no model call"
+    traj.validate()
+    for call in traj.calls:
+        assert call.prompt_ids and 0 < len(call.completion_ids) <= CAP
+        assert len(call.logprobs) == len(call.completion_ids) and all(lp <= 0 for lp in call.logprobs)
+    for i, seg in enumerate(traj.segments):
+        calls = [c for c in traj.calls if c.segment == i]
+        last = calls[-1]
+        assert seg.token_ids[:len(last.prompt_ids) + len(last.completion_ids)] == last.prompt_ids + last.completion_ids
+        assert [t for t, m in zip(seg.token_ids, seg.loss_mask) if m] == [t for c in calls for t in c.completion_ids]
