@@ -6,13 +6,14 @@ tasks through the real grader (base 0.0, gold 1.0) and reads them back with the 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import uuid
 from pathlib import Path
 
 import pytest
 
-from harnessrl.gym.synth import mutate, split
+from harnessrl.gym.synth import fixhint, mutate, split
 from harnessrl.gym.synth.run import SynthConfig, synthesize
 from harnessrl.gym.task_loaders import load_jsonl
 
@@ -152,6 +153,53 @@ def test_equivalent_mutant_is_rejected(tmp_path):
     assert [(m["operator"], m["old"], m["new"]) for m in meta["mutations"]] == [("constant", "0", "1")]
     (task,) = load_jsonl(tmp_path / "out" / f"{meta['split']}.jsonl")
     assert (task.FAIL_TO_PASS, task.PASS_TO_PASS) == (["tests/test_clamp.py::test_neg"], ["tests/test_clamp.py::test_pos"])
+
+
+def test_fix_edit_is_a_copyable_sed_line(tmp_path):
+    cands = mutate.candidates("m.py", SRC)
+    cmp_ = next(m for m in cands if m.operator == "compare")
+    bug = mutate.apply(SRC, [cmp_])
+    edit = fixhint.fix_edit(cmp_, bug)
+    # the smallest node strictly around `<=` is the comparison itself
+    assert (edit.line, edit.wrong, edit.right) == (3, "a <= b", "a < b")
+    cmd = fixhint.sed_command("m.py", edit)
+    assert cmd == "sed -i '3s/a <= b/a < b/' m.py"
+    (tmp_path / "m.py").write_text(bug)
+    subprocess.run(["bash", "-c", cmd], cwd=tmp_path, check=True)  # real GNU sed
+    assert (tmp_path / "m.py").read_text() == SRC == fixhint.apply_sed(bug, edit)
+    removed = next(m for m in cands if m.operator == "remove_stmt")
+    assert fixhint.fix_edit(removed, mutate.apply(SRC, [removed])) is None  # a missing line: no one-line edit
+    quoted = 'def f(a):\n    return a + "x"\n'
+    plus = next(m for m in mutate.candidates("q.py", quoted) if m.operator == "binop")
+    assert fixhint.fix_edit(plus, mutate.apply(quoted, [plus])) is None  # `"` would need escaping in the call
+
+
+def test_fix_level_statement_gives_the_edit_and_the_plan_is_one_sed(tmp_path):
+    from harnessrl.sandboxes.repo import materialize
+
+    out = tmp_path / "fix"
+    manifest = synthesize(SynthConfig(project="builtin:cachekit", out=str(out), seed=0, max_tasks=8, verify=False,
+                                      fix_fraction=1.0, hard_fraction=0.0), log=lambda line: None)
+    meta = {m["instance_id"]: m for m in _meta(out)}
+    tasks = load_jsonl(out / "train.jsonl") + load_jsonl(out / "heldout.jsonl")
+    trivial = [t for t in tasks if t.difficulty == "trivial"]
+    assert manifest["by_difficulty"].get("trivial") == len(trivial) >= 3
+    for task in trivial:
+        m = meta[task.instance_id]
+        assert m["hint"] == "fix"
+        (cmd,) = task.gold_plan
+        line, wrong, right = re.fullmatch(r"sed -i '(\d+)s/(.*)/(.*)/' (\S+)", cmd).group(1, 2, 3)
+        assert f"The fix: on line {line} of `{m['mutations'][0]['file']}`, replace `{wrong}` with `{right}`." \
+            in task.problem_statement
+        repo = tmp_path / task.instance_id
+        materialize(task.repo_spec(), repo)
+        subprocess.run(["bash", "-c", cmd], cwd=repo, check=True)
+        subprocess.run(["git", "-C", str(repo), "add", "-A"], check=True)
+        diff = subprocess.run(["git", "-C", str(repo), "diff", "--cached", "--binary", "--no-renames", "HEAD"],
+                              capture_output=True, text=True, check=True).stdout
+        assert diff == task.patch
+    # tasks whose fix is not one copyable line keep the location / tests levels
+    assert {t.difficulty for t in tasks} - {"trivial"} <= {"easy", "medium"}
 
 
 def test_bad_config_names_the_field():

@@ -12,8 +12,10 @@ Contract (`synthesize(SynthConfig)`), per project, deterministic for a seed:
    of the split, screened again together (same rule);
 4. per task a parentless bug commit, gold patch = the diff back to clean, a statement from the
    failing tests (`statement`), a gold_plan of exact string edits (for the scripted policy);
-   singles are `easy` (statement names file, function and wrong expression) or `medium`
-   (tests only), by `easy_fraction`; multi-mutation tasks are `hard` (tests only);
+   singles are `trivial` (with `fix_fraction`, where a one-line copyable fix exists: the
+   statement gives the exact edit, the plan is one `sed -i`; `fixhint`), `easy` (statement
+   names file, function and wrong expression) or `medium` (tests only), by `easy_fraction`;
+   multi-mutation tasks are `hard` (tests only);
 5. one bundle per project (`<out>/repos/<project>.bundle`) holding the clean commit and every
    task's bug commit; with `verify` (the default) every task is checked through the real grader
    in a sandbox (`suites.check.check_task`: base 0.0 with FAIL_TO_PASS failing and
@@ -41,11 +43,14 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from harnessrl.gym.synth import mutate, source, split, statement
+from harnessrl.gym.synth import fixhint, mutate, source, split, statement
 from harnessrl.gym.synth.screen import Run, Screener, classify
 from harnessrl.gym.tasks import DEFAULT_TEST_COMMAND
 
-__all__ = ["SynthConfig", "synthesize", "expand_projects"]
+__all__ = ["SynthConfig", "synthesize", "expand_projects", "DIFFICULTY"]
+
+#: Difficulty of a single-mutation task by its statement's hint level.
+DIFFICULTY = {"fix": "trivial", "location": "easy", "tests": "medium"}
 
 
 class SynthConfig(BaseModel):
@@ -73,6 +78,10 @@ class SynthConfig(BaseModel):
     """Share of a project's tasks that mutate several functions."""
     easy_fraction: float = Field(default=0.5, ge=0.0, le=1.0)
     """Share of single-mutation tasks whose statement names the location (easy) rather than tests only (medium)."""
+    fix_fraction: float = Field(default=0.0, ge=0.0, le=1.0)
+    """Share of single-mutation tasks with a one-line copyable fix (`fixhint.fix_edit`) whose
+    statement gives that exact edit (hint `fix`, difficulty `trivial`; plan: one `sed -i`),
+    drawn before easy / medium; 0 leaves a seed's tasks as they were without the level."""
     max_mutations: int = Field(default=3, ge=2)
     """Most mutations in one hard task."""
     test_command: str = DEFAULT_TEST_COMMAND
@@ -174,6 +183,28 @@ def _gold_plan(bug: dict[str, str], clean: dict[str, str]) -> list[str]:
     return gold_plan({path: _edits(bug[path], clean[path]) for path in sorted(bug)})
 
 
+def _hint(k: _Kept, p: _Project, u: float, cfg: SynthConfig) -> str:
+    """The hint level of a kept task from one uniform draw `u` (the same draw as before the
+    `fix` level, so fix_fraction 0 reproduces a seed's earlier tasks)."""
+    if len(k.mutations) > 1:
+        return "tests"
+    m = k.mutations[0]
+    if cfg.fix_fraction and u < cfg.fix_fraction and fixhint.fix_edit(m, p.mutated([m])[m.file]) is not None:
+        return "fix"
+    v = u / cfg.fix_fraction if u < cfg.fix_fraction else (u - cfg.fix_fraction) / (1 - cfg.fix_fraction or 1)
+    return "location" if v < cfg.easy_fraction else "tests"
+
+
+def _fix_plan(k: _Kept, p: _Project) -> list[str]:
+    """One `sed -i` built from the strings the statement shows, checked to give the clean file."""
+    m = k.mutations[0]
+    bug = p.mutated([m])[m.file]
+    edit = fixhint.fix_edit(m, bug)
+    if fixhint.apply_sed(bug, edit) != p.texts[m.file]:
+        raise RuntimeError(f"{m.file}:{m.line}: the fix-level sed edit does not restore the clean file")
+    return [fixhint.sed_command(m.file, edit)]
+
+
 def _screen_singles(p: _Project, order: list[mutate.Mutation], quota: int | None,
                     rejected: Counter, log) -> list[_Kept]:
     kept: list[_Kept] = []
@@ -245,7 +276,7 @@ def _task_row(p: _Project, k: _Kept, index: int, hint: str, difficulty: str, cfg
         "FAIL_TO_PASS": k.f2p, "PASS_TO_PASS": k.p2p, "environment_setup_commit": p.clean,
         "version": "synth-1", "created_at": "2025-01-01T00:00:00Z",
         "source": f"repos/{p.name}.bundle", "difficulty": difficulty, "test_command": cfg.test_command,
-        "gold_plan": _gold_plan(bug_texts, {f: p.texts[f] for f in bug_texts}),
+        "gold_plan": _fix_plan(k, p) if hint == "fix" else _gold_plan(bug_texts, {f: p.texts[f] for f in bug_texts}),
     }
     return row, bug
 
@@ -275,8 +306,8 @@ def synthesize(cfg: SynthConfig, log=lambda line: print(line, file=sys.stderr)) 
                           else round(len(singles) * cfg.hard_fraction / (1 - cfg.hard_fraction)))
             combos = _screen_combos(p, singles, hard_quota, held, cfg, rng, rejected, log)
             for k in [*singles, *combos]:
-                hint = "tests" if len(k.mutations) > 1 else ("location" if rng.random() < cfg.easy_fraction else "tests")
-                difficulty = "hard" if len(k.mutations) > 1 else ("easy" if hint == "location" else "medium")
+                hint = _hint(k, p, rng.random(), cfg) if len(k.mutations) == 1 else "tests"
+                difficulty = "hard" if len(k.mutations) > 1 else DIFFICULTY[hint]
                 which = split.side(k.functions, held)
                 if which is None:
                     rejected["split_mixed"] += 1

@@ -6,14 +6,18 @@ failure (the assertion message pytest reported) and asks for a fix of the code, 
 `hint="location"` (the easy level) also names the file, the function and the line holding the
 wrong expression (for a removed statement: the line after which something is missing);
 `hint="tests"` (medium and hard) says nothing about where the bug is.
+`hint="fix"` (trivial, `gym.synth.fixhint`) says what `location` says and also gives the exact
+edit: on that line, replace this expression with that one (a ValueError when the mutation has
+no such one-line edit).
 """
 from __future__ import annotations
 
+from harnessrl.gym.synth.fixhint import fix_edit
 from harnessrl.gym.synth.mutate import Mutation
 
 __all__ = ["write", "HINTS", "MAX_LISTED"]
 
-HINTS = ("location", "tests")
+HINTS = ("fix", "location", "tests")
 MAX_LISTED = 6
 
 
@@ -39,6 +43,14 @@ def _location(m: Mutation, bug_text: str) -> str:
             f"The expression `{wrong}` there is wrong.\n")
 
 
+def _fix(m: Mutation, bug_text: str) -> str:
+    edit = fix_edit(m, bug_text)
+    if edit is None:
+        raise ValueError(f"{m.file}:{m.line}: this mutation has no one-line copyable fix (hint 'fix')")
+    return (f"The bug is in `{m.file}`, in `{m.function}`, line {edit.line}:\n\n```python\n{edit.source_line}\n```\n\n"
+            f"The fix: on line {edit.line} of `{m.file}`, replace `{edit.wrong}` with `{edit.right}`.\n")
+
+
 def write(project: str, hint: str, mutations: list[Mutation], bug_texts: dict[str, str], f2p: list[str],
           messages: dict[str, str]) -> str:
     if hint not in HINTS:
@@ -46,7 +58,7 @@ def write(project: str, hint: str, mutations: list[Mutation], bug_texts: dict[st
     if not f2p:
         raise ValueError("a statement needs at least one failing test (f2p is empty)")
     first = f2p[0].split("::")[-1]
-    if hint == "location":
+    if hint in ("fix", "location"):
         m = mutations[0]
         title = f"`{m.function}` in `{m.file}` is broken"
     else:
@@ -58,7 +70,9 @@ def write(project: str, hint: str, mutations: list[Mutation], bug_texts: dict[st
     if len(f2p) > MAX_LISTED:
         lines.append(f"- ... and {len(f2p) - MAX_LISTED} more")
     lines.append("")
-    if hint == "location":
+    if hint == "fix":
+        lines.append(_fix(mutations[0], bug_texts[mutations[0].file]))
+    elif hint == "location":
         lines.append(_location(mutations[0], bug_texts[mutations[0].file]))
     lines.append("Fix the library code so that these tests pass; the tests that pass now must keep "
                  "passing. Do not change the tests.")
