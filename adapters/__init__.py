@@ -12,8 +12,10 @@ REGISTRY: dict[str, str] = {
     "mini-swe-agent": "harnessrl.adapters.mini_swe_agent:MiniSweAgentAdapter",
     "codex": "harnessrl.adapters.codex:CodexAdapter",
     "claude-code": "harnessrl.adapters.claude_code:ClaudeCodeAdapter",
+    "claude-code-agents": "harnessrl.adapters.claude_code:ClaudeCodeAgentsAdapter",
     "opencode": "harnessrl.adapters.opencode:OpenCodeAdapter",
     "aider": "harnessrl.adapters.aider:AiderAdapter",
+    "gemini-cli": "harnessrl.adapters.gemini_cli:GeminiCliAdapter",
     "command": "harnessrl.adapters.command:CommandAdapter",
 }
 

@@ -26,7 +26,7 @@ from typing import ClassVar, Literal, Protocol, runtime_checkable
 from harnessrl.adapters.cancel import Cancel
 from harnessrl.sandboxes.base import Sandbox
 
-Dialect = Literal["openai-chat", "openai-responses", "anthropic"]
+Dialect = Literal["openai-chat", "openai-responses", "anthropic", "gemini"]
 Placement = Literal["inside", "beside"]
 
 #: Why a harness run ended. The episode runner adds sandbox_died / engine_error itself.
@@ -149,7 +149,7 @@ class HarnessAdapter(Protocol):
     """Registry name (e.g. "codex")."""
     dialect: ClassVar[Dialect]
     """The API it speaks to the model: "openai-chat" (Chat Completions), "openai-responses"
-    (Responses API) or "anthropic" (Messages)."""
+    (Responses API), "anthropic" (Messages) or "gemini" (generateContent)."""
     placement: ClassVar[Placement]
     """"inside": the binary runs in the sandbox; "beside": it runs on the host and acts on the
     sandbox through the Sandbox protocol."""

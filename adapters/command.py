@@ -30,7 +30,7 @@ import string
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from harnessrl.adapters.base import (REASONS, Endpoint, SANDBOX_SCRATCH, TOOLCHAIN_MOUNT, HarnessResult, Launch, Mount,
                                      classify_exit, tail)
@@ -76,7 +76,7 @@ class CommandConfig(BaseModel):
     """pip install only: the venv's folder under <toolchain>/venvs (default: name)."""
     mounts: list[str] = Field(default_factory=list)
     """Extra host paths mounted read-only into the sandbox: "HOST" (same path) or "HOST:TARGET"."""
-    dialect: Literal["openai-chat", "openai-responses", "anthropic"]
+    dialect: Literal["openai-chat", "openai-responses", "anthropic", "gemini"]
     """API dialect it speaks."""
     placement: Literal["inside", "beside"]
     """Run in the sandbox (through the relay) or on the host beside it."""
@@ -98,6 +98,16 @@ class CommandConfig(BaseModel):
     def _pinned(cls, v: str) -> str:
         parse_install(v)
         return v
+
+    @field_validator("node")
+    @classmethod
+    def _node_spec(cls, v: str | None) -> str | None:
+        from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+        try:
+            return v if v is None else str(SpecifierSet(v)) and v
+        except InvalidSpecifier:
+            raise ValueError(f"node {v!r} is not a version requirement like \">=20\" or \">=18.17,<23\"") from None
 
     @field_validator("mounts")
     @classmethod
@@ -144,6 +154,10 @@ class CommandAdapter:
             data = yaml.safe_load(text)
         try:
             return cls(data, str(p))
+        except ValidationError as e:  # one line per field, named, without pydantic's boilerplate
+            lines = [f"{'.'.join(map(str, err['loc'])) or '(top level)'}: {err['msg'].removeprefix('Value error, ')}"
+                     for err in e.errors()]
+            raise ValueError(f"{p}: invalid harness config: " + "; ".join(lines)) from None
         except ValueError as e:
             raise ValueError(f"{p}: invalid harness config: {e}") from None
 

@@ -26,7 +26,7 @@ from typing import Any
 from harnessrl.adapters import get_adapter
 from harnessrl.adapters.toolchain import installed_spec
 
-DIALECTS = ("openai-chat", "openai-responses", "anthropic")
+DIALECTS = ("openai-chat", "openai-responses", "anthropic", "gemini")
 
 
 @dataclass

@@ -31,7 +31,7 @@ def test_registry_resolves_every_adapter_and_declares_capabilities():
         a = get_adapter(name)
         assert isinstance(a, HarnessAdapter)
         assert a.name == name
-        assert a.dialect in ("openai-chat", "openai-responses", "anthropic")
+        assert a.dialect in ("openai-chat", "openai-responses", "anthropic", "gemini")
         assert a.placement in ("inside", "beside")
         assert a.install.split(":")[0] in ("npm", "pip")
         assert a.version in a.install
@@ -141,7 +141,8 @@ def test_token_exact_check_catches_a_tampered_record():
     assert "call 1: recorded completion ids differ from the sampled ones" in token_exact_problems(traj, sampled)
 
 
-E2E = ["mini-swe-agent", str(EXAMPLES / "mini-swe-agent.toml"), "codex", "claude-code", "opencode", "aider"]
+E2E = ["mini-swe-agent", str(EXAMPLES / "mini-swe-agent.toml"), "codex", "claude-code", "opencode", "aider",
+       "gemini-cli"]
 
 
 @pytest.mark.docker
@@ -160,7 +161,7 @@ def test_gold_plan_scores_one_and_is_token_exact(stack, harness):
     assert acted, "the harness never carried out a scripted action"
     assert res.reward.agent_diff and ".aider" not in res.reward.agent_diff
     own_status = {"mini-swe-agent": "Submitted", "mini-swe-agent.toml": "Submitted", "codex": "turn.completed",
-                  "claude-code": "success", "opencode": "stop", "aider": None}
+                  "claude-code": "success", "opencode": "stop", "aider": None, "gemini-cli": "response"}
     assert res.harness.harness_status == own_status[Path(harness).name]
     assert_token_exact(res.trajectory, calls)
 

@@ -11,7 +11,7 @@ from harnessrl.adapters import get_adapter
 from harnessrl.adapters.toolchain import HarnessNotInstalled, installed_spec, require, toolchain_root
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "install_harnesses.sh"
-HARNESSES = ["mini-swe-agent", "codex", "claude-code", "opencode", "aider"]
+HARNESSES = ["mini-swe-agent", "codex", "claude-code", "opencode", "aider", "gemini-cli"]
 
 
 def _run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
