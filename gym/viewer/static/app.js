@@ -168,11 +168,11 @@ async function episodePage(r, sid) {
       card("sampled tokens", ep.sampled_total), card("harness", ep.harness || "-"), card("model", ep.model || "-")),
     h("p", {class: "muted"}, `session ${ep.session_id} · chat template ${ep.chat_template_hash || "-"} · `,
       ep.decoded_with ? `decoded with ${ep.decoded_with}'s tokenizer` : (ep.decode_note || "")),
-    grading(g, ep.metadata),
     h("div", {class: "legend-row"}, h("span", {class: "tok"}, "prompt token"), " ",
       h("span", {class: "tok sampled", style: "background:hsl(120,70%,82%)"}, "sampled, p≈1"), " ",
       h("span", {class: "tok sampled", style: "background:hsl(0,70%,82%)"}, "sampled, p≈0"), " ", colorBy),
-    h("div", {class: "episode-panes"}, conv, tokens));
+    h("div", {class: "episode-panes"}, conv, tokens),
+    grading(g, ep.metadata));
   loadCalls(r, sid, conv, 0);
   await loadTokens(r, sid, ep, tokens);
 }

@@ -1,0 +1,240 @@
+"""`harnessrl view` in a real browser: headless Debian Chromium (chromium-driver, Selenium)
+opens the viewer on a real recorded run and the test asserts on the DOM.
+
+The run: mini-swe-agent (unmodified, in Docker) solves a built-in task with the scripted gold
+policy through the real proxy, which records it in its SQLite store, and the hidden tests
+grade it (`run_rollout`, as `harnessrl rollout` does); then a second session goes through a
+restarted proxy on the same store with two calls whose histories differ (the client edited
+the assistant's reply), so the record holds a segment split. The page must show the
+episode's messages and tool calls, highlight exactly as many sampled tokens as the record's
+loss masks sum to, show the split reason, the agent's patch and the hidden tests' output,
+filter the episodes table server-side, click through from the table to an episode, and
+compare two runs. Screenshots are saved under pytest's tmp dir and at
+runs/test-artifacts/viewer-*.png (docs/viewer-episode.png in the README is one of these).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from harnessrl.adapters.toolchain import installed_spec
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # helpers sit beside us
+from adapter_helpers import docker_backend  # noqa: E402
+
+TASK = "harnessrl-builtin__cachekit-2"
+ARTIFACTS = Path(__file__).resolve().parents[1] / "runs" / "test-artifacts"
+pytestmark = [pytest.mark.docker, pytest.mark.harness]
+
+
+def _browser():
+    chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
+    if chromium is None or driver is None:
+        pytest.skip("no chromium/chromedriver on PATH: scripts/setup.sh installs Debian's chromium and chromium-driver")
+    try:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service
+    except ImportError:
+        pytest.skip("selenium is not installed: pip install -e '.[dev]'")
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = chromium
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--window-size=1500,1000", "--no-first-run", "--disable-extensions"):
+        opts.add_argument(arg)
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    return webdriver.Chrome(service=Service(driver), options=opts)  # a given driver: no Selenium Manager fetch
+
+
+def _chat(proxy, sid: str, key: str, messages: list[dict]) -> str:
+    r = httpx.post(f"{proxy.openai_base_url(sid)}/chat/completions", headers={"Authorization": f"Bearer {key}"},
+                   json={"model": "policy", "messages": messages, "max_tokens": 32}, timeout=120)
+    assert r.status_code == 200, r.text
+    return r.json()["choices"][0]["message"]["content"]
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    """(run folder, the solved episode's record, the split session's record, the task)."""
+    docker_backend()
+    if installed_spec("venvs", "mini-swe-agent") is None:
+        pytest.skip("mini-swe-agent not installed: run scripts/install_harnesses.sh mini-swe-agent")
+    from harnessrl.gym.doubles.scripted import ScriptedEngine
+    from harnessrl.gym.episode import EpisodeConfig
+    from harnessrl.gym.models import load_tokenizer
+    from harnessrl.gym.proxy.config import ProxyConfig
+    from harnessrl.gym.proxy.server import ProxyServer
+    from harnessrl.gym.rollout import RolloutConfig, run_rollout
+    from harnessrl.gym.served import ServedApp
+    from harnessrl.gym.task_loaders import load_suite
+    from harnessrl.gym.trajectory import Trajectory
+
+    out = tmp_path_factory.mktemp("viewer-run")
+    task = next(t for t in load_suite("builtin") if t.instance_id == TASK)
+    engine = ScriptedEngine(load_tokenizer("tiny-llama"))
+    engine.set_tasks([task], gold=True)
+    cfg = RolloutConfig(harness="mini-swe-agent", tasks=[TASK], model="tiny-llama", sandbox="docker",
+                        episode=EpisodeConfig(max_calls=8, wall_time_s=240))
+    with ServedApp(engine.app()) as served:
+        rep = asyncio.run(run_rollout(cfg, served.url, out, episodes=1, concurrency=1, progress=False))
+        assert rep["success_rate"] == 1.0, rep
+        with ProxyServer(ProxyConfig(engine_url=served.url, model="tiny-llama",
+                                     db_path=str(out / "trajectories.db"))) as proxy:
+            sid, key = proxy.open_session({"task_id": "history-edit", "harness": "openai-client"})
+            msgs = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name a colour."}]
+            reply = _chat(proxy, sid, key, msgs)
+            _chat(proxy, sid, key, msgs + [{"role": "assistant", "content": reply + " (edited by the client)"},
+                                           {"role": "user", "content": "Another one."}])
+            proxy.set_reward(sid, 0.0, "ok", "harness_exited")
+            split = proxy.trajectory(sid)
+    (solved,) = [Trajectory.from_dict(json.loads(x)) for x in (out / "trajectories.jsonl").read_text().splitlines()]
+    assert solved.reward == 1.0 and solved.metadata["grading"]["agent_diff"]
+    assert [s.split_reason for s in split.segments] == [None, "assistant_edited"]
+    return out, solved, split, task
+
+
+def _open(driver, url: str, timeout: float = 120):
+    driver.get(url)
+    _ready(driver, timeout)
+
+
+def _ready(driver, timeout: float = 120):
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    WebDriverWait(driver, timeout).until(lambda d: d.execute_script("return document.body.dataset.ready || ''"))
+    assert driver.execute_script("return document.body.dataset.ready") != "error", \
+        driver.find_element("id", "main").text
+
+
+def _severe(driver) -> list:
+    return [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+
+
+def _shot(driver, tmp_path: Path, name: str) -> Path:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    path = tmp_path / f"viewer-{name}.png"
+    assert driver.save_screenshot(str(path))
+    shutil.copyfile(path, ARTIFACTS / path.name)
+    assert path.stat().st_size > 10_000
+    return path
+
+
+@pytest.mark.timeout(900)
+def test_viewer_renders_a_real_run_in_headless_chromium(recorded, tmp_path):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from harnessrl.gym.served import ServedApp
+    from harnessrl.gym.viewer import RunIndex
+    from harnessrl.gym.viewer.app import build_app
+
+    run, solved, split, task = recorded
+    driver = _browser()
+    try:
+        with ServedApp(build_app([RunIndex(run, name="rollout")])) as served:
+            # the runs page: figures and both episodes, from the store
+            _open(driver, f"{served.url}/#/run/0")
+            rows = driver.find_elements(By.CSS_SELECTOR, "#episodes tbody tr")
+            assert {r.get_attribute("data-sid") for r in rows} == {solved.session_id, split.session_id}
+            assert len(driver.find_elements(By.CSS_SELECTOR, ".charts svg.chart")) == 4
+            assert driver.find_element(By.CSS_SELECTOR, ".charts svg.line-chart path.series[data-series=reward]")
+            # the filter goes to the server: only the split session matches "history"
+            box = driver.find_element(By.CSS_SELECTOR, "#episode-filters input[name=task]")
+            box.send_keys("history")
+            driver.find_element(By.CSS_SELECTOR, "#episode-filters button").click()
+            WebDriverWait(driver, 60).until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#episodes tbody tr")) == 1)
+            assert driver.find_element(By.CSS_SELECTOR, "#episodes tbody tr").get_attribute("data-sid") == \
+                split.session_id
+            box.clear()
+            driver.find_element(By.CSS_SELECTOR, "#episode-filters button").click()
+            WebDriverWait(driver, 60).until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#episodes tbody tr")) == 2)
+            _shot(driver, tmp_path, "run")
+
+            # click through from the table to the solved episode
+            driver.execute_script("document.body.dataset.ready = ''")
+            driver.find_element(By.CSS_SELECTOR, f"#episodes tr[data-sid='{solved.session_id}'] a.episode-link").click()
+            _ready(driver)
+            WebDriverWait(driver, 120).until(
+                lambda d: d.find_element(By.ID, "token-view").get_attribute("data-loaded") == "true")
+            assert driver.execute_script("return location.hash") == f"#/run/0/episode/{solved.session_id}"
+            roles = [e.get_attribute("data-role") for e in driver.find_elements(By.CSS_SELECTOR, "#conversation .msg")]
+            assert roles[:2] == ["system", "user"] and "assistant" in roles
+            statement = task.problem_statement.strip().splitlines()[0].strip()
+            user = driver.find_elements(By.CSS_SELECTOR, "#conversation .msg[data-role=user] .content")
+            assert any(statement in u.get_attribute("textContent") for u in user)
+            shown = " ".join(e.get_attribute("textContent") for e in
+                             driver.find_elements(By.CSS_SELECTOR, "#conversation .tool-call pre"))
+            for command in task.gold_plan:
+                assert json.dumps(command)[1:-1] in shown or command in shown, command
+            calls = driver.find_elements(By.CSS_SELECTOR, "#conversation .call")
+            assert len(calls) == len(solved.calls)
+            sampled = driver.find_elements(By.CSS_SELECTOR, "#token-view .tok.sampled")
+            assert len(sampled) == sum(sum(s.loss_mask) for s in solved.segments)
+            assert len(driver.find_elements(By.CSS_SELECTOR, "#token-view .tok")) == \
+                sum(len(s.token_ids) for s in solved.segments)
+            assert driver.find_element(By.ID, "patch").get_attribute("textContent") == \
+                solved.metadata["grading"]["agent_diff"]
+            assert driver.find_element(By.ID, "test-output").get_attribute("textContent") == \
+                solved.metadata["grading"]["test_output"]
+            tests = solved.metadata["grading"]["tests"]
+            assert tests and {t["status"] for t in tests} == {"passed"}
+            assert [[c.text for c in r.find_elements(By.TAG_NAME, "td")] for r in
+                    driver.find_elements(By.CSS_SELECTOR, "#tests tr")] == \
+                [[t["node_id"], t["kind"], t["status"]] for t in tests]
+            # for the picture: the page's top, the first reply and the first sampled tokens in view
+            driver.set_window_size(1500, 1250)
+            driver.execute_script("""
+                const scrollTo = (pane, el) => { pane.scrollTop = el.offsetTop - pane.offsetTop - 160; };
+                scrollTo(document.getElementById('token-view'), document.querySelector('#token-view .tok.sampled'));
+                scrollTo(document.getElementById('conversation'), document.querySelector('#conversation .msg.reply'));
+                window.scrollTo(0, 0);""")
+            _shot(driver, tmp_path, "episode")
+            driver.set_window_size(1500, 1000)
+
+            # the split session: its reason is shown where the segment starts
+            _open(driver, f"{served.url}/#/run/0/episode/{split.session_id}")
+            WebDriverWait(driver, 120).until(
+                lambda d: d.find_element(By.ID, "token-view").get_attribute("data-loaded") == "true")
+            reasons = [e.text for e in driver.find_elements(By.CSS_SELECTOR, ".split-reason")]
+            assert reasons == ["assistant_edited", "assistant_edited"]  # call banner, segment head
+            assert len(driver.find_elements(By.CSS_SELECTOR, "#token-view .segment")) == 2
+            assert len(driver.find_elements(By.CSS_SELECTOR, "#token-view .tok.sampled")) == \
+                sum(sum(s.loss_mask) for s in split.segments)
+            second = driver.find_elements(By.CSS_SELECTOR, "#conversation .call")[1]
+            assert "(edited by the client)" in second.get_attribute("textContent")
+            _shot(driver, tmp_path, "split")
+            assert _severe(driver) == []
+    finally:
+        driver.quit()
+
+
+@pytest.mark.timeout(600)
+def test_view_a_b_compares_two_runs(recorded, tmp_path):
+    """`view A B`: the rollout beside a collect-style folder that kept only the solved episode."""
+    from selenium.webdriver.common.by import By
+
+    from harnessrl.gym.served import ServedApp
+    from harnessrl.gym.viewer import RunIndex
+    from harnessrl.gym.viewer.app import build_app
+
+    run, solved, split, _ = recorded
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "trajectories.jsonl").write_text(solved.to_json() + "\n")
+    driver = _browser()
+    try:
+        with ServedApp(build_app([RunIndex(run, name="rollout"), RunIndex(kept, name="kept")])) as served:
+            _open(driver, f"{served.url}/#/compare")
+            assert len(driver.find_elements(By.CSS_SELECTOR, ".charts svg path.series")) == 2
+            cells = {r.get_attribute("data-task"): [c.text for c in r.find_elements(By.TAG_NAME, "td")[1:]]
+                     for r in driver.find_elements(By.CSS_SELECTOR, "#compare-tasks tbody tr")}
+            assert cells == {TASK: ["1/1 · 1", "1/1 · 1"], "history-edit": ["0/1 · 0", "-"]}
+            _shot(driver, tmp_path, "compare")
+            assert _severe(driver) == []
+    finally:
+        driver.quit()
