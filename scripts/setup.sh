@@ -93,4 +93,8 @@ if [ -x scripts/install_harnesses.sh ]; then
   # shellcheck disable=SC2086 # a space-separated list on purpose
   bash scripts/install_harnesses.sh ${HARNESSRL_HARNESSES:-} >&2
 fi
+# harnesses that come as a config file alone (`install = "npm:..."`): stamped, a no-op when present
+if [ -z "${HARNESSRL_HARNESSES:-}" ]; then
+  "$VENV/bin/harnessrl" harness install examples/harnesses/grok-cli.toml >&2
+fi
 log "ready"
