@@ -4,9 +4,9 @@ Run in print mode with the settings ../shared/docs/harnesses.md records: base UR
 `/v1`, nonessential traffic / telemetry / autoupdate / error reporting / experimental betas
 off, one retry (a dead endpoint otherwise hangs for minutes), `--max-turns` from the limits,
 and the explicit tool list `Bash,Read,Edit,Write,Glob,Grep` (the full default set makes it
-put role:"system" entries inside `messages`); `ClaudeCodeAdapter(tools=TOOLS + ",Agent")`
-adds Claude Code's sub-agent tool, whose conversations the proxy records as spawned
-segments of the same episode. `--output-format json` prints one result
+put role:"system" entries inside `messages`). `claude-code-agents` (`ClaudeCodeAgentsAdapter`)
+also offers Claude Code's sub-agent tool `Agent`, whose conversations the proxy records as
+spawned segments of the same episode. `--output-format json` prints one result
 object whose `subtype` says how it ended (`success`, `error_max_turns`, ...).
 """
 from __future__ import annotations
@@ -20,6 +20,8 @@ from harnessrl.adapters.inside import inside_mounts, path_for, run_inside
 from harnessrl.adapters.toolchain import require
 
 TOOLS = "Bash,Read,Edit,Write,Glob,Grep"
+NPM_NAME = "claude-code"
+"""The toolchain's npm prefix (shared by both registry names)."""
 
 
 class ClaudeCodeAdapter:
@@ -41,14 +43,14 @@ class ClaudeCodeAdapter:
         return inside_mounts(endpoint, toolchain)
 
     def launch(self, launch: Launch) -> HarnessResult:
-        require("npm", self.name, self.install.split(":", 1)[1], launch.toolchain)
+        require("npm", NPM_NAME, self.install.split(":", 1)[1], launch.toolchain)
         ep = launch.endpoint
         env = {
             "IS_SANDBOX": "1", "CLAUDE_CONFIG_DIR": f"{SANDBOX_SCRATCH}/claude", "HOME": f"{SANDBOX_SCRATCH}/home",
             "ANTHROPIC_BASE_URL": ep.inside_base_url, "ANTHROPIC_API_KEY": ep.api_key, "ANTHROPIC_MODEL": ep.model,
             "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_TELEMETRY": "1", "DISABLE_AUTOUPDATER": "1",
             "DISABLE_ERROR_REPORTING": "1", "CLAUDE_CODE_DISABLE_EXPERIMENTAL_BETAS": "1",
-            "MAX_THINKING_TOKENS": "0", "CLAUDE_CODE_MAX_RETRIES": "1", "PATH": path_for(self.name),
+            "MAX_THINKING_TOKENS": "0", "CLAUDE_CODE_MAX_RETRIES": "1", "PATH": path_for(NPM_NAME),
         }
         argv = ["claude", "-p", launch.problem_statement, "--dangerously-skip-permissions", "--output-format",
                 "json", "--max-turns", str(launch.limits.max_calls), "--tools", self.tools]
@@ -69,3 +71,12 @@ def _subtype(stdout: str) -> str | None:
         if isinstance(obj, dict) and "subtype" in obj:
             return str(obj["subtype"])
     return None
+
+
+class ClaudeCodeAgentsAdapter(ClaudeCodeAdapter):
+    """Claude Code with its sub-agent tool: `--tools Bash,Read,Edit,Write,Glob,Grep,Agent`."""
+
+    name: ClassVar[str] = "claude-code-agents"
+
+    def __init__(self) -> None:
+        super().__init__(TOOLS + ",Agent")

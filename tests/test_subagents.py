@@ -169,14 +169,15 @@ def test_claude_code_sub_agent_is_a_lineage_of_the_same_episode():
     sub-agent tool; the sub-agent's Bash calls fix the repository (reward 1.0), its
     conversation is a spawned segment attributed to the main call that issued the tool call,
     the main conversation resumes its own segment, and every call is token-exact."""
-    from harnessrl.adapters.claude_code import TOOLS, ClaudeCodeAdapter
+    from harnessrl.adapters import get_adapter
     from harnessrl.adapters.toolchain import installed_spec
     from harnessrl.gym.check_adapter import token_exact_problems
     from harnessrl.gym.doubles.scripted import DELEGATED
     from harnessrl.gym.episode import EpisodeConfig, ProxyHandle, run_episode
     from adapter_helpers import builtin_task, scripted_stack
 
-    adapter = ClaudeCodeAdapter(tools=TOOLS + ",Agent")
+    adapter = get_adapter("claude-code-agents")
+    assert adapter.tools.endswith(",Agent")
     if installed_spec("npm", "claude-code") != adapter.install.split(":", 1)[1]:
         pytest.skip("claude-code not installed: run scripts/install_harnesses.sh claude-code")
     with scripted_stack() as (engine, proxy, backend):
