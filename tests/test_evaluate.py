@@ -1,0 +1,207 @@
+"""Held-out evaluation in `harnessrl train` (trainers/evaluate.py): the Wilson interval on
+hand-computed numbers, why episodes failed read from records, the held-out guard (ids, gold
+patches, functions; and train refusing a leaking config before anything starts), the config's
+validation, and (docker) real evaluation episodes through mini-swe-agent against the scripted
+engine: gold plans succeed 1.0, empty plans 0.0, with the right n, and no trainer takes them."""
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from harnessrl.gym.trajectory import CallRecord, Segment, Trajectory
+from harnessrl.trainers import evaluate as ev
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_wilson_interval_on_hand_computed_numbers():
+    z2 = 1.959963984540054 ** 2
+    lo, hi = ev.wilson(0, 10)
+    assert lo == 0.0 and hi == pytest.approx(z2 / (10 + z2))  # p = 0: upper bound z²/(n + z²) = 0.2775
+    lo, hi = ev.wilson(10, 10)
+    assert lo == pytest.approx(10 / (10 + z2)) and hi == pytest.approx(1.0)
+    lo, hi = ev.wilson(5, 10)  # symmetric about 0.5: 0.5 ± z·sqrt(1/40 + z²/400) / (1 + z²/10)
+    assert (lo, hi) == (pytest.approx(0.236593, abs=1e-6), pytest.approx(0.763407, abs=1e-6))
+    assert ev.wilson(0, 0) == (None, None)
+
+
+def _call(i: int, finish: str) -> CallRecord:
+    return CallRecord(f"c{i}", "s", i, "openai_chat", 0, [1, 2], [3], [-0.1], [0], finish, 0)
+
+
+def _traj(sid: str, reward, status="ok", termination="submitted", finishes=("tool_calls",), task="t1") -> Trajectory:
+    return Trajectory(sid, [Segment([1, 2, 3], [0, 0, 1], [0.0, 0.0, -0.1], [-1, -1, 0])], reward, status, termination,
+                      task_id=task, calls=[_call(i, f) for i, f in enumerate(finishes)])
+
+
+def test_outcomes_and_summary_come_from_the_records():
+    trajs = [
+        _traj("ok", 1.0),
+        _traj("fmt", 0.0, "truncated", "call_limit", ("stop", "length")),  # no reply parsed as a tool call
+        _traj("lim", 0.0, "truncated", "call_limit", ("tool_calls", "tool_calls")),
+        _traj("slow", 0.0, "truncated", "timeout"),
+        _traj("edit", 0.0, "ok", "submitted", ("tool_calls", "tool_calls"), task="t2"),
+        _traj("crash", 0.0, "ok", "harness_crashed"),
+        _traj("infra", None, "infra_error", "sandbox_died"),
+    ]
+    assert [ev.outcome(t) for t in trajs] == ["success", "no_tool_call", "limit", "limit", "wrong_edit",
+                                             "harness_error", "masked_infra"]
+    s = ev.summarize("post_sft", trajs, timed_out=1)
+    assert (s["n"], s["episodes"], s["successes"], s["success_rate"]) == (6, 8, 1, 1 / 6)
+    assert s["ci95"] == list(ev.wilson(1, 6)) and s["reward_mean"] == pytest.approx(1 / 6)
+    assert s["outcomes"] == {"masked_infra": 2, "success": 1, "harness_error": 1, "no_tool_call": 1, "limit": 2,
+                             "wrong_edit": 1}
+    assert s["tool_call_rate"] == pytest.approx(7 / 9) and s["by_task"] == {"t1": [1.0, 0.0, 0.0, 0.0, 0.0],
+                                                                            "t2": [0.0]}
+    assert ev.line(s).startswith("eval post_sft success 1/6 = 0.17 (95% CI 0.03-0.56)")
+
+
+def test_eval_records_are_refused_by_the_rl_trainer():
+    from harnessrl.trainers.samples import RecordError, SampleConfig, build_samples
+
+    a, b = _traj("a", 1.0, finishes=()), _traj("b", 0.0, finishes=())  # hand-built segments, no call records
+    assert build_samples([a, b], SampleConfig()).samples  # the same records, unmarked, train
+    b.metadata["eval"] = "pre_sft"
+    with pytest.raises(RecordError, match="held-out evaluation episode") as e:
+        build_samples([a, b], SampleConfig())
+    assert e.value.field == "metadata.eval"
+
+
+# -- the guard -------------------------------------------------------------------------------------
+def _task(iid: str, patch: str):
+    from harnessrl.gym.tasks import Task
+
+    return Task(instance_id=iid, repo="r/x", base_commit="0" * 40, problem_statement="p", patch=patch,
+                FAIL_TO_PASS=["t::a"], PASS_TO_PASS=[])
+
+
+def test_guard_refuses_held_out_tasks_in_rl_or_sft(tmp_path):
+    train, held = [_task("a", "pa"), _task("b", "pb")], [_task("h", "ph")]
+    ev.guard_disjoint(train, held, ["a", "b"])  # disjoint: fine
+    with pytest.raises(ev.LeakError, match=r"\['h'\] are also RL tasks"):
+        ev.guard_disjoint(train + [_task("h", "ph")], held)
+    with pytest.raises(ev.LeakError, match=r"sft.data: holds teacher episodes of held-out task\(s\) \['h'\]"):
+        ev.guard_disjoint(train, held, ["a", "h"])
+    with pytest.raises(ev.LeakError, match="gold patch of an RL task: \\['h = b'\\]"):
+        ev.guard_disjoint(train, [_task("h", "pb")])
+    meta = tmp_path / "meta.jsonl"
+    meta.write_text("".join(json.dumps({"instance_id": i, "functions": [["p", "m.py", f]]}) + "\n"
+                            for i, f in (("a", "f"), ("b", "g"), ("h", "g"), ("s", "k"))))
+    with pytest.raises(ev.LeakError, match=r"mutate function\(s\) that RL tasks mutate: \['p/m.py/g'\]"):
+        ev.guard_disjoint(train, held, [], meta, meta)
+    ev.guard_disjoint(train[:1], held, [], meta, meta)  # only b shares g with h
+    with pytest.raises(ev.LeakError, match="p/m.py/g"):  # an SFT record of b is training on g too
+        ev.guard_disjoint(train[:1], held, ["b"], meta, meta)
+
+
+def test_train_refuses_a_leaking_config_before_anything_starts(tmp_path, capsys):
+    from adapter_helpers import builtin_task
+    from harnessrl.trainers.loop import TrainConfig, train
+
+    task = builtin_task()
+    other = task.model_copy(update={"instance_id": task.instance_id + "-held", "patch": task.patch + "\n"})
+    for name, rows in (("train.jsonl", [task]), ("heldout.jsonl", [other])):
+        (tmp_path / name).write_text("".join(json.dumps(t.model_dump(mode="json")) + "\n" for t in rows))
+    data = tmp_path / "teacher" / "trajectories.jsonl"
+    data.parent.mkdir()
+    data.write_text(_traj("x", 1.0, task=other.instance_id).to_json() + "\n")
+    cfg = TrainConfig(model="tiny-llama", stages=["sft", "rl"], out_dir=str(tmp_path / "run"), progress=False,
+                      sft={"data": str(data)}, rollout=TrainConfig().rollout.model_copy(update={
+                          "suite": str(tmp_path / "train.jsonl"), "difficulties": None}),
+                      eval={"suite": str(tmp_path / "heldout.jsonl")})
+    with pytest.raises(ev.LeakError, match=f"holds teacher episodes of held-out task\\(s\\) \\['{other.instance_id}'\\]"):
+        asyncio.run(train(cfg))
+    assert not (tmp_path / "run" / "rollouts").exists() and not (tmp_path / "run" / "eval").exists()
+
+
+# -- the config --------------------------------------------------------------------------------------
+def test_eval_and_prepare_config_validate():
+    from harnessrl.trainers.loop import TrainConfig
+
+    base = {"stages": ["sft", "rl"], "sft": {"data": "d/trajectories.jsonl"}, "rollout": {
+        "suite": "s/train.jsonl", "episode": {"wall_time_s": 300, "reward": {"test_timeout_s": 120}}}}
+    cfg = TrainConfig.model_validate(base | {"eval": {"suite": "s/heldout.jsonl"}})
+    assert cfg.eval.points_for(cfg.stages) == ["pre_sft", "post_sft", "post_rl"]
+    assert TrainConfig(eval={"suite": "s/heldout.jsonl"}).eval.points_for(["rl"]) == ["pre_sft", "post_rl"]
+    assert not TrainConfig().eval.enabled
+    with pytest.raises(ValueError, match=r"eval.points: \['pre_sft', 'post_sft'\]: stages \['rl'\] do not reach \['post_sft'\]"):
+        TrainConfig(eval={"suite": "h.jsonl", "points": ["post_sft", "pre_sft"]})
+    with pytest.raises(ValueError, match="eval.suite: 's/train.jsonl' is also rollout.suite"):
+        TrainConfig.model_validate(base | {"eval": {"suite": "s/train.jsonl"}})
+    with pytest.raises(ValueError, match="eval.episodes_per_task"):
+        TrainConfig(eval={"suite": "h.jsonl", "episodes_per_task": 0})
+    prep = {"tasks_dir": "s", "synth": {"seed": 3, "max_tasks": 20}, "teacher_episodes": 8}
+    cfg = TrainConfig.model_validate(base | {"eval": {"suite": "s/heldout.jsonl"}, "prepare": prep})
+    assert cfg.prepare.synth_config().seed == 3 and cfg.prepare.synth_config().out == "s"
+    with pytest.raises(ValueError, match="eval.suite: 'x/heldout.jsonl': with prepare.tasks_dir it must be 's/heldout.jsonl'"):
+        TrainConfig.model_validate(base | {"eval": {"suite": "x/heldout.jsonl"}, "prepare": prep})
+    with pytest.raises(ValueError, match="prepare.synth.max_tasks"):
+        TrainConfig.model_validate(base | {"prepare": prep | {"synth": {"max_tasks": 0}}})
+    with pytest.raises(ValueError, match="prepare.synth.out"):
+        TrainConfig.model_validate(base | {"prepare": prep | {"synth": {"out": "y"}}})
+    with pytest.raises(ValueError, match="sft.data: 'd/t.jsonl': with prepare.teacher_episodes"):
+        TrainConfig.model_validate(base | {"sft": {"data": "d/t.jsonl"}, "prepare": {"teacher_episodes": 2}})
+
+
+def test_the_learning_example_config_loads():
+    from harnessrl.trainers.loop import load_config
+
+    cfg = load_config(ROOT / "examples" / "learn-cpu.toml")
+    assert cfg.model == "smollm2-135m" and cfg.stages == ["sft", "rl"] and cfg.rollout.harness == "mini-swe-agent"
+    assert cfg.eval.points_for(cfg.stages) == ["pre_sft", "post_sft", "post_rl"]
+    assert Path(cfg.rollout.suite).name == "train.jsonl" and Path(cfg.eval.suite).name == "heldout.jsonl"
+    assert cfg.prepare.teacher_episodes > 0 and cfg.prepare.tasks_dir is not None
+
+
+# -- real evaluation episodes: mini-swe-agent in Docker, the scripted engine as the policy ------------
+@pytest.mark.docker
+@pytest.mark.harness
+@pytest.mark.timeout(900)
+def test_evaluate_runs_real_episodes_with_the_right_n_and_ci(tmp_path):
+    from adapter_helpers import builtin_task, docker_backend
+    from harnessrl.adapters.toolchain import installed_spec
+    from harnessrl.gym.doubles.scripted import ScriptedEngine
+    from harnessrl.gym.episode import EpisodeConfig
+    from harnessrl.gym.models import load_tokenizer
+    from harnessrl.gym.rollout import RolloutConfig
+    from harnessrl.gym.served import ServedApp
+    from harnessrl.trainers.samples import RecordError, SampleConfig, build_samples
+
+    backend = docker_backend()
+    if installed_spec("venvs", "mini-swe-agent") is None:
+        pytest.skip("mini-swe-agent not installed: run scripts/install_harnesses.sh mini-swe-agent")
+    task = builtin_task()
+    suite = tmp_path / "heldout.jsonl"
+    suite.write_text(json.dumps(task.model_dump(mode="json")) + "\n")
+    engine = ScriptedEngine(load_tokenizer("tiny-llama"))
+    base = RolloutConfig(harness="mini-swe-agent", model="tiny-llama", sandbox="docker", sandbox_pool_size=2,
+                         episode=EpisodeConfig(max_calls=4, wall_time_s=300))
+    cfg = ev.EvalConfig(suite=str(suite), episodes_per_task=2, concurrency=2, temperature=0.0)
+    summaries = {}
+    try:
+        with ServedApp(engine.app()) as served:
+            for point, gold in (("pre_sft", False), ("post_sft", True)):
+                engine.set_tasks([task], gold=gold)
+                summaries[point] = asyncio.run(ev.evaluate(point, cfg, base, served.url, tmp_path / "run"))
+    finally:
+        backend.reap(run_id=backend.run_id)
+    pre, post = summaries["pre_sft"], summaries["post_sft"]
+    assert (pre["n"], pre["successes"], pre["success_rate"], pre["reward_mean"]) == (2, 0, 0.0, 0.0)
+    assert pre["outcomes"]["wrong_edit"] == 2  # it submitted at once (a tool call), the tests still fail
+    assert (post["n"], post["successes"], post["success_rate"], post["reward_mean"]) == (2, 2, 1.0, 1.0)
+    assert pre["ci95"] == list(ev.wilson(0, 2)) and post["ci95"] == list(ev.wilson(2, 2))
+    assert post["by_task"] == {task.instance_id: [1.0, 1.0]} and post["tasks"] == 1
+    for point in ("pre_sft", "post_sft"):
+        folder = tmp_path / "run" / "eval" / point
+        records = [Trajectory.from_dict(json.loads(x)) for x in (folder / "trajectories.jsonl").read_text().splitlines()]
+        assert [(t.task_id, t.metadata["eval"]) for t in records] == [(task.instance_id, point)] * 2
+        assert json.loads((folder / "summary.json").read_text())["successes"] == summaries[point]["successes"]
+        with pytest.raises(RecordError, match="held-out evaluation episode"):
+            build_samples(records, SampleConfig())
+    # every call was sampled at the evaluation's temperature, not the rollout's
+    assert {c.flags["sampling"]["temperature"] for t in records for c in t.calls} == {0.0}
