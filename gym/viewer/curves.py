@@ -104,6 +104,6 @@ def summary(index: RunIndex, max_points: int = 500) -> dict[str, Any]:
         "curve": reward_curve(index, max_points),
         "staleness_hist": staleness(index, report),
         "env_latency_s": histogram(index, "env_s", "env_s IS NOT NULL"),
-        "model_call_latency_s": histogram(index, "queue_s + gen_s", "detached = 0"),
+        "model_call_latency_s": histogram(index, "model_s", "detached = 0"),
         "report": report,
     }

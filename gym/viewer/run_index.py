@@ -35,7 +35,8 @@ _EPISODES = """CREATE TABLE episodes (
   sid TEXT PRIMARY KEY, ord REAL, task_id TEXT, harness TEXT, model TEXT, reward REAL, status TEXT,
   termination TEXT, calls INTEGER, segments INTEGER, tokens INTEGER, sampled INTEGER, splits TEXT,
   jsonl_off INTEGER, in_store INTEGER);
-CREATE TABLE calls (sid TEXT, idx INTEGER, queue_s REAL, gen_s REAL, env_s REAL, detached INTEGER, at REAL);
+CREATE TABLE calls (sid TEXT, idx INTEGER, queue_s REAL, gen_s REAL, env_s REAL, detached INTEGER, at REAL,
+  model_s REAL);
 """
 _FROM_STORE = """INSERT INTO episodes
 SELECT s.id, s.created, s.task_id, s.harness, s.model, s.reward, s.status, s.termination,
@@ -48,7 +49,7 @@ SELECT s.id, s.created, s.task_id, s.harness, s.model, s.reward, s.status, s.ter
   NULL, 1
 FROM store.sessions s LEFT JOIN store.calls c ON c.session_id = s.id GROUP BY s.id"""
 _CALLS_FROM_STORE = """INSERT INTO calls SELECT session_id, idx, queue_s, gen_s, env_s,
-  json_extract(flags, '$.detached') IS NOT NULL, created FROM store.calls"""
+  json_extract(flags, '$.detached') IS NOT NULL, created, queue_s + gen_s FROM store.calls"""
 
 
 class RunFolderError(ValueError):
@@ -119,7 +120,6 @@ class RunIndex:
     def _build(self) -> None:
         db = sqlite3.connect("file::memory:", uri=True, check_same_thread=False)
         db.executescript(_EPISODES)
-        stamp = self.files.stamp()
         if self.files.store is not None:
             db.execute("ATTACH DATABASE ? AS store", (f"file:{self.files.store.resolve()}?mode=ro",))
             db.execute(_FROM_STORE)
@@ -130,9 +130,11 @@ class RunIndex:
             self._scan_jsonl(db)
         for col in ("ord", "task_id", "reward", "status", "termination", "calls", "segments", "tokens", "sampled"):
             db.execute(f"CREATE INDEX ep_{col} ON episodes({col})")
-        db.execute("CREATE INDEX calls_sid ON calls(sid, idx)")
+        for name, cols in (("sid", "sid, idx"), ("env", "env_s"), ("model", "detached, model_s")):
+            db.execute(f"CREATE INDEX calls_{name} ON calls({cols})")
         db.commit()
-        old, self._db, self._stamp = self._db, db, stamp
+        # taken after reading: opening the store may itself create its -wal/-shm files
+        old, self._db, self._stamp = self._db, db, self.files.stamp()
         if old is not None:
             old.close()
 
@@ -168,8 +170,9 @@ class RunIndex:
             t.session_id, float(n), t.task_id, t.harness, t.model, t.reward, t.status, t.termination, len(t.calls),
             len(t.segments), sum(len(s.token_ids) for s in t.segments), sum(sum(s.loss_mask) for s in t.segments),
             splits, off, 0))
-        db.executemany("INSERT INTO calls VALUES (?,?,?,?,?,?,?)", [
-            (t.session_id, c.index, c.queue_s, c.gen_s, c.env_s, int(c.detached), c.finished_at) for c in t.calls])
+        db.executemany("INSERT INTO calls VALUES (?,?,?,?,?,?,?,?)", [
+            (t.session_id, c.index, c.queue_s, c.gen_s, c.env_s, int(c.detached), c.finished_at, c.queue_s + c.gen_s)
+            for c in t.calls])
 
     def _fresh(self) -> sqlite3.Connection:
         """The index, rebuilt first when the record changed (checked at most every `refresh_s`)."""

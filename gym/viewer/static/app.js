@@ -173,8 +173,7 @@ async function episodePage(r, sid) {
       h("span", {class: "tok sampled", style: "background:hsl(0,70%,82%)"}, "sampled, p≈0"), " ", colorBy),
     h("div", {class: "episode-panes"}, conv, tokens),
     grading(g, ep.metadata));
-  loadCalls(r, sid, conv, 0);
-  await loadTokens(r, sid, ep, tokens);
+  await Promise.all([loadCalls(r, sid, conv, 0), loadTokens(r, sid, ep, tokens)]);
 }
 
 function grading(g, meta) {

@@ -28,7 +28,7 @@ function ticks(lo, hi, n) {
 
 // series: [{name, color, points: [[x, y], ...]}]; opts: {title, xLabel, yLabel, yMin, yMax}
 function lineChart(series, opts) {
-  const W = 460, H = 220, L = 46, R = 12, T = 26, B = 34;
+  const W = 460, H = 230, L = 46, R = 12, T = 40, B = 34;
   const svg = svgEl("svg", {viewBox: `0 0 ${W} ${H}`, class: "chart line-chart", role: "img"});
   svg.appendChild(svgEl("text", {x: L, y: 16, class: "chart-title"}, opts.title || ""));
   const pts = series.flatMap(s => s.points.filter(p => p[1] !== null && p[1] !== undefined));
@@ -51,12 +51,11 @@ function lineChart(series, opts) {
   }
   svg.appendChild(svgEl("text", {x: (L + W - R) / 2, y: H - 4, "text-anchor": "middle", class: "axis-label"},
                         opts.xLabel || ""));
-  let lx = W - R;
-  series.slice().reverse().forEach(s => {
-    const label = svgEl("text", {x: lx, y: 16, "text-anchor": "end", class: "legend", fill: s.color}, s.name);
-    svg.appendChild(label);
-    lx -= 8 + 7 * s.name.length;
-  });
+  let lx = L;  // the legend: one row under the title
+  for (const s of series) {
+    svg.appendChild(svgEl("text", {x: lx, y: 31, class: "legend", fill: s.color}, `━ ${s.name}`));
+    lx += 20 + 6.5 * s.name.length;
+  }
   for (const s of series) {
     const ok = s.points.filter(p => p[1] !== null && p[1] !== undefined);
     const d = ok.map((p, i) => `${i ? "L" : "M"}${sx(p[0]).toFixed(1)},${sy(p[1]).toFixed(1)}`).join("");
