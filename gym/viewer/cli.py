@@ -25,7 +25,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         indexes = [RunIndex(path, name=path) for path in paths]
     except RunFolderError as e:
-        print(f"harnessrl view: {e}", file=sys.stderr)
+        hint = "" if args.runs else " (the default train run's folder; pass RUN_DIR ...)"
+        print(f"harnessrl view: {e}{hint}", file=sys.stderr)
         return 2
     import socket
 

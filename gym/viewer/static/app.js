@@ -187,7 +187,7 @@ function grading(g, meta) {
   if (g.agent_diff !== undefined) {
     const more = g.agent_diff_chars > g.agent_diff.length ? ` (first ${g.agent_diff.length} of ${g.agent_diff_chars} chars)` : "";
     kids.push(det(`the agent's patch${more}`, "patch", g.agent_diff || "(no changes)"));
-  } else {
+  } else if (g.reason) {
     kids.push(h("p", {class: "muted"}, "this record keeps no patch (recorded before patches were kept)"));
   }
   if (g.test_output !== undefined) kids.push(det("hidden tests' output", "test-output", g.test_output || "(empty)"));
