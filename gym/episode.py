@@ -402,7 +402,8 @@ def run_episode(task: Task, adapter: HarnessAdapter, make_sandbox: SandboxFactor
                                     # what the viewer shows: the agent's patch and the hidden tests' run
                                     "agent_diff": reward.agent_diff[:_DIFF_KEPT_CHARS],
                                     "agent_diff_chars": len(reward.agent_diff), "test_output": reward.test_output,
-                                    "tests": [t.model_dump() for t in reward.tests]}
+                                    "tests": [t.model_dump() for t in reward.tests],
+                                    "metrics": reward.metrics}  # a Harbor verifier's named numbers
     return EpisodeResult(traj, h, reward, reason, status, run.timings, error)
 
 

@@ -341,3 +341,28 @@ def test_the_local_backend_refuses_a_dockerfile_task_with_the_fix():
     task = load_dir(SHIPPED / "greet-script")[0]
     with pytest.raises(SandboxUnavailable, match=r"built from its own Dockerfile .*needs the docker backend"):
         backend.create(task.repo_spec())
+
+
+@pytest.mark.docker
+@pytest.mark.harness
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_collect_runs_the_harbor_suite_from_the_cli(tmp_path):
+    """`harnessrl collect --suite DIR`: the loader path rollout, train and collect share; every
+    shipped task's gold plan (solve.sh) through mini-swe-agent scores 1.0 and is kept."""
+    from harnessrl.adapters.toolchain import installed_spec
+
+    docker_backend()
+    if installed_spec("venvs", "mini-swe-agent") is None:
+        pytest.skip("mini-swe-agent not installed: run scripts/install_harnesses.sh mini-swe-agent")
+    out = cli("collect", "--teacher", "scripted", "--suite", str(SHIPPED), "--harness", "mini-swe-agent",
+              "--model", "tiny-llama", "--episodes", "3", "--sandbox", "docker", "--out", str(tmp_path))
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    kept = [json.loads(line) for line in (tmp_path / "trajectories.jsonl").read_text().splitlines()]
+    assert sorted(t["task_id"] for t in kept) == ["csv-stats", "greet-script", "wordcount-fix"]
+    assert all(t["reward"] == 1.0 and t["metadata"]["teacher"] == "scripted" for t in kept)
+    reasons = {t["task_id"]: t["metadata"]["grading"]["reason"] for t in kept}
+    assert reasons["csv-stats"].startswith("reward.json['reward'] = 1; metrics ")
+    assert reasons["greet-script"].startswith("reward.txt = 1 ")
+    metrics = {t["task_id"]: t["metadata"]["grading"]["metrics"] for t in kept}
+    assert metrics["csv-stats"] == {"reward": 1.0, "fields_correct": 3.0, "fields_total": 3.0}

@@ -63,11 +63,21 @@ def _pack(folder: Path) -> str:
 
 
 def gold_command(solution: Path, workdir: str, env: dict[str, str]) -> str:
-    """One shell command: solution/ unpacked at /solution, then solve.sh run in `workdir`."""
+    """One shell command: solution/ put at /solution, then solve.sh run in `workdir`. A lone
+    solve.sh travels as a here-document (plain text: few tokens for a scripted policy to
+    emit), a solution/ with more files as a base64 .tar.gz."""
     target = SCRATCH_LINKS["/solution"]
     exports = "".join(f"export {k}={shlex.quote(v)}; " for k, v in env.items())
-    return (f"rm -rf {target} && mkdir -p {target} && echo {_pack(solution)} | base64 -d | tar -xzf - -C {target}"
-            f" && cd {shlex.quote(workdir)} && {exports}bash /solution/solve.sh")
+    run = f"cd {shlex.quote(workdir)} && {exports}bash /solution/solve.sh"
+    files = [p for p in solution.rglob("*") if p.is_file()]
+    text = (solution / "solve.sh").read_text(encoding="utf-8", errors="replace")
+    if len(files) == 1:
+        mark = "HARNESSRL_SOLVE_EOF"
+        while mark in text:
+            mark += "_"
+        return (f"rm -rf {target} && mkdir -p {target} && cat > {target}/solve.sh <<'{mark}'\n"
+                f"{text.rstrip(chr(10))}\n{mark}\n{run}")
+    return f"rm -rf {target} && mkdir -p {target} && echo {_pack(solution)} | base64 -d | tar -xzf - -C {target} && {run}"
 
 
 def load_task(folder: Path) -> Task:
