@@ -90,6 +90,15 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
     except TaskFileError as e:
         print("\n".join(f"harnessrl rollout: {line}" for line in str(e).splitlines()), file=sys.stderr)
         return 2
+    try:  # a harness config not installed (or its node too old): which command to run, before any engine starts
+        from harnessrl.adapters import get_adapter
+
+        check = getattr(get_adapter(cfg.harness), "check_installed", None)
+        if callable(check):
+            check()
+    except (ValueError, OSError, RuntimeError) as e:
+        print(f"harnessrl rollout: {e}", file=sys.stderr)
+        return 2
     engine = None
     if args.engine_url is None:
         from harnessrl.trainers.engine import EngineServer

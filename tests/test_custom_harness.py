@@ -99,6 +99,21 @@ def test_not_installed_names_the_command_to_run(tmp_path):
     assert a.install_dir == ("npm", "grok-cli")  # npm_prefix defaults to the name
 
 
+def test_rollout_and_check_adapter_name_the_install_command_before_running(tmp_path, monkeypatch, capsys):
+    from harnessrl.cli import main
+    from harnessrl.gym.check_adapter import check_adapter
+
+    monkeypatch.setenv("HARNESSRL_TOOLCHAIN", str(tmp_path / "empty"))
+    assert main(["rollout", "--harness", str(GROK), "--episodes", "1", "--out", str(tmp_path / "run")]) == 2
+    assert capsys.readouterr().err.strip() == (f"harnessrl rollout: harness 'grok-cli' not installed in {tmp_path / 'empty'}: "
+                                               f"run `harnessrl harness install {GROK}`")
+    assert not (tmp_path / "run").exists()  # nothing started
+    rep = check_adapter(str(GROK))
+    installed = rep.checks[-1]
+    assert (installed.name, installed.ok) == ("installed", False) and not rep.ok
+    assert installed.detail.endswith(f"run `harnessrl harness install {GROK}`")
+
+
 def test_a_node_requirement_the_toolchain_misses_is_an_error_naming_both_versions(tmp_path, capsys, monkeypatch):
     root = tmp_path / "tc"
     cfg = _config(tmp_path, "future", 'install = "npm:semver@7.6.3"\nnode = ">=99"\ndialect = "openai-chat"\n'
