@@ -30,7 +30,7 @@ from adapter_helpers import docker_backend  # noqa: E402
 
 TASK = "harnessrl-builtin__cachekit-2"
 ARTIFACTS = Path(__file__).resolve().parents[1] / "runs" / "test-artifacts"
-pytestmark = [pytest.mark.docker, pytest.mark.harness]
+pytestmark = [pytest.mark.docker, pytest.mark.harness, pytest.mark.browser]
 
 
 def _browser():
@@ -209,6 +209,9 @@ def test_viewer_renders_a_real_run_in_headless_chromium(recorded, tmp_path):
             assert "(edited by the client)" in second.get_attribute("textContent")
             _shot(driver, tmp_path, "split")
             assert _severe(driver) == []
+            # nothing came from anywhere but this server (no CDN, no font, no network fetch)
+            fetched = driver.execute_script("return performance.getEntriesByType('resource').map(e => e.name)")
+            assert fetched and all(u.startswith(served.url + "/") for u in fetched), fetched
     finally:
         driver.quit()
 

@@ -13,6 +13,7 @@ name.
 """
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Literal
@@ -41,7 +42,8 @@ class Runs:
 
     def __init__(self, indexes: list[RunIndex], model: str | None):
         self.indexes, self.model = indexes, model
-        self._trajs: OrderedDict[tuple[int, str], Trajectory] = OrderedDict()
+        self._trajs: OrderedDict[tuple, Trajectory] = OrderedDict()
+        self._lock = threading.Lock()  # sync endpoints run in a thread pool
 
     def run(self, r: int) -> RunIndex:
         if not 0 <= r < len(self.indexes):
@@ -49,16 +51,22 @@ class Runs:
         return self.indexes[r]
 
     def trajectory(self, r: int, sid: str) -> Trajectory:
-        key = (r, sid)
-        if key not in self._trajs:
-            try:
-                self._trajs[key] = self.run(r).trajectory(sid)
-            except KeyError as e:
-                raise NotFound(str(e.args[0])) from None
+        """The record, cached while the run's files are unchanged (a live episode is re-read)."""
+        index = self.run(r)
+        key = (r, sid, index.files.stamp())
+        with self._lock:
+            if key in self._trajs:
+                self._trajs.move_to_end(key)
+                return self._trajs[key]
+        try:
+            traj = index.trajectory(sid)
+        except KeyError as e:
+            raise NotFound(str(e.args[0])) from None
+        with self._lock:
+            self._trajs[key] = traj
             while len(self._trajs) > 8:
                 self._trajs.popitem(last=False)
-        self._trajs.move_to_end(key)
-        return self._trajs[key]
+        return traj
 
     def decoder(self, traj: Trajectory) -> tuple[episode_view.Decoder | None, str | None]:
         name = self.model or traj.model
