@@ -262,6 +262,20 @@ def test_jsonl_only_run_and_grading_metadata_from_the_jsonl(tmp_path):
     assert row["by_run"]["0"] == row["by_run"]["1"] == {"episodes": 1, "successes": 1, "reward_mean": 1.0}
 
 
+def test_a_jsonl_line_the_store_lacks_sits_after_its_neighbour_and_a_partial_line_waits(tmp_path):
+    many_run(tmp_path, n=3)
+    store = Store(tmp_path / "trajectories.db")
+    trajs = [store.trajectory(sid) for sid in store.session_ids()]
+    store.close()
+    lost = Trajectory(session_id="unrecorded-1", segments=[], reward=None, status="infra_error",
+                      termination="infra", task_id="t-lost", harness="h")
+    lines = [trajs[0].to_json(), lost.to_json(), trajs[1].to_json(), trajs[2].to_json()]
+    (tmp_path / "trajectories.jsonl").write_text("\n".join(lines) + "\n" + trajs[0].to_json()[:50])
+    index = RunIndex(tmp_path)
+    assert [r["sid"] for r in index.episodes()["rows"]] == ["s0000", "unrecorded-1", "s0001", "s0002"]
+    assert index.trajectory("unrecorded-1").task_id == "t-lost"
+
+
 def test_the_index_follows_a_live_store(tmp_path):
     many_run(tmp_path, n=3)
     index = RunIndex(tmp_path, refresh_s=0.0)

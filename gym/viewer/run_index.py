@@ -139,14 +139,17 @@ class RunIndex:
             old.close()
 
     def _scan_jsonl(self, db: sqlite3.Connection) -> None:
-        known = {r[0] for r in db.execute("SELECT sid FROM episodes")}
+        """Offsets of the store's sessions; lines of sessions the store lacks become rows, ordered
+        right after the line before them (a run without a store: in file order). A last line
+        without its newline is being written and is left for the next rebuild."""
+        known = dict(db.execute("SELECT sid, ord FROM episodes").fetchall())
         assert self.files.jsonl is not None
         with open(self.files.jsonl, "rb") as f:
-            n = 0
+            n, last = 0, 0.0
             while True:
                 off = f.tell()
                 line = f.readline()
-                if not line:
+                if not line.endswith(b"\n"):
                     break
                 n += 1
                 if not line.strip():
@@ -155,19 +158,21 @@ class RunIndex:
                 sid = m.group(1).decode() if m else None
                 if sid is not None and sid in known:
                     db.execute("UPDATE episodes SET jsonl_off=? WHERE sid=?", (off, sid))
+                    last = known[sid]
                     continue
                 try:  # not in the store (or no store): this line is the record
                     t = Trajectory.from_dict(json.loads(line))
                 except (ValueError, TypeError) as e:
                     raise RunFolderError(f"{self.files.jsonl}:{n}: not a trajectory record: {e}") from None
-                self._insert(db, t, off, n)
-                known.add(t.session_id)
+                last = last + 1e-6 if self.files.store is not None else float(n)
+                self._insert(db, t, off, last)
+                known[t.session_id] = last
 
     @staticmethod
-    def _insert(db: sqlite3.Connection, t: Trajectory, off: int, n: int) -> None:
+    def _insert(db: sqlite3.Connection, t: Trajectory, off: int, order: float) -> None:
         splits = ",".join(dict.fromkeys(s.split_reason for s in t.segments if s.split_reason)) or None
         db.execute("INSERT OR REPLACE INTO episodes VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", (
-            t.session_id, float(n), t.task_id, t.harness, t.model, t.reward, t.status, t.termination, len(t.calls),
+            t.session_id, order, t.task_id, t.harness, t.model, t.reward, t.status, t.termination, len(t.calls),
             len(t.segments), sum(len(s.token_ids) for s in t.segments), sum(sum(s.loss_mask) for s in t.segments),
             splits, off, 0))
         db.executemany("INSERT INTO calls VALUES (?,?,?,?,?,?,?,?)", [
