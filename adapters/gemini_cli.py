@@ -6,9 +6,12 @@ appends `/v1beta/models/{model}:...`), the session key as `GEMINI_API_KEY` (sent
 only the base URL set it would pick the "gateway" auth, which non-interactive mode refuses
 ("Invalid auth method selected"). The same settings turn off what needs the network or
 slows an offline run: auto-update and its notice, usage statistics and telemetry, retries
-(`maxAttempts` 1), loop detection, sub-agents and skills, ripgrep; the tool set is the
-file and shell core (the default set adds web search/fetch, planning and topic tools the
-sandbox cannot serve). `GEMINI_CLI_TRUST_WORKSPACE` trusts the task's checkout (headless
+(`maxAttempts` 1), loop detection, sub-agents and skills, ripgrep. The tool set is
+`tools=` (default `TOOLS`: shell, read, write, list): the CLI's default set adds web
+search/fetch, planning, topic and sub-agent tools the sandbox cannot serve, and its
+~25k-character system prompt plus the default set is ~8.7k tokens, past an 8k-context
+policy such as SmolLM2; with `TOOLS` the first prompt is ~6.9k (`FULL_TOOLS`, with the
+replace/glob/grep tools, ~8.2k). `GEMINI_CLI_TRUST_WORKSPACE` trusts the task's checkout (headless
 mode refuses an untrusted folder). `model.maxSessionTurns` is the call budget; past it the
 CLI exits 53 (`FatalTurnLimitedError`), a call limit. `--output-format json` prints one
 object: `response` after a final answer, `error` (type, message, code) otherwise.
@@ -23,19 +26,20 @@ from harnessrl.adapters.base import SANDBOX_SCRATCH, Endpoint, HarnessResult, La
 from harnessrl.adapters.inside import inside_mounts, path_for, run_inside
 from harnessrl.adapters.toolchain import require
 
-TOOLS = ["run_shell_command", "read_file", "write_file", "replace", "list_directory", "glob", "grep_search"]
+TOOLS = ("run_shell_command", "read_file", "write_file", "list_directory")
+FULL_TOOLS = ("run_shell_command", "read_file", "write_file", "replace", "list_directory", "glob", "grep_search")
 #: The CLI's exit status when `model.maxSessionTurns` is reached.
 TURN_LIMIT_EXIT = 53
 
 
-def gemini_settings(max_turns: int) -> dict:
+def gemini_settings(max_turns: int, tools: tuple[str, ...] = TOOLS) -> dict:
     """`~/.gemini/settings.json` for an offline, headless, sandboxed run."""
     return {"security": {"auth": {"selectedType": "gemini-api-key"}, "folderTrust": {"enabled": False}},
             "general": {"enableAutoUpdate": False, "enableAutoUpdateNotification": False, "maxAttempts": 1,
                         "retryFetchErrors": False},
             "privacy": {"usageStatisticsEnabled": False}, "telemetry": {"enabled": False},
             "model": {"maxSessionTurns": max_turns, "disableLoopDetection": True, "skipNextSpeakerCheck": True},
-            "tools": {"core": TOOLS, "useRipgrep": False},
+            "tools": {"core": list(tools), "useRipgrep": False},
             "experimental": {"enableAgents": False}, "skills": {"enabled": False}}
 
 
@@ -50,6 +54,12 @@ class GeminiCliAdapter:
     version: ClassVar[str] = "0.61.0"
     install: ClassVar[str] = "npm:@google/gemini-cli@0.61.0"
 
+    def __init__(self, tools: tuple[str, ...] | list[str] = TOOLS):
+        """`tools`: the CLI's built-in tools it may use (`tools.core` in its settings)."""
+        if isinstance(tools, str) or not tools or not all(isinstance(t, str) and t for t in tools):
+            raise ValueError(f"gemini-cli tools: want a non-empty list of tool names, got {tools!r}")
+        self.tools = tuple(tools)
+
     def mounts(self, endpoint: Endpoint, toolchain: Path | None = None) -> list[Mount]:
         return inside_mounts(endpoint, toolchain)
 
@@ -57,7 +67,7 @@ class GeminiCliAdapter:
         require("npm", self.name, self.install.split(":", 1)[1], launch.toolchain)
         ep = launch.endpoint
         home = f"{SANDBOX_SCRATCH}/home"
-        files = {f"{home}/.gemini/settings.json": json.dumps(gemini_settings(launch.limits.max_calls)).encode()}
+        files = {f"{home}/.gemini/settings.json": json.dumps(gemini_settings(launch.limits.max_calls, self.tools)).encode()}
         env = {"HOME": home, "PATH": path_for(self.name), "GOOGLE_GEMINI_BASE_URL": ep.inside_base_url,
                "GEMINI_API_KEY": ep.api_key, "GEMINI_CLI_TRUST_WORKSPACE": "true", "NO_COLOR": "1",
                "NO_BROWSER": "true"}

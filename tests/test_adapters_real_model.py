@@ -42,7 +42,7 @@ def real_stack():
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("harness", ["mini-swe-agent", "codex", "claude-code", "opencode", "aider"])
+@pytest.mark.parametrize("harness", ["mini-swe-agent", "codex", "claude-code", "opencode", "aider", "gemini-cli"])
 def test_real_policy_episode_ends_with_reason_and_complete_record(real_stack, harness):
     from harnessrl.gym.episode import EpisodeConfig, run_episode
 
