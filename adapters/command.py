@@ -39,7 +39,7 @@ from harnessrl.adapters.host_mounts import parse_mounts
 from harnessrl.adapters.inside import inside_mounts, run_inside
 from harnessrl.adapters.proc import clean_env, run_host
 from harnessrl.adapters.toolchain import (InstallSpec, check_node, node_version, parse_install, require,
-                                          toolchain_root)
+                                          stamp_for, toolchain_root)
 
 MINI_ENV = Path(__file__).with_name("mini_env.py")
 
@@ -72,6 +72,9 @@ class CommandConfig(BaseModel):
     node: str | None = None
     """Node versions the harness runs on, a PEP 440 specifier set (">=20", ">=18.17,<23"),
     checked against the toolchain's node at install and at launch."""
+    node_runtime: str | None = None
+    """npm install only: an exact node version ("22.23.5") npm installs into the harness's own
+    prefix (first on its PATH) when the toolchain's node is too old for it."""
     venv: str | None = None
     """pip install only: the venv's folder under <toolchain>/venvs (default: name)."""
     mounts: list[str] = Field(default_factory=list)
@@ -109,6 +112,13 @@ class CommandConfig(BaseModel):
         except InvalidSpecifier:
             raise ValueError(f"node {v!r} is not a version requirement like \">=20\" or \">=18.17,<23\"") from None
 
+    @field_validator("node_runtime")
+    @classmethod
+    def _exact_node(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"\d+\.\d+\.\d+", v):
+            raise ValueError(f"node_runtime {v!r}: want one exact node version, e.g. \"22.23.5\"")
+        return v
+
     @field_validator("mounts")
     @classmethod
     def _mountable(cls, v: list[str]) -> list[str]:
@@ -130,6 +140,8 @@ class CommandAdapter:
         if self.spec is not None and self.spec.kind == "pip" and c.placement == "inside":
             raise ValueError(f"command adapter {c.name!r}: a pip install runs beside the sandbox (its venv is "
                              "built for the host); set placement = \"beside\"")
+        if c.node_runtime is not None and (self.spec is None or self.spec.kind != "npm"):
+            raise ValueError(f"command adapter {c.name!r}: node_runtime needs an npm install (it goes in its prefix)")
         if self.spec is not None and self.spec.kind == "npm" and c.npm_prefix is None:
             self.config = c = c.model_copy(update={"npm_prefix": c.name})
         self.extra_mounts = parse_mounts(c.mounts)
@@ -178,10 +190,11 @@ class CommandAdapter:
         where = self.install_dir
         if where is None:
             return
-        root = toolchain or toolchain_root()
-        require(where[0], where[1], self.spec.spec, root, fix=self.install_hint())
+        root, own = toolchain or toolchain_root(), self.config.node_runtime
+        require(where[0], where[1], stamp_for(self.spec, own), root, fix=self.install_hint())
         if self.config.node:
-            check_node(self.config.node, node_version(root), f"harness {self.name!r} ({self.spec.spec})")
+            check_node(self.config.node, own or node_version(root), f"harness {self.name!r} ({self.spec.spec})",
+                       "its node_runtime" if own else "the toolchain's")
 
     def mounts(self, endpoint: Endpoint, toolchain: Path | None = None) -> list[Mount]:
         own = inside_mounts(endpoint, toolchain) if self.placement == "inside" else []

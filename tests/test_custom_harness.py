@@ -132,6 +132,47 @@ def test_a_node_requirement_the_toolchain_misses_is_an_error_naming_both_version
         CommandAdapter.from_file(cfg).check_installed(root)
     with pytest.raises(ValueError, match=r"node 'twenty' is not a version requirement"):
         CommandAdapter({"name": "x", **BESIDE, "command": ["x"], "node": "twenty"})
+    with pytest.raises(ValueError, match=r"node_runtime '22': want one exact node version"):
+        CommandAdapter({"name": "x", **BESIDE, "command": ["x"], "node_runtime": "22"})
+    with pytest.raises(ValueError, match=r"node_runtime needs an npm install"):
+        CommandAdapter({"name": "x", **BESIDE, "command": ["x"], "node_runtime": "22.23.5"})
+
+
+@pytest.mark.docker
+@pytest.mark.harness
+@pytest.mark.timeout(900)
+def test_node_runtime_installs_a_newer_node_from_npm_that_the_harness_runs_on_in_the_sandbox(tmp_path):
+    from harnessrl.adapters.base import TOOLCHAIN_MOUNT, Mount
+
+    root = tmp_path / "tc"
+    body = ('install = "npm:semver@7.6.3"\nnode = ">=22"\ndialect = "openai-chat"\nplacement = "inside"\n'
+            'command = ["semver"]\n')
+    bare = _config(tmp_path, "needs22", body)
+    if node_version(root) is None and int(subprocess.run(["node", "--version"], capture_output=True,
+                                                          text=True).stdout[1:].split(".")[0]) >= 22:
+        pytest.skip("the host node already satisfies >=22")
+    with pytest.raises(NodeTooOld, match=r"needs node >=22, but the toolchain's node is v\d+.*set node_runtime"):
+        install_config(str(bare), root)
+    own = tmp_path / "needs22-own.toml"
+    own.write_text(bare.read_text() + 'node_runtime = "22.23.5"\n')
+    done = install_config(str(own), root)
+    assert done.action == "installed" and done.spec == "semver@7.6.3 + node 22.23.5"
+    assert installed_spec("npm", "needs22", root) == "semver@7.6.3 + node 22.23.5"
+    assert install_config(str(own), root).action == "present"
+    CommandAdapter.from_file(own).check_installed(root)
+    with pytest.raises(HarnessNotInstalled, match=r"installed at 'semver@7.6.3 \+ node 22.23.5', want 'semver@7.6.3'"):
+        CommandAdapter.from_file(bare).check_installed(root)
+    backend = docker_backend()
+    for d in (tmp_path, root):
+        d.chmod(0o755)
+    sb = backend.create(builtin_task().repo_spec(), mounts=[Mount(str(root), TOOLCHAIN_MOUNT, True)])
+    try:
+        path = f"{TOOLCHAIN_MOUNT}/npm/needs22/bin:{TOOLCHAIN_MOUNT}/node/bin:/usr/bin:/bin"  # as the adapter sets it
+        r = sb.exec(f"export PATH={path}; node --version; semver -i minor 1.2.3", timeout=120)
+        assert r.exit_code == 0 and r.output.split() == ["v22.23.5", "1.3.0"], r.output
+    finally:
+        sb.close()
+        backend.reap(run_id=backend.run_id)
 
 
 def test_models_and_toolchain_move_separately(tmp_path, monkeypatch):
