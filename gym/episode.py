@@ -3,8 +3,11 @@
 Contract: `run_episode` always returns an `EpisodeResult` (whatever raises where: only
 KeyboardInterrupt and SystemExit pass through) whose trajectory is closed and stored with a
 reward, a status and a termination reason, one of submitted | harness_exited | call_limit |
-timeout | harness_crashed | sandbox_died | engine_error | infra | stale | cancelled; an
-unexpected exception is `infra` with the stage and the exception in `error`. The record is
+timeout | harness_crashed | sandbox_died | engine_error | infra | stale | cancelled |
+context_exceeded (the engine refused the last prompt as longer than its context: truncated); an
+unexpected exception is `infra` with the stage and the exception in `error`. The harness's exit
+code, the tails of its stdout/stderr and the ending in words (`ending`) go into the record's
+metadata; a harness that never started (exit 126/127, no model call) is `infra`. The record is
 read from the proxy once, after the session is closed. The harness only ever gets plain data
 (session URL, key, model, the problem statement, its sandbox); hidden tests are applied by `gym.rewards.score` after it
 has exited. An ending caused by the infrastructure (sandbox died, engine unreachable,
