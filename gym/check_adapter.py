@@ -4,7 +4,8 @@
 
 Runs, on real parts (the sandbox backend, the proxy, the scripted policy with the real
 tokenizer): (1) it loads and declares valid capabilities; (2) its harness is installed;
-(3) a gold-plan episode on a built-in task ends `submitted`/`harness_exited` with reward 1.0
+(3) a gold-plan episode on a built-in task (`--suite DIR`: a Harbor folder's first task with
+solution/solve.sh) ends `submitted`/`harness_exited` with reward 1.0
 and a token-exact record (each recorded call's prompt and completion ids are exactly what
 the engine was given and returned; each segment's loss mask marks exactly the sampled ids);
 (4) an empty-plan episode scores 0.0; (5) every ending carries its reason into the stored
@@ -144,14 +145,15 @@ def _episode_detail(res: Any) -> str:
 
 
 def check_adapter(target: str, backend: str = "auto", wall_time_s: float = 300.0, model: str = "smollm2-135m",
-                  context: int | None = None) -> CheckReport:
+                  context: int | None = None, suite: str = "builtin") -> CheckReport:
+    """The checks, on `suite`'s first task with a gold plan (a Harbor folder's: solution/solve.sh)."""
     from harnessrl.gym.doubles.scripted import ScriptedEngine
     from harnessrl.gym.episode import EpisodeConfig, ProxyHandle, run_episode
     from harnessrl.gym.models import load_tokenizer
     from harnessrl.gym.proxy.config import ProxyConfig
     from harnessrl.gym.proxy.server import ProxyServer
     from harnessrl.gym.served import ServedApp
-    from harnessrl.gym.suites.builtin import load
+    from harnessrl.gym.task_loaders import load_suite
     from harnessrl.sandboxes import make_backend
 
     report = CheckReport(target)
@@ -168,7 +170,11 @@ def check_adapter(target: str, backend: str = "auto", wall_time_s: float = 300.0
     except (OSError, KeyError, ValueError) as e:
         report.add("model context", False, f"{model}: {e}")
         return report
-    task = next(t for t in load() if t.gold_plan)
+    try:
+        task = next(t for t in load_suite(suite) if t.gold_plan)
+    except (ValueError, StopIteration) as e:  # TaskFileError is a ValueError
+        report.add("gold task", False, f"suite {suite!r}: {str(e) or 'no task has a gold plan'}")
+        return report
     sandboxes = make_backend(backend)
     engine = ScriptedEngine(load_tokenizer("tiny-llama"))
     with ServedApp(engine.app()) as served, \
@@ -206,8 +212,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--wall-time", type=float, default=300.0, help="harness wall-clock limit per episode (s)")
     ap.add_argument("--model", default="smollm2-135m", help="the model to be trained: its context bounds the prompt")
     ap.add_argument("--context-length", type=int, default=None, help="the serving engine's context (default: --model's)")
+    ap.add_argument("--suite", default="builtin", help="where the gold task comes from: a suite name, a task file or a "
+                                                       "folder of Harbor tasks (its solution/solve.sh)")
     args = ap.parse_args(argv)
-    report = check_adapter(args.adapter, args.backend, args.wall_time, args.model, args.context_length)
+    report = check_adapter(args.adapter, args.backend, args.wall_time, args.model, args.context_length, args.suite)
     for c in report.checks:
         print(f"{'PASS' if c.ok else 'FAIL'}  {c.name}: {c.detail}")
     print(json.dumps({"adapter": report.adapter, "ok": report.ok, "checks": [asdict(c) for c in report.checks],

@@ -366,3 +366,18 @@ def test_collect_runs_the_harbor_suite_from_the_cli(tmp_path):
     assert reasons["greet-script"].startswith("reward.txt = 1 ")
     metrics = {t["task_id"]: t["metadata"]["grading"]["metrics"] for t in kept}
     assert metrics["csv-stats"] == {"reward": 1.0, "fields_correct": 3.0, "fields_total": 3.0}
+
+
+def test_check_adapter_takes_its_gold_task_from_a_harbor_folder(tmp_path):
+    """`check-adapter --suite DIR` (run in full on gym/suites/harbor by hand: all checks PASS);
+    a folder whose tasks have no solve.sh fails the gold-task check, naming the suite."""
+    from harnessrl.adapters.toolchain import installed_spec
+    from harnessrl.gym.check_adapter import check_adapter
+
+    if installed_spec("venvs", "mini-swe-agent") is None:
+        pytest.skip("mini-swe-agent not installed: run scripts/install_harnesses.sh mini-swe-agent")
+    make_task(tmp_path, "no-gold", ONLY_ON_PASS, solve=None)
+    report = check_adapter("mini-swe-agent", "docker", 60, suite=str(tmp_path))
+    last = report.checks[-1]
+    assert (last.name, last.ok) == ("gold task", False)
+    assert last.detail == f"suite {str(tmp_path)!r}: no task has a gold plan"
