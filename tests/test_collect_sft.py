@@ -219,6 +219,25 @@ def test_sft_step_lowers_the_masked_loss_and_rl_refuses_teacher_data():
     assert len(sft_samples([failed], min_reward=None)) == 1
 
 
+@pytest.mark.timeout(600)
+def test_trainable_layers_trains_only_the_top_blocks():
+    import torch
+
+    batch = _teacher_records()
+    trainer = _trainer(trainable_layers=1)
+    blocks = trainer.model.model.layers
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    m1 = trainer.sft_step(batch)
+    m2 = trainer.sft_step(batch)
+    assert m2["loss"] < m1["loss"], (m1, m2)
+    top = f"model.layers.{len(blocks) - 1}."
+    changed = {n for n, p in trainer.model.named_parameters() if not torch.equal(p, before[n])}
+    assert changed and all(n.startswith(top) or n == "model.norm.weight" for n in changed), sorted(changed)
+    assert any(n.startswith(top) for n in changed) and "model.embed_tokens.weight" not in changed
+    with pytest.raises(ValueError, match="trainable_layers"):
+        _trainer(trainable_layers=len(blocks) + 1)
+
+
 def _on_policy(trainer, tok, version: int, seed: int = 0) -> list[Trajectory]:
     """Trajectories sampled from the trainer's current weights (engine-style records)."""
     import torch
