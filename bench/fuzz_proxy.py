@@ -7,7 +7,7 @@ prompts beyond a 32k-token context, as a real one does). Two parts, one run:
 
   fuzz      N seeded structured mutations (tests/proxy_fuzz_cases.py) of the real harness
             request shapes in tests/fixtures/harness-requests (Chat Completions, Responses,
-            Anthropic Messages; about half streamed) and of the admin API's bodies, over
+            Anthropic Messages, Gemini; about half streamed) and of the admin API's bodies, over
             keep-alive connections. Every bad request is followed by a good one on the same
             connection. Counted: answers by status code, 5xx, hangs (no answer within the
             per-request timeout), resets (connection closed or broken), error events inside
@@ -110,7 +110,8 @@ async def fuzz(port: int, token: str, n: int, conc: int, seed: int, timeout: flo
         adm = Conn(port, token)
         admin_sid = admin(port, token, "/admin/sessions", {"meta": {"harness": "fuzz-admin"}})["session_id"]
         for i in range(w, n, conc):
-            kind = rng.choices(["openai_chat", "openai_responses", "anthropic_messages", "admin"], [3, 3, 3, 1])[0]
+            kind = rng.choices(["openai_chat", "openai_responses", "anthropic_messages", "gemini", "admin"],
+                               [3, 3, 3, 3, 1])[0]
             per_kind[kind] += 1
             if kind == "admin":
                 method, path, body, what = admin_case(rng, admin_sid)
@@ -127,7 +128,7 @@ async def fuzz(port: int, token: str, n: int, conc: int, seed: int, timeout: flo
                 continue
             conn, prefix = sess[kind]
             case: Case = mutate(kind, bases[kind], rng)
-            got = await call(conn, "POST", prefix + DIALECT_PATHS[kind], case.content())
+            got = await call(conn, "POST", prefix + case.path, case.content())
             if got is None:
                 continue
             by_status[got[0]] += 1

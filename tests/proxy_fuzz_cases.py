@@ -6,7 +6,8 @@ seeded one in the bench), plus the checks every answer must pass.
 What must hold for every request, however malformed: no 5xx; a 200 is a real answer in
 the dialect's shape (never an error event inside a 200 stream); a 4xx is the dialect's error
 shape and, for a 400 about a field, names it (OpenAI `error.param`, Anthropic in the
-message); the keep-alive connection stays usable.
+message, Gemini in `error.details` field violations); the keep-alive connection stays usable.
+Gemini streams by its URL (`path_of`), not by a body field.
 """
 from __future__ import annotations
 
@@ -19,7 +20,14 @@ from typing import Any
 from proxy_helpers import fill_placeholders, fixture_requests, sse_events
 
 DIALECT_PATHS = {"openai_chat": "/v1/chat/completions", "openai_responses": "/v1/responses",
-                 "anthropic_messages": "/v1/messages"}
+                 "anthropic_messages": "/v1/messages", "gemini": "/v1beta/models/policy:generateContent"}
+GEMINI_STREAM = "/v1beta/models/policy:streamGenerateContent?alt=sse"
+
+
+def path_of(dialect: str, stream: bool) -> str:
+    """The route a request of `dialect` goes to (Gemini's streamed calls have their own)."""
+    return GEMINI_STREAM if dialect == "gemini" and stream else DIALECT_PATHS[dialect]
+
 
 #: Field names each dialect reads, at every level (set to odd values wherever a dict is).
 FIELDS = {
@@ -33,12 +41,18 @@ FIELDS = {
     "anthropic_messages": ["model", "messages", "system", "stream", "tools", "tool_choice", "stop_sequences",
                            "temperature", "top_p", "top_k", "max_tokens", "role", "content", "type", "text", "id",
                            "name", "input", "tool_use_id", "input_schema", "description"],
+    "gemini": ["contents", "role", "parts", "text", "thought", "functionCall", "functionResponse", "name", "args",
+               "id", "response", "systemInstruction", "tools", "functionDeclarations", "description", "parameters",
+               "parametersJsonSchema", "toolConfig", "functionCallingConfig", "mode", "allowedFunctionNames",
+               "generationConfig", "temperature", "topP", "topK", "maxOutputTokens", "stopSequences",
+               "candidateCount", "seed", "inlineData", "type"],
 }
 
 GOOD = {
     "openai_chat": {"model": "policy", "messages": [{"role": "user", "content": "hi"}]},
     "openai_responses": {"model": "policy", "input": "hi"},
     "anthropic_messages": {"model": "policy", "max_tokens": 64, "messages": [{"role": "user", "content": "hi"}]},
+    "gemini": {"contents": [{"role": "user", "parts": [{"text": "hi"}]}]},
 }
 """A small valid request per dialect: sent on the same connection after each bad one."""
 
@@ -80,7 +94,7 @@ def _containers(obj: Any, path: tuple = ()) -> list[tuple[tuple, Any]]:
         return out
     items = obj.items() if isinstance(obj, dict) else enumerate(obj)
     for k, v in items:
-        if isinstance(v, (dict, list)) and not ("parameters" in path or "input_schema" in path):
+        if isinstance(v, (dict, list)) and not ({"parameters", "input_schema", "parametersJsonSchema"} & set(path)):
             out += _containers(v, path + (k,))
     return out
 
@@ -97,17 +111,25 @@ class Case:
     def content(self) -> bytes:
         if self.raw is not None:
             return self.raw
-        return json.dumps(self.body, allow_nan=True).encode()
+        body = self.body
+        if self.dialect == "gemini" and isinstance(body, dict) and "stream" in body:
+            body = {k: v for k, v in body.items() if k != "stream"}  # Gemini streams by its URL
+        return json.dumps(body, allow_nan=True).encode()
 
     @property
     def stream(self) -> bool:
         return isinstance(self.body, dict) and self.body.get("stream") is True
 
+    @property
+    def path(self) -> str:
+        return path_of(self.dialect, self.stream)
+
 
 def base_bodies(dialect: str) -> list[dict]:
     """Real harness bodies of this dialect (placeholders filled), plus the small good one."""
     files = {"openai_chat": ["mini-swe-agent.jsonl", "opencode.jsonl", "aider.jsonl"],
-             "openai_responses": ["codex-cli.jsonl"], "anthropic_messages": ["claude-code.jsonl"]}[dialect]
+             "openai_responses": ["codex-cli.jsonl"], "anthropic_messages": ["claude-code.jsonl"],
+             "gemini": ["gemini-cli.jsonl"]}[dialect]
     out = [copy.deepcopy(GOOD[dialect])]
     for f in files:
         for r in fixture_requests(f):
@@ -213,6 +235,12 @@ def problems(dialect: str, case: Case, status: int, headers: dict, text: str) ->
         if dialect == "anthropic_messages":
             if err.get("type") != "error" or not (err.get("error") or {}).get("message"):
                 out.append(f"{status} not in Anthropic's error shape")
+        elif dialect == "gemini":
+            e = err.get("error") if isinstance(err.get("error"), dict) else {}
+            if e.get("code") != status or not e.get("message") or not isinstance(e.get("status"), str):
+                out.append(f"{status} not in Gemini's error shape")
+            elif status == 400 and not e.get("details") and not _whole_body_error(e["message"]):
+                out.append(f"400 names no field: {e['message'][:120]}")
         elif not isinstance(err.get("error"), dict) or not err["error"].get("message"):
             out.append(f"{status} not in OpenAI's error shape")
         elif status == 400 and err["error"].get("param") is None and not _whole_body_error(err["error"]["message"]):
@@ -240,6 +268,12 @@ def _stream_problems(dialect: str, text: str) -> list[str]:
             if isinstance(d, dict) and (d.get("error") or d.get("type") == "error"):
                 return [f"200 stream with an error event: {data[:120]}"]
     last_ev, last = events[-1]
+    if dialect == "gemini":  # no end marker: the last chunk carries the finish reason
+        try:
+            done = "finishReason" in json.loads(last)["candidates"][0]
+        except (ValueError, KeyError, IndexError, TypeError):
+            done = False
+        return [] if done else [f"stream does not end with a finish reason: {last[:60]}"]
     end = {"openai_chat": last == "[DONE]", "openai_responses": last_ev == "response.completed",
            "anthropic_messages": last_ev == "message_stop"}[dialect]
     return [] if end else [f"stream does not end properly: {last_ev} {last[:60]}"]

@@ -1,4 +1,4 @@
-"""Bad input never breaks the proxy: hypothesis-driven malformed requests to all three
+"""Bad input never breaks the proxy: hypothesis-driven malformed requests to all four
 dialects (streamed and not) and to the admin API, over real HTTP on loopback against a
 real proxy (stand-in engine, real tokenizer). Each answer is a 4xx in the dialect's shape
 naming the field (or a genuine 200), never a 5xx or an error event inside a 200, and a good
@@ -18,7 +18,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from harnessrl.gym.models import load_tokenizer
 
 sys.path.insert(0, str(Path(__file__).parent))  # --import-mode=importlib: helpers sit beside us
-from proxy_fuzz_cases import DIALECT_PATHS, GOOD, Case, admin_case, admin_problems, base_bodies, mutate, problems
+from proxy_fuzz_cases import (DIALECT_PATHS, GOOD, Case, admin_case, admin_problems, base_bodies, mutate, path_of,
+                              problems)
 from proxy_helpers import dialect_env
 
 pytestmark = pytest.mark.timeout(600)
@@ -68,11 +69,10 @@ def _session(env) -> Conn:
 
 
 def _check(conn: Conn, dialect: str, case: Case) -> None:
-    path = DIALECT_PATHS[dialect]
-    r, addr = conn.send("POST", path, case.content())
+    r, addr = conn.send("POST", case.path, case.content())
     bad = problems(dialect, case, r.status_code, dict(r.headers), r.text)
     assert not bad, f"{case.note}: {bad} -> {r.status_code} {r.text[:300]}"
-    g, addr2 = conn.send("POST", path, json.dumps(GOOD[dialect]).encode())
+    g, addr2 = conn.send("POST", DIALECT_PATHS[dialect], json.dumps(GOOD[dialect]).encode())
     assert g.status_code == 200, f"after {case.note}: good request got {g.status_code} {g.text[:200]}"
     assert addr2 == addr, f"after {case.note}: the connection was not kept ({addr} -> {addr2})"
 
@@ -333,13 +333,16 @@ def test_a_streamed_prompt_the_engine_refuses_is_a_400_not_an_error_event(dialec
         text = "word " * 400
         if dialect == "openai_responses":
             long["input"] = text
+        elif dialect == "gemini":
+            long = {"contents": [{"role": "user", "parts": [{"text": text}]}]}
         else:
             long["messages"] = [{"role": "user", "content": text}]
-        r, addr = conn.send("POST", DIALECT_PATHS[dialect], json.dumps(long).encode())
+        r, addr = conn.send("POST", path_of(dialect, True), json.dumps(long).encode())
         assert r.status_code == 400 and "do not fit the context" in r.text, r.text
         assert e.url not in r.text and e.url.split("//")[1] not in r.text  # the agent is not told where the engine is
         assert "text/event-stream" not in r.headers.get("content-type", "")
-        g, addr2 = conn.send("POST", DIALECT_PATHS[dialect], json.dumps({**GOOD[dialect], "stream": True}).encode())
+        good = GOOD[dialect] if dialect == "gemini" else {**GOOD[dialect], "stream": True}
+        g, addr2 = conn.send("POST", path_of(dialect, True), json.dumps(good).encode())
         assert g.status_code == 200 and addr2 == addr and not problems(dialect, Case(dialect, {"stream": True}, ""),
                                                                          200, {}, g.text)
 
