@@ -34,24 +34,42 @@ def _call(i: int, finish: str) -> CallRecord:
     return CallRecord(f"c{i}", "s", i, "openai_chat", 0, [1, 2], [3], [-0.1], [0], finish, 0)
 
 
-def _traj(sid: str, reward, status="ok", termination="submitted", finishes=("tool_calls",), task="t1") -> Trajectory:
+def _traj(sid: str, reward, status="ok", termination="submitted", finishes=("tool",), task="t1") -> Trajectory:
     return Trajectory(sid, [Segment([1, 2, 3], [0, 0, 1], [0.0, 0.0, -0.1], [-1, -1, 0])], reward, status, termination,
                       task_id=task, calls=[_call(i, f) for i, f in enumerate(finishes)])
+
+
+def _tool(c: CallRecord) -> bool:  # in these hand-built records, "tool" marks a reply with a tool call
+    return c.finish_reason == "tool"
+
+
+def test_tool_calls_are_read_as_the_proxy_parsed_them():
+    from harnessrl.gym.models import load_tokenizer
+    from harnessrl.gym.proxy.render import Renderer
+    from harnessrl.gym.proxy.toolcalls import load_tool_format
+
+    tok = load_tokenizer("tiny-llama")
+    made = ev.tool_call_reader(Renderer(tok, load_tool_format("hermes")))
+    for text, want in (('<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}\n</tool_call>', True),
+                       ("I would run ls.", False), ('<tool_call>\n{"name": "bash", "argu', False)):
+        c = _call(0, "stop")
+        c.completion_ids = tok.encode(text, add_special_tokens=False)
+        assert made(c) is want, text
 
 
 def test_outcomes_and_summary_come_from_the_records():
     trajs = [
         _traj("ok", 1.0),
         _traj("fmt", 0.0, "truncated", "call_limit", ("stop", "length")),  # no reply parsed as a tool call
-        _traj("lim", 0.0, "truncated", "call_limit", ("tool_calls", "tool_calls")),
+        _traj("lim", 0.0, "truncated", "call_limit", ("tool", "tool")),
         _traj("slow", 0.0, "truncated", "timeout"),
-        _traj("edit", 0.0, "ok", "submitted", ("tool_calls", "tool_calls"), task="t2"),
+        _traj("edit", 0.0, "ok", "submitted", ("tool", "tool"), task="t2"),
         _traj("crash", 0.0, "ok", "harness_crashed"),
         _traj("infra", None, "infra_error", "sandbox_died"),
     ]
-    assert [ev.outcome(t) for t in trajs] == ["success", "no_tool_call", "limit", "limit", "wrong_edit",
+    assert [ev.outcome(t, _tool) for t in trajs] == ["success", "no_tool_call", "limit", "limit", "wrong_edit",
                                              "harness_error", "masked_infra"]
-    s = ev.summarize("post_sft", trajs, timed_out=1)
+    s = ev.summarize("post_sft", trajs, _tool, timed_out=1)
     assert (s["n"], s["episodes"], s["successes"], s["success_rate"]) == (6, 8, 1, 1 / 6)
     assert s["ci95"] == list(ev.wilson(1, 6)) and s["reward_mean"] == pytest.approx(1 / 6)
     assert s["outcomes"] == {"masked_infra": 2, "success": 1, "harness_error": 1, "no_tool_call": 1, "limit": 2,

@@ -20,12 +20,12 @@ import math
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any, Iterable, Literal
+from typing import Any, Callable, Iterable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from harnessrl.gym.rollout import Rollout, RolloutConfig, load_suite_tasks
-from harnessrl.gym.trajectory import Trajectory
+from harnessrl.gym.trajectory import CallRecord, Trajectory
 
 Point = Literal["pre_sft", "post_sft", "post_rl"]
 POINTS: tuple[str, ...] = ("pre_sft", "post_sft", "post_rl")
@@ -110,8 +110,9 @@ async def evaluate(point: str, ev: EvalConfig, base: RolloutConfig, engine_url: 
             return traj
 
         done = await asyncio.gather(*(one(t) for t in order))
+        made_tool_call = tool_call_reader(ro.proxy.core.renderer)
     trajs = [t for t in done if t is not None]
-    summary = summarize(point, trajs, timed_out=len(done) - len(trajs))
+    summary = summarize(point, trajs, made_tool_call, timed_out=len(done) - len(trajs))
     summary["wall_s"] = round(time.monotonic() - t0, 1)
     summary["tasks"] = len(ids)
     summary["records"] = str(folder / "trajectories.jsonl")
@@ -119,7 +120,16 @@ async def evaluate(point: str, ev: EvalConfig, base: RolloutConfig, engine_url: 
     return summary
 
 
-def outcome(t: Trajectory) -> str:
+def tool_call_reader(renderer: Any) -> Callable[[CallRecord], bool]:
+    """Whether a recorded reply held a tool call the harness received: its completion decoded
+    and parsed as the proxy parsed it (its renderer's tool format). The record itself flags
+    only failed parses (`flags["tool_call"]`), not successful ones."""
+    def made(c: CallRecord) -> bool:
+        return bool(renderer.tool_format.parse(renderer.decode(c.completion_ids), []).tool_calls)
+    return made
+
+
+def outcome(t: Trajectory, made_tool_call: Callable[[CallRecord], bool]) -> str:
     """One of OUTCOMES for a finished episode record:
     masked_infra: not scored (an infra failure: sandbox, engine, proxy, cancelled);
     success: reward >= 1; harness_error: the harness crashed; no_tool_call: the harness got no
@@ -131,7 +141,7 @@ def outcome(t: Trajectory) -> str:
         return "success"
     if t.termination == "harness_crashed":
         return "harness_error"
-    if not any(c.finish_reason == "tool_calls" for c in t.delivered_calls):
+    if not any(made_tool_call(c) for c in t.delivered_calls):
         return "no_tool_call"
     if t.termination in ("call_limit", "timeout"):
         return "limit"
@@ -150,14 +160,15 @@ def wilson(k: int, n: int, z: float = 1.959963984540054) -> tuple[float | None, 
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
-def summarize(point: str, trajs: Iterable[Trajectory], timed_out: int = 0) -> dict[str, Any]:
+def summarize(point: str, trajs: Iterable[Trajectory], made_tool_call: Callable[[CallRecord], bool],
+              timed_out: int = 0) -> dict[str, Any]:
     """The point's figures. Rates are over scored episodes (masked ones are counted apart, never
     as 0); `outcomes` counts every episode, `timed_out` ones as masked_infra."""
     trajs = list(trajs)
     counts = Counter({k: 0 for k in OUTCOMES})
-    counts.update(outcome(t) for t in trajs)
+    counts.update(outcome(t, made_tool_call) for t in trajs)
     counts["masked_infra"] += timed_out
-    scored = [t for t in trajs if outcome(t) != "masked_infra"]
+    scored = [t for t in trajs if outcome(t, made_tool_call) != "masked_infra"]
     k, n = counts["success"], len(scored)
     lo, hi = wilson(k, n)
     calls = [c for t in scored for c in t.delivered_calls]
@@ -166,7 +177,7 @@ def summarize(point: str, trajs: Iterable[Trajectory], timed_out: int = 0) -> di
         "success_rate": k / n if n else None, "ci95": [lo, hi],
         "reward_mean": sum(float(t.reward) for t in scored) / n if n else None,
         "outcomes": dict(counts),
-        "tool_call_rate": sum(c.finish_reason == "tool_calls" for c in calls) / len(calls) if calls else None,
+        "tool_call_rate": sum(made_tool_call(c) for c in calls) / len(calls) if calls else None,
         "calls_per_episode": len(calls) / n if n else None,
         "by_task": {tid: [t.reward for t in scored if t.task_id == tid] for tid in sorted({t.task_id for t in scored})},
     }
