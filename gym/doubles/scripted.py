@@ -9,12 +9,14 @@ checked token for token against what this engine returned (`ScriptedEngine.calls
 
 Stateless decisions, read from the prompt itself (decoded with the tokenizer), so it needs
 no session id and serves concurrent episodes:
-- which task: the plan whose problem statement (its first line) appears in the prompt;
+- which task: the plan whose whole problem statement appears in the prompt (else the one
+  whose first line does);
 - which step: the number of assistant turns already in the prompt;
 - which tool: the harness's shell tool from the tool list the proxy rendered into the
-  system turn (`<tools>` JSON lines, Hermes format): bash / Bash / exec_command / shell,
-  its command argument (command / cmd; an array-typed one gets ["bash", "-lc", cmd]), other
-  required string arguments filled with a short text;
+  system turn (`<tools>` JSON lines, Hermes format): bash / Bash / exec_command / shell /
+  run_shell_command / run_commands, its command argument (command / cmd; an array-typed one
+  gets ["bash", "-lc", cmd]; commands, a list of command lines, gets [cmd]), other required
+  string arguments filled with a short text;
 - how to finish: `echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT` through the tool when the
   prompt asks for that (mini-swe-agent), otherwise a final answer without a tool call.
 With `delegate_tool` set (e.g. "Agent", Claude Code's sub-agent tool), a main conversation
@@ -36,8 +38,8 @@ from typing import Any, Iterable
 
 from harnessrl.gym.backends.encode import finish_reason, sglang_reply
 
-SHELL_TOOLS = ("bash", "Bash", "exec_command", "shell", "run_shell_command")
-COMMAND_ARGS = ("command", "cmd")
+SHELL_TOOLS = ("bash", "Bash", "exec_command", "shell", "run_shell_command", "run_commands")
+COMMAND_ARGS = ("command", "cmd", "commands")
 MINI_SUBMIT = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 DELEGATED = "DELEGATED TASK (carry it out yourself):"
 _TOOLS_BLOCK = re.compile(r"<tools>\n(.*?)\n</tools>", re.S)
@@ -68,6 +70,10 @@ class ScriptedPolicy:
     """A sub-agent tool to hand the plan to (None: carry the plan out in the main conversation)."""
 
     def _task(self, prompt: str) -> str | None:
+        # The whole statement first: synthesized tasks on one function share their first line.
+        whole = [st for st in self.plans if st.strip() and st.strip() in prompt]
+        if whole:
+            return max(whole, key=len)
         for statement in self.plans:
             key = statement.strip().splitlines()[0].strip() if statement.strip() else ""
             if key and key in prompt:
@@ -97,7 +103,9 @@ class ScriptedPolicy:
         arg = next((a for a in COMMAND_ARGS if a in props), None)
         if arg is None:
             raise ValueError(f"scripted policy: tool {tool['name']!r} has no command argument in {sorted(props)}")
-        args: dict[str, Any] = {arg: ["bash", "-lc", command] if props[arg].get("type") == "array" else command}
+        # An array: argv (Codex `shell`), or a list of command lines (Cline `run_commands.commands`).
+        array = [command] if arg == "commands" else ["bash", "-lc", command]
+        args: dict[str, Any] = {arg: array if props[arg].get("type") == "array" else command}
         for name in params.get("required") or []:
             if name not in args and (props.get(name) or {}).get("type") == "string":
                 args[name] = "scripted step"
