@@ -276,14 +276,18 @@ def test_a_jsonl_line_the_store_lacks_sits_after_its_neighbour_and_a_partial_lin
     assert index.trajectory("unrecorded-1").task_id == "t-lost"
 
 
-def test_the_index_follows_a_live_store(tmp_path):
+def test_the_index_follows_a_live_store_and_reading_it_changes_nothing(tmp_path):
     many_run(tmp_path, n=3)
     index = RunIndex(tmp_path, refresh_s=0.0)
-    assert index.episodes()["total"] == 3
-    store = Store(tmp_path / "trajectories.db")
+    assert index.episodes()["total"] == 3 and index.builds == 1
+    assert index.trajectory("s0001").session_id == "s0001"  # opens the store: no rebuild for that
+    assert index.episodes()["total"] == 3 and index.builds == 1
+    store = Store(tmp_path / "trajectories.db")  # the proxy, still writing
     store.open_session("late", {"task_id": "t9", "harness": "h"}, "h", "tiny-llama")
+    assert index.episodes()["total"] == 4 and index.episodes(task="t9")["rows"][0]["status"] == "running"
+    store.set_reward("late", 1.0, "ok", "submitted")
+    assert index.episodes(task="t9")["rows"][0]["reward"] == 1.0 and index.builds == 3
     store.close()
-    assert index.episodes()["total"] == 4 and index.episodes(task="t9")["rows"][0]["sid"] == "late"
 
 
 def test_not_a_run_folder_is_one_clear_line(tmp_path):

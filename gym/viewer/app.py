@@ -53,7 +53,7 @@ class Runs:
     def trajectory(self, r: int, sid: str) -> Trajectory:
         """The record, cached while the run's files are unchanged (a live episode is re-read)."""
         index = self.run(r)
-        key = (r, sid, index.files.stamp())
+        key = (r, sid, index.stamp())
         with self._lock:
             if key in self._trajs:
                 self._trajs.move_to_end(key)

@@ -11,8 +11,8 @@ is attached read-only; no token blob is read, sizes come from blob lengths) and 
 call with its timings. The JSONL is only scanned for each session's byte offset (its records
 are read one at a time, when an episode is opened); a run that has no store is indexed from
 its JSONL one line at a time. `episodes()` filters, sorts and pages in SQL, so a run of any
-size costs the browser one page. The index is rebuilt when the record's files change (a
-live run), checked at most once a second (`refresh_s`).
+size costs the browser one page. The index is rebuilt when the record changes (a live run:
+the store's content, the JSONL's size), checked at most once a second (`refresh_s`).
 """
 from __future__ import annotations
 
@@ -90,16 +90,13 @@ class RunFiles:
         return cls(root, store, jsonl, here("metrics.jsonl"), here("report.json") or first("report.json"),
                    here("config.json"))
 
-    def stamp(self) -> tuple:
-        """Changes when the record does (size and mtime of the store, its WAL and the JSONL)."""
-        out = []
-        for p in (self.store, self.store and self.store.with_name(self.store.name + "-wal"), self.jsonl):
-            try:
-                st = p.stat() if p is not None else None
-                out.append((st.st_size, st.st_mtime_ns) if st else None)
-            except FileNotFoundError:
-                out.append(None)
-        return tuple(out)
+    def jsonl_stamp(self) -> tuple | None:
+        """Size and mtime of the JSONL (it is only ever appended to)."""
+        try:
+            st = self.jsonl.stat() if self.jsonl is not None else None
+        except FileNotFoundError:
+            return None
+        return (st.st_size, st.st_mtime_ns) if st else None
 
 
 class RunIndex:
@@ -114,6 +111,10 @@ class RunIndex:
         self._db: sqlite3.Connection | None = None
         self._stamp: tuple | None = None
         self._checked = 0.0
+        self.builds = 0
+        """How many times the index was built (once, then once per change of the record)."""
+        self._ro = None if self.files.store is None else sqlite3.connect(
+            f"file:{self.files.store.resolve()}?mode=ro", uri=True, check_same_thread=False)
         self._build()
 
     # -- building -------------------------------------------------------------------------
@@ -133,8 +134,8 @@ class RunIndex:
         for name, cols in (("sid", "sid, idx"), ("env", "env_s"), ("model", "detached, model_s")):
             db.execute(f"CREATE INDEX calls_{name} ON calls({cols})")
         db.commit()
-        # taken after reading: opening the store may itself create its -wal/-shm files
-        old, self._db, self._stamp = self._db, db, self.files.stamp()
+        old, self._db, self._stamp = self._db, db, self._read_stamp()
+        self.builds += 1
         if old is not None:
             old.close()
 
@@ -184,10 +185,30 @@ class RunIndex:
         now = time.monotonic()
         if now - self._checked >= self.refresh_s:
             self._checked = now
-            if self.files.stamp() != self._stamp:
+            if self._read_stamp() != self._stamp:
                 self._build()
         assert self._db is not None
         return self._db
+
+    def _read_stamp(self) -> tuple:
+        """Changes when the record does: the store's content (calls added, sessions opened, closed
+        or rewarded; file times would change on a mere read, which checkpoints the WAL) and the
+        JSONL's size. A reply marked undelivered after the fact shows at the next other change."""
+        content = None
+        if self._ro is not None:
+            content = self._ro.execute(
+                "SELECT (SELECT COUNT(*) FROM calls), (SELECT MAX(rowid) FROM calls), (SELECT COUNT(*) FROM sessions), "
+                "(SELECT TOTAL(reward) FROM sessions), (SELECT COUNT(reward) FROM sessions), "
+                "(SELECT COUNT(closed) FROM sessions), "
+                "(SELECT TOTAL(rowid * (length(status) + 7 * length(termination))) FROM sessions)").fetchone()
+        return content, self.files.jsonl_stamp()
+
+    def stamp(self) -> tuple:
+        """The record's current stamp (what `trajectory` results may be cached by)."""
+        with self._lock:
+            self._fresh()
+            assert self._stamp is not None
+            return self._stamp
 
     # -- queries --------------------------------------------------------------------------
     def query(self, sql: str, args: tuple = ()) -> list[tuple]:

@@ -131,7 +131,7 @@ async function episodesTable(r, root) {
     }
     body.replaceChildren(...page.rows.map((e, i) => h("tr", {"data-sid": e.sid, class: `status-${e.status}`},
       h("td", {}, String(page.offset + i + 1)),
-      h("td", {}, h("a", {href: `#/run/${r}/episode/${e.sid}`, class: "episode-link"}, e.task_id || e.sid)),
+      h("td", {}, h("a", {href: `#/run/${r}/episode/${encodeURIComponent(e.sid)}`, class: "episode-link"}, e.task_id || e.sid)),
       h("td", {}, e.harness), h("td", {class: "num"}, fmt(e.reward)), h("td", {}, e.status),
       h("td", {}, e.termination), h("td", {class: "num"}, e.calls),
       h("td", {class: "num", title: e.splits.join(", ")}, e.segments + (e.splits.length ? " ✂" : "")),
