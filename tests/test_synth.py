@@ -242,12 +242,11 @@ def test_emitted_tasks_verify_in_docker(tmp_path):
         backend.reap(run_id=backend.run_id)
 
 
-def test_scripted_teacher_tells_apart_tasks_that_share_a_title(seed0):
+def test_scripted_teacher_tells_apart_tasks_that_share_a_title():
     """Easy / fix statements open with `<function> in <file> is broken`: two tasks on one
     function share that line, so the scripted teacher must match the whole statement."""
     from harnessrl.gym.doubles.scripted import ScriptedPolicy
 
-    out, _ = seed0
     a, b = "`f` in `m.py` is broken\n\nline 3: replace `x` with `y`.\n", "`f` in `m.py` is broken\n\nline 9: replace `p` with `q`.\n"
     policy = ScriptedPolicy(None, {a: ["plan a"], b: ["plan b"]})
     for st in (a, b):
