@@ -280,3 +280,42 @@ def test_gemini_cli_request_shapes_get_200(env):
         traj = env.proxy.trajectory(sid)
         assert len(traj.calls) == 1 and traj.calls[0].dialect == "gemini"
         check_exact(traj, env.eng.calls[n0:])
+
+
+@pytest.mark.parametrize("api_version", ["v1beta", "v1"])
+def test_google_genai_sdk_sync_streaming_and_count(env, api_version):
+    """The official Python SDK (google-genai) as a client: a function call, its response sent
+    back, a streamed final answer, countTokens; one segment, exact ids."""
+    from google import genai
+    from google.genai import types
+
+    sid, key, base, n0 = _session(env)
+    client = genai.Client(api_key=key, http_options=types.HttpOptions(
+        base_url=f"{env.proxy.url}/s/{sid}", api_version=api_version))
+    env.script.say(CALL, "All done.")
+    schema = types.Schema(type="OBJECT", properties={"command": types.Schema(type="STRING")}, required=["command"])
+    cfg = types.GenerateContentConfig(
+        system_instruction="Be brief.", automatic_function_calling=types.AutomaticFunctionCallingConfig(disable=True),
+        tools=[types.Tool(function_declarations=[types.FunctionDeclaration(
+            name="run_shell_command", description="Run a command.", parameters=schema)])])
+    r = client.models.generate_content(model="policy", contents="What does hello.txt say?", config=cfg)
+    (fc,) = r.function_calls
+    assert (fc.name, fc.args) == ("run_shell_command", {"command": "cat hello.txt"})
+    assert r.candidates[0].finish_reason == types.FinishReason.STOP
+    history = [types.Content(role="user", parts=[types.Part(text="What does hello.txt say?")]), r.candidates[0].content,
+               types.Content(role="user", parts=[types.Part.from_function_response(
+                   name="run_shell_command", response={"output": "hi"})])]
+    chunks = list(client.models.generate_content_stream(model="policy", contents=history, config=cfg))
+    assert "".join(c.text or "" for c in chunks) == "All done."
+    assert chunks[-1].usage_metadata.candidates_token_count == len(env.eng.calls[-1]["output_ids"])
+    n = client.models.count_tokens(model="policy", contents="hi").total_tokens
+    assert n == len(env.proxy.core.renderer.full_prompt(gemini_parse("hi").messages, []))
+    traj = env.proxy.trajectory(sid)
+    assert len(traj.segments) == 1
+    check_exact(traj, env.eng.calls[n0:])
+
+
+def gemini_parse(text: str):
+    from harnessrl.gym.proxy import gemini
+
+    return gemini.parse({"contents": [{"role": "user", "parts": [{"text": text}]}]}, "policy")

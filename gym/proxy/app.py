@@ -2,7 +2,7 @@
 
 Session routes live under `/s/{session}`: OpenAI clients use `/s/{session}/v1` as base
 URL, Anthropic and Gemini clients `/s/{session}` (Gemini's model and method are in the path,
-`/v1beta/models/{model}:generateContent`). A session's secret key comes as
+`/v1beta/models/{model}:generateContent`, or `/v1/...`). A session's secret key comes as
 `Authorization: Bearer`, `x-api-key`, `x-goog-api-key` or `?key=`; wrong key -> 401,
 unknown or closed session -> 404.
 The admin API (`/admin/...`, `admin.py`) answers loopback TCP clients only (or any client,
@@ -249,6 +249,7 @@ def build_app(core: ProxyCore, admin_token: str) -> Starlette:
         Route("/s/{sid}/v1/messages/count_tokens", count_tokens, methods=["POST"]),
         Route("/s/{sid}/v1/models", models, methods=["GET"]),
         Route("/s/{sid}/v1beta/models/{target}", gemini_models, methods=["POST"]),
+        Route("/s/{sid}/v1/models/{target}", gemini_models, methods=["POST"]),  # the SDKs' api_version="v1"
         *admin_routes(core, admin_token),
     ]
 
