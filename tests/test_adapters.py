@@ -227,3 +227,43 @@ def test_claude_code_past_max_turns_is_a_call_limit(stack):
     assert (res.reason, res.status, res.harness.harness_status) == ("call_limit", "truncated", "error_max_turns")
     assert res.trajectory.termination == "call_limit"
     assert res.trajectory.reward == 1.0  # the plan ran before the turn budget was spent
+
+
+def test_gemini_cli_settings_and_status():
+    """Gemini CLI's offline settings, its tool set, and how its JSON output is read."""
+    from harnessrl.adapters.gemini_cli import FULL_TOOLS, TOOLS, GeminiCliAdapter, _status, gemini_settings
+
+    s = gemini_settings(7)
+    assert s["security"]["auth"]["selectedType"] == "gemini-api-key" and s["model"]["maxSessionTurns"] == 7
+    assert s["privacy"]["usageStatisticsEnabled"] is False and s["telemetry"]["enabled"] is False
+    assert s["general"]["enableAutoUpdate"] is False and s["general"]["maxAttempts"] == 1
+    assert s["tools"]["core"] == list(TOOLS) and "run_shell_command" in TOOLS
+    assert get_adapter("gemini-cli", tools=FULL_TOOLS).tools == FULL_TOOLS
+    with pytest.raises(ValueError, match="gemini-cli tools"):
+        GeminiCliAdapter(tools="run_shell_command")
+    assert _status('Warning: x\n{"session_id": "s", "response": "done", "stats": {}}') == "response"
+    err = '{"session_id": "s", "error": {"type": "FatalTurnLimitedError", "message": "Reached max", "code": 53}}'
+    assert _status("YOLO mode is enabled.\n" + err) == "FatalTurnLimitedError"
+    assert _status("no json {here") is None
+
+
+@pytest.mark.docker
+@pytest.mark.harness
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_gemini_cli_past_max_session_turns_is_a_call_limit(stack):
+    """maxSessionTurns comes from the call budget; past it Gemini CLI exits 53, a truncation."""
+    from harnessrl.gym.episode import EpisodeConfig, ProxyHandle, run_episode
+
+    engine, proxy, backend = stack
+    adapter = get_adapter("gemini-cli")
+    _require(adapter)
+    task = builtin_task()
+    engine.set_tasks([task], gold=True)
+    res = run_episode(task, adapter, lambda spec, mounts: backend.create(spec, mounts=mounts),
+                      ProxyHandle.of(proxy), "policy",
+                      EpisodeConfig(max_calls=len(task.gold_plan), wall_time_s=240))
+    assert (res.reason, res.status, res.harness.exit_code) == ("call_limit", "truncated", 53), res.harness
+    assert res.harness.harness_status == "FatalTurnLimitedError"
+    assert res.trajectory.termination == "call_limit"
+    assert res.trajectory.reward == 1.0  # the plan ran before the turn budget was spent
