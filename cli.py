@@ -70,6 +70,20 @@ def _cmd_chat(args: argparse.Namespace) -> int:
     return 0
 
 
+def _harness_problem(harness: str) -> str | None:
+    """Why a harness config cannot run here (not installed, node too old: the message names the
+    command that fixes it), checked before any engine starts; None when it can."""
+    from harnessrl.adapters import get_adapter
+
+    try:
+        check = getattr(get_adapter(harness), "check_installed", None)
+        if callable(check):
+            check()
+    except (ValueError, OSError, RuntimeError) as e:
+        return str(e)
+    return None
+
+
 def _cmd_rollout(args: argparse.Namespace) -> int:
     import asyncio
     import json
@@ -90,14 +104,9 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
     except TaskFileError as e:
         print("\n".join(f"harnessrl rollout: {line}" for line in str(e).splitlines()), file=sys.stderr)
         return 2
-    try:  # a harness config not installed (or its node too old): which command to run, before any engine starts
-        from harnessrl.adapters import get_adapter
-
-        check = getattr(get_adapter(cfg.harness), "check_installed", None)
-        if callable(check):
-            check()
-    except (ValueError, OSError, RuntimeError) as e:
-        print(f"harnessrl rollout: {e}", file=sys.stderr)
+    problem = _harness_problem(cfg.harness)
+    if problem:
+        print(f"harnessrl rollout: {problem}", file=sys.stderr)
         return 2
     engine = None
     if args.engine_url is None:
@@ -145,6 +154,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
             load_suite_tasks(cfg.rollout)
     except TaskFileError as e:
         print("\n".join(f"harnessrl train: {line}" for line in str(e).splitlines()), file=sys.stderr)
+        return 2
+    problem = _harness_problem(cfg.rollout.harness)
+    if problem:
+        print(f"harnessrl train: {problem}", file=sys.stderr)
         return 2
     from harnessrl.trainers.evaluate import LeakError
     from harnessrl.trainers.prepare import PrepareError
