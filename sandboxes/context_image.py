@@ -128,9 +128,15 @@ def _with_links(dockerfile: str) -> str:
             f"USER 0:0\nRUN {links}\n")
 
 
-def build_context_image(client, spec: RepoSpec, base: str, timeout_s: float | None = None) -> str:
+#: Seconds the build stream may go without a line before the build counts as failed.
+BUILD_READ_TIMEOUT_S = 600
+
+
+def build_context_image(client, spec: RepoSpec, base: str) -> str:
     """Build `spec.image` from `spec.image_context` unless present (see the module docstring)."""
+    import docker
     import docker.errors
+    import requests
 
     context = Path(spec.image_context or "")
     dockerfile_path = context / "Dockerfile"
@@ -152,18 +158,22 @@ def build_context_image(client, spec: RepoSpec, base: str, timeout_s: float | No
                 f"(sandboxes build offline); fix: `docker load` or build it here under that tag, or use "
                 f"FROM ${{{BASE_ARG}}} (the offline base image, {base})") from None
     log: list[str] = []
-    api = client.api
-    if timeout_s:
-        import docker
-        api = docker.APIClient(base_url=client.api.base_url, timeout=int(timeout_s))
-    for chunk in api.build(fileobj=_context_tar(context, _with_links(text)), custom_context=True,
-                           tag=spec.image, pull=False, rm=True, forcerm=True, network_mode="none",
-                           buildargs=build_args, decode=True, labels={"harnessrl.managed": "1"}):
-        if "stream" in chunk:
-            log.append(chunk["stream"])
-        if "error" in chunk:
-            raise SandboxError(f"building {dockerfile_path} (offline, no network) failed: "
-                               f"{chunk['error'].strip()}\n{''.join(log)[-2000:]}")
+    api = docker.from_env(timeout=BUILD_READ_TIMEOUT_S).api  # its own client: a longer read timeout
+    try:
+        for chunk in api.build(fileobj=_context_tar(context, _with_links(text)), custom_context=True,
+                               tag=spec.image, pull=False, rm=True, forcerm=True, network_mode="none",
+                               buildargs=build_args, decode=True, labels={"harnessrl.managed": "1"}):
+            if "stream" in chunk:
+                log.append(chunk["stream"])
+            if "error" in chunk:  # one line: the error, then the build's last lines of output
+                text_out = re.sub(r"\x1b\[[0-9;]*m", "", "".join(log))  # the engine colours stderr
+                tail = [ln.strip() for ln in text_out.splitlines() if ln.strip()][-4:]
+                raise SandboxError(f"building {dockerfile_path} (offline, no network) failed: "
+                                   f"{chunk['error'].strip()}; its output ended: {' | '.join(tail)[-600:]}")
+    except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
+        raise SandboxError(f"building {dockerfile_path} failed: {type(e).__name__}: {e}") from None
+    finally:
+        api.close()
     working = (client.images.get(spec.image).attrs.get("Config") or {}).get("WorkingDir") or "/"
     if working.rstrip("/") != spec.workdir.rstrip("/"):
         client.images.remove(spec.image, force=True)

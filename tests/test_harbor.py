@@ -150,14 +150,22 @@ def test_missing_from_image_is_a_clear_error_naming_it_and_nothing_is_pulled(tmp
     missing = f"harnessrl-test/never-built:{uuid.uuid4().hex[:8]}"
     make_task(tmp_path, "no-base", ONLY_ON_PASS, dockerfile=f"FROM {missing}\nWORKDIR /app\n")
     make_task(tmp_path, "no-gold", ONLY_ON_PASS, solve=None)
+    # The build runs with the network off: a RUN that reaches out fails the build, clearly.
+    online = DOCKERFILE + ("RUN python3 -c \"import socket; socket.create_connection(('1.1.1.1', 80), 5); "
+                           "print('ONLINE')\"\n")
+    make_task(tmp_path, "online-build", ONLY_ON_PASS, dockerfile=online)
     out = cli("tasks", "check", str(tmp_path), "--backend", "docker")
-    assert out.returncode == 1 and "Traceback" not in out.stdout + out.stderr
+    assert out.returncode == 1 and "Traceback" not in out.stderr
     lines = out.stdout.strip().splitlines()
+    assert len(lines) == 4  # one line per task, then the summary
     assert lines[0].startswith("INVALID no-base  gold=- empty=-")
     assert f"Dockerfile:1: image '{missing}' is not present locally and is never pulled" in lines[0]
     assert "FROM ${HARNESSRL_BASE}" in lines[0]
     assert lines[1].startswith("INVALID no-gold  gold=- empty=0.0") and "no solution/solve.sh" in lines[1]
-    assert json.loads(lines[-1]) == {"checked": 2, "valid": 0, "invalid": ["no-base", "no-gold"]}
+    assert lines[2].startswith("INVALID online-build  gold=- empty=-")
+    assert "Dockerfile (offline, no network) failed" in lines[2] and "Network is unreachable" in lines[2]
+    assert "ONLINE" not in out.stdout.replace("print('ONLINE')", "")
+    assert json.loads(lines[-1]) == {"checked": 3, "valid": 0, "invalid": ["no-base", "no-gold", "online-build"]}
 
 
 @pytest.fixture(scope="module")

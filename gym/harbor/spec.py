@@ -41,7 +41,8 @@ class HarborSpec(BaseModel):
     solution_env: dict[str, str] = Field(default_factory=dict)
     """[solution] env: variables solve.sh sees."""
     build_timeout_s: float = Field(600.0, gt=0)
-    """[environment] build_timeout_sec: the image build's limit."""
+    """[environment] build_timeout_sec: read, not enforced; a build fails when its output stream
+    is silent for sandboxes.context_image.BUILD_READ_TIMEOUT_S."""
     cpus: float | None = None
     """[environment] cpus: the sandbox's CPU quota (capped at this host's cores)."""
     memory_mb: int | None = None
