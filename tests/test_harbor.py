@@ -389,3 +389,22 @@ def test_check_adapter_takes_its_gold_task_from_a_harbor_folder(tmp_path):
     last = report.checks[-1]
     assert (last.name, last.ok) == ("gold task", False)
     assert last.detail == f"suite {str(tmp_path)!r}: no task has a gold plan"
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(600)
+def test_a_runner_shadow_in_the_workdir_is_tampering(backend):
+    """wordcount-fix's test.sh runs `python3 -m pytest` from /app, where a pytest.py of the
+    agent's would be imported first and could exit 0: the episode is tampered, scored 0."""
+    from harnessrl.gym.rewards import score
+
+    task = next(t for t in load_dir(SHIPPED) if t.instance_id == "wordcount-fix")
+    sb = _sandbox(backend, task)
+    try:
+        sb.write_file("/app/pytest.py", b"import sys\nsys.exit(0)\n")
+        assert sb.exec("cd /app && python3 -m pytest -q /nowhere; echo rc=$?").output.strip() == "rc=0"
+        res = score(sb, task)
+        assert (res.reward, res.status, res.tampered) == (0.0, "ok", True)
+        assert res.reason == "tampered: pytest.py: shadows the test runner (pytest)"
+    finally:
+        sb.close()

@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     except SandboxError as e:
         print(f"harnessrl tasks: {e}", file=sys.stderr)
         return 2
-    imaged = [t.instance_id for t in tasks if t.image]
+    imaged = [t.instance_id for t in tasks if t.image and not t.harbor]  # Harbor tasks: refused by name
     if imaged and getattr(backend, "name", "") != "docker":
         print(f"harnessrl tasks: note: {len(imaged)} task(s) name a Docker image (e.g. {imaged[0]!r}); the "
               f"{getattr(backend, 'name', args.backend)} backend runs them without it (use --backend docker)",
