@@ -24,7 +24,8 @@ REFUSED_IN_HOME = (".ssh", ".docker", ".aws", ".gnupg", ".kube", ".config/gcloud
 REFUSED_EXACT = ("/", "/root", "/home", "/var", "/usr", "/opt", "/tmp")
 #: Sandbox targets that are refused themselves, and trees no mount may land in.
 RESERVED_TARGETS = ("/", "/tmp", "/opt", "/home", "/root", "/var", "/run")
-RESERVED_TARGET_TREES = ("/opt/harnessrl", TOOLCHAIN_MOUNT, SOCKET_MOUNT, SANDBOX_SCRATCH, "/proc", "/sys", "/dev", "/etc", "/usr",
+RESERVED_TARGET_TREES = ("/opt/harnessrl", TOOLCHAIN_MOUNT, SOCKET_MOUNT, SANDBOX_SCRATCH, "/proc", "/sys", "/dev",
+                         "/etc", "/usr",
                          "/bin", "/sbin", "/lib", "/lib64", "/boot")
 
 

@@ -87,7 +87,8 @@ def install(spec: InstallSpec, dirname: str, root: Path | None = None, node: str
     if spec.kind == "npm":
         _npm(spec, dest, node_runtime)
     else:
-        _pip(spec, dest, python or os.environ.get("HARNESSRL_HARNESS_PYTHON") or shutil.which("python3") or sys.executable)
+        python = python or os.environ.get("HARNESSRL_HARNESS_PYTHON") or shutil.which("python3") or sys.executable
+        _pip(spec, dest, python)
     (dest / STAMP).write_text(stamp + "\n")
     return Installed(dest, stamp, "installed", time.monotonic() - t0)
 

@@ -211,7 +211,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--backend", default="auto", help="sandbox backend: auto, docker or local")
     ap.add_argument("--wall-time", type=float, default=300.0, help="harness wall-clock limit per episode (s)")
     ap.add_argument("--model", default="smollm2-135m", help="the model to be trained: its context bounds the prompt")
-    ap.add_argument("--context-length", type=int, default=None, help="the serving engine's context (default: --model's)")
+    ap.add_argument("--context-length", type=int, default=None,
+                    help="the serving engine's context (default: --model's)")
     ap.add_argument("--suite", default="builtin", help="where the gold task comes from: a suite name, a task file or a "
                                                        "folder of Harbor tasks (its solution/solve.sh)")
     args = ap.parse_args(argv)

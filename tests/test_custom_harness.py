@@ -46,7 +46,8 @@ def test_npm_install_is_stamped_a_second_run_is_a_no_op_and_a_new_version_reinst
     first = install_config(str(cfg), root)
     assert first.action == "installed" and first.path == root / "npm" / "semver-cli"
     assert installed_spec("npm", "semver-cli", root) == "semver@7.6.3"
-    assert node_version(root) == subprocess.run(["node", "--version"], capture_output=True, text=True).stdout.strip()[1:]
+    host_node = subprocess.run(["node", "--version"], capture_output=True, text=True).stdout.strip()
+    assert node_version(root) == host_node[1:]
     # the installed CLI runs on the toolchain's own node
     out = subprocess.run([str(root / "node/bin/node"), str(root / "npm/semver-cli/bin/semver"), "-i", "minor", "1.2.3"],
                          capture_output=True, text=True, timeout=60)
@@ -105,8 +106,8 @@ def test_rollout_and_check_adapter_name_the_install_command_before_running(tmp_p
 
     monkeypatch.setenv("HARNESSRL_TOOLCHAIN", str(tmp_path / "empty"))
     assert main(["rollout", "--harness", str(GROK), "--episodes", "1", "--out", str(tmp_path / "run")]) == 2
-    assert capsys.readouterr().err.strip() == (f"harnessrl rollout: harness 'grok-cli' not installed in {tmp_path / 'empty'}: "
-                                               f"run `harnessrl harness install {GROK}`")
+    assert capsys.readouterr().err.strip() == ("harnessrl rollout: harness 'grok-cli' not installed in "
+                                               f"{tmp_path / 'empty'}: run `harnessrl harness install {GROK}`")
     assert not (tmp_path / "run").exists()  # nothing started
     rep = check_adapter(str(GROK))
     installed = rep.checks[-1]
@@ -325,7 +326,8 @@ def test_an_engine_400_for_a_long_prompt_ends_the_episode_context_exceeded_with_
     task = builtin_task()
     eng = StandinEngine(max_context=100)
     with ServedApp(eng.app()) as served, \
-            ProxyServer(ProxyConfig(engine_url=served.url, model="tiny-llama"), tokenizer=load_tokenizer("tiny-llama")) as p:
+            ProxyServer(ProxyConfig(engine_url=served.url, model="tiny-llama"),
+                        tokenizer=load_tokenizer("tiny-llama")) as p:
         res = run_episode(task, tiny, lambda s, m: backend.create(s, mounts=m), ProxyHandle.of(p), "policy",
                           EpisodeConfig(max_calls=5, wall_time_s=120))
     backend.reap(run_id=backend.run_id)
@@ -356,6 +358,7 @@ def test_grok_cli_from_its_config_alone_passes_the_contract_in_docker():
     rep = check_adapter(str(GROK), "docker", 300)
     assert rep.ok, [(c.name, c.detail) for c in rep.checks if not c.ok]
     names = [c.name for c in rep.checks]
-    assert {"gold: reward 1.0", "empty: reward 0.0", "gold: token-exact record", "first prompt fits the context"} <= set(names)
+    assert {"gold: reward 1.0", "empty: reward 0.0", "gold: token-exact record",
+            "first prompt fits the context"} <= set(names)
     gold = rep.harness["gold"]
     assert gold["exit_code"] == 0 and '"name":"bash"' in gold["stdout_tail"]  # its own JSON-lines transcript
