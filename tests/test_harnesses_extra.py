@@ -1,5 +1,5 @@
 """The config-only harnesses in examples/harnesses/ beyond the built-in five (pi, Kilo Code CLI,
-Continue CLI), each run through the generic command adapter with no module of its own.
+Continue CLI, Cline CLI), each run through the generic command adapter with no module of its own.
 
 - their recorded requests (tests/fixtures/harness-requests-extra/, made by record.py there)
   are accepted by the proxy and recorded token-exact;
@@ -28,7 +28,8 @@ FIXTURES = Path(__file__).parent / "fixtures" / "harness-requests-extra"
 #: config stem -> (package spec pinned, the shell tool the scripted policy drives)
 EXTRA = {"pi": ("@mariozechner/pi-coding-agent@0.73.1", "bash"),
          "kilo": ("@kilocode/cli@7.7.7", "bash"),
-         "continue": ("@continuedev/cli@1.5.47", "Bash")}
+         "continue": ("@continuedev/cli@1.5.47", "Bash"),
+         "cline": ("cline@3.0.65", "run_commands")}
 
 
 def _config(name: str) -> str:
@@ -58,6 +59,19 @@ def test_config_loads_with_a_pinned_install_and_capabilities(name):
     assert (a.name, a.dialect, a.placement, a.streams) == (name, "openai-chat", "inside", True)
     assert a.install == f"npm:{spec}" and spec.endswith("@" + a.version)
     assert type(a).__name__ == "CommandAdapter"  # no module of its own: configuration alone
+
+
+def test_scripted_policy_drives_each_shell_tool_as_recorded():
+    """The gold plan goes through each harness's own shell tool, in the argument shape its
+    recorded schema asks for (Cline's `run_commands` takes a list of command lines)."""
+    from harnessrl.gym.doubles.scripted import ScriptedPolicy
+
+    for name, (_, tool) in EXTRA.items():
+        tools = [t["function"] for t in _fixture(name)[0]["body"]["tools"]]
+        text = ScriptedPolicy(tokenizer=None)._call(tools, "echo hi")
+        call = json.loads(text.removeprefix("<tool_call>\n").removesuffix("\n</tool_call>"))
+        want = {"commands": ["echo hi"]} if name == "cline" else {"command": "echo hi"}
+        assert call == {"name": tool, "arguments": want}, name
 
 
 def _fixture(name: str) -> list[dict]:
