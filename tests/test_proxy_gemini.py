@@ -319,3 +319,43 @@ def gemini_parse(text: str):
     from harnessrl.gym.proxy import gemini
 
     return gemini.parse({"contents": [{"role": "user", "parts": [{"text": text}]}]}, "policy")
+
+
+@pytest.mark.harness
+@pytest.mark.timeout(300)
+def test_gemini_cli_reads_a_slow_buffered_stream_with_keepalives(tok, tmp_path):
+    """The real Gemini CLI (from the toolchain, on the host) waits out a slow engine while the
+    proxy sends keep-alives every 0.2 s, and reads the reply (an SSE comment would fail it)."""
+    import subprocess
+
+    from harnessrl.adapters.gemini_cli import GeminiCliAdapter, gemini_settings
+    from harnessrl.adapters.toolchain import installed_spec, toolchain_root
+    from harnessrl.gym.doubles.standin import StandinEngine
+    from harnessrl.gym.proxy import ProxyConfig, ProxyServer
+    from proxy_helpers import Script, ServedApp
+
+    spec = GeminiCliAdapter.install.split(":", 1)[1]
+    if installed_spec("npm", "gemini-cli") != spec:
+        pytest.skip("gemini-cli not installed: run scripts/install_harnesses.sh gemini-cli")
+    root = toolchain_root()
+    (tmp_path / ".gemini").mkdir()
+    (tmp_path / ".gemini" / "settings.json").write_text(json.dumps(gemini_settings(3)))
+    (tmp_path / "work").mkdir()
+    script = Script(tok)
+    script.say("All good here.")
+    eng = StandinEngine(responder=script, token_delay_s=0.3)
+    cfg = ProxyConfig(engine_url="", engine_stream=False, keepalive_s=0.2, stream_grace_s=0.0)
+    with ServedApp(eng.app()) as e, ProxyServer(cfg.model_copy(update={"engine_url": e.url}), tokenizer=tok) as p:
+        sid, key = p.open_session({"harness": "gemini-cli"})
+        env = {"PATH": f"{root}/npm/gemini-cli/bin:{root}/node/bin:/usr/bin:/bin", "HOME": str(tmp_path),
+               "GOOGLE_GEMINI_BASE_URL": f"{p.url}/s/{sid}", "GEMINI_API_KEY": key,
+               "GEMINI_CLI_TRUST_WORKSPACE": "true", "NO_COLOR": "1"}
+        run = subprocess.run(["gemini", "-p", "hello", "--yolo", "-m", "policy", "--output-format", "json"],
+                             env=env, cwd=tmp_path / "work", capture_output=True, text=True, timeout=240)
+        assert run.returncode == 0, run.stdout[-800:] + run.stderr[-800:]
+        out = json.loads(run.stdout[run.stdout.index("{"):])
+        assert out["response"] == "All good here."
+        traj = p.trajectory(sid)
+        check_exact(traj, eng.calls)
+        assert len(traj.calls) == 1 and len(traj.calls[0].completion_ids) == len(tok.encode(
+            "All good here.", add_special_tokens=False)) + 1

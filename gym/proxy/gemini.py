@@ -279,8 +279,9 @@ class Stream:
         return self._chunk({"candidates": [_candidate(parts, _finish(c))], "usageMetadata": _usage(c)})
 
     def keepalive(self) -> bytes:
-        # A blank line: the Google GenAI SDK's reader skips leading whitespace but stalls on an
-        # SSE comment (it only matches a buffer that starts with `data: `).
+        # A blank line, not an SSE comment: the Google GenAI SDK's reader skips leading
+        # whitespace but only matches a buffer that starts with `data: `; Gemini CLI 0.61 given
+        # `: keep-alive` fails the call ("Incomplete JSON segment at the end").
         return b"\n"
 
     def error(self, status: int, message: str) -> bytes:
