@@ -223,3 +223,26 @@ def test_evaluate_runs_real_episodes_with_the_right_n_and_ci(tmp_path):
             build_samples(records, SampleConfig())
     # every call was sampled at the evaluation's temperature, not the rollout's
     assert {c.flags["sampling"]["temperature"] for t in records for c in t.calls} == {0.0}
+
+
+# -- prepare: synthesis once, reused, refused when the folder was made with other settings ---------
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_prepare_synthesizes_once_and_refuses_a_folder_of_other_settings(tmp_path):
+    from harnessrl.trainers.loop import TrainConfig
+    from harnessrl.trainers.prepare import PrepareError, prepare_data
+
+    tasks = tmp_path / "synth"
+    synth = {"project": "builtin:calc", "max_tasks": 2, "verify": False, "hard_fraction": 0.0, "heldout_fraction": 0.5}
+    cfg = TrainConfig.model_validate({
+        "rollout": {"suite": str(tasks / "train.jsonl"), "episode": {"wall_time_s": 300, "reward": {"test_timeout_s": 120}}},
+        "eval": {"suite": str(tasks / "heldout.jsonl")}, "prepare": {"tasks_dir": str(tasks), "synth": synth}})
+    lines: list[str] = []
+    made = asyncio.run(prepare_data(cfg, log=lines.append))
+    assert made["synth"]["made"] is True and made["synth"]["tasks"] >= 1
+    rows = [json.loads(x) for f in ("train.jsonl", "heldout.jsonl") for x in (tasks / f).read_text().splitlines()]
+    assert len(rows) == made["synth"]["tasks"] and all(r["instance_id"].startswith("harnessrl-synth__calc") for r in rows)
+    assert asyncio.run(prepare_data(cfg, log=lines.append)) == {"synth": {"tasks_dir": str(tasks), "made": False}}
+    other = cfg.model_copy(update={"prepare": cfg.prepare.model_copy(update={"synth": synth | {"seed": 1}})})
+    with pytest.raises(PrepareError, match=r"synthesized with other settings \(seed: \[0\] there, \[1\] asked\)"):
+        asyncio.run(prepare_data(other, log=lines.append))
