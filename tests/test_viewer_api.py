@@ -226,6 +226,22 @@ def test_conversation_and_tokens_decode_with_the_real_tokenizer(tmp_path):
     assert part["ids"] == c0[:3] and part["mask"] == [1, 1, 1] and part["call"] == [0, 0, 0]
 
 
+def test_a_spawned_segment_names_its_parent(tmp_path):
+    store = Store(tmp_path / "trajectories.db")
+    store.open_session("p", {"task_id": "t", "harness": "h"}, "h", "tiny-llama")
+    base = dict(session_id="p", dialect="openai_chat", finish_reason="stop", queue_s=0.0, gen_s=0.1, env_s=None)
+    store.add_call(call_id="a", idx=0, segment=0, split_reason=None, prefix_len=0, new_prompt=[1, 2],
+                   completion=[3], logprobs=[-0.1], versions=[0], flags={}, **base)
+    store.add_call(call_id="b", idx=1, segment=1, split_reason="spawned", prefix_len=0, new_prompt=[4],
+                   completion=[5, 6], logprobs=[-0.2, -0.3], versions=[0, 0],
+                   flags={"spawned_by": {"segment": 0, "tool": "Task", "tool_call_id": "call_1"}}, **base)
+    store.close()
+    head = TestClient(build_app([RunIndex(tmp_path)])).get("/api/runs/0/episodes/p").json()
+    assert [s["split_reason"] for s in head["segments"]] == [None, "spawned"]
+    assert head["segments"][1]["spawned_by"] == {"segment": 0, "tool": "Task", "tool_call_id": "call_1", "call_id": "a"}
+    assert head["segments"][0]["spawned_by"] is None
+
+
 def test_message_splitting_and_tool_calls():
     assert split_messages("plain text prompt") == [{"role": "prompt", "content": "plain text prompt"}]
     llama = ("<|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"

@@ -151,7 +151,9 @@ def header(traj: Trajectory) -> dict[str, Any]:
         "chat_template_hash": traj.chat_template_hash, "n_calls": len(traj.calls),
         "sampled_total": sum(sum(s.loss_mask) for s in traj.segments),
         "segments": [{"index": i, "split_reason": s.split_reason, "n_tokens": len(s.token_ids),
-                      "sampled": sum(s.loss_mask), "call_ids": s.call_ids} for i, s in enumerate(traj.segments)],
+                      "sampled": sum(s.loss_mask), "call_ids": s.call_ids,
+                      "spawned_by": getattr(s, "spawned_by", None)}  # a sub-agent's lineage: its parent
+                     for i, s in enumerate(traj.segments)],
         "grading": grading, "metadata": meta,
     }
 

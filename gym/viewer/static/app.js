@@ -241,6 +241,9 @@ async function loadTokens(r, sid, ep, root) {
     const box = h("div", {class: "segment", "data-segment": seg.index});
     const headKids = [h("b", {}, `segment ${seg.index}`), ` · ${seg.n_tokens} tokens · ${seg.sampled} sampled`];
     if (seg.split_reason) headKids.push(" · split: ", h("span", {class: "split-reason"}, seg.split_reason));
+    const sp = seg.spawned_by;
+    if (sp) headKids.push(h("span", {class: "spawned-by"}, ` · spawned by segment ${sp.segment}'s ${sp.tool || "tool"} call` +
+                                                           (sp.call_id ? ` (${sp.call_id})` : "")));
     box.appendChild(h("div", {class: "segment-head"}, headKids));
     const body = h("div", {class: "tokens"});
     box.appendChild(body);
