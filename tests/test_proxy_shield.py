@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harnessrl.gym.models import load_tokenizer
-from harnessrl.gym.proxy import anthropic_messages, openai_chat, openai_responses
+from harnessrl.gym.proxy import anthropic_messages, gemini, openai_chat, openai_responses
 from harnessrl.gym.proxy.canonical import Message, Tool, ToolCall
 from harnessrl.gym.proxy.render import Renderer
 from harnessrl.gym.proxy.shield import Shield, special_tokens
@@ -203,7 +203,8 @@ def test_pieces_cut_at_placeholders_only():
     assert Shield([]).shield("<|im_start|>") == "<|im_start|>"
 
 
-_DIALECT = {"/v1/chat/completions": openai_chat, "/v1/responses": openai_responses, "/v1/messages": anthropic_messages}
+_DIALECT = {"/v1/chat/completions": openai_chat, "/v1/responses": openai_responses, "/v1/messages": anthropic_messages,
+            "/v1beta/models/probe-model:streamGenerateContent": gemini}
 _PLACEHOLDER = re.compile(r"^<(text|key): (\d+) chars>$")
 
 
