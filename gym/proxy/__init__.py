@@ -1,16 +1,16 @@
-"""harnessrl's OpenAI/Anthropic-compatible proxy: one session per episode, token-exact
+"""harnessrl's OpenAI/Anthropic/Gemini-compatible proxy: one session per episode, token-exact
 recording through the engine contract (token ids in, token ids out).
 
     from harnessrl.gym.proxy import ProxyConfig, ProxyServer
     with ProxyServer(ProxyConfig(engine_url=engine.url, db_path="runs/x/calls.db")) as proxy:
         sid, key = proxy.open_session({"harness": "codex", "task_id": "t1"})
-        base = proxy.openai_base_url(sid)        # {url}/s/{sid}/v1 ; Anthropic: {url}/s/{sid}
+        base = proxy.openai_base_url(sid)        # {url}/s/{sid}/v1 ; Anthropic, Gemini: {url}/s/{sid}
         ...                                      # the harness runs with base + key
         proxy.set_reward(sid, 1.0, "ok", "submitted")
         traj = proxy.trajectory(sid)             # harnessrl.gym.trajectory.Trajectory
 
 Modules: app (routes, auth, admin), core (the call pipeline), openai_chat /
-openai_responses / anthropic_messages (one per dialect), render (chat template +
+openai_responses / anthropic_messages / gemini (one per dialect), render (chat template +
 incremental suffix), toolcalls (Hermes/Qwen format, registry), recorder (segments),
 generation (interruptible), store (SQLite WAL, JSONL/Parquet export), engine_http (lean
 transport under EngineClient), server. (The stand-in engine lives with the other test
