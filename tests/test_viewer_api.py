@@ -306,6 +306,29 @@ def test_the_index_follows_a_live_store_and_reading_it_changes_nothing(tmp_path)
     store.close()
 
 
+@pytest.mark.timeout(120)
+def test_the_command_serves_the_page_and_api_over_http(tmp_path):
+    import httpx
+
+    many_run(tmp_path / "a", n=5)
+    many_run(tmp_path / "b", n=2)
+    proc = subprocess.Popen([sys.executable, "-m", "harnessrl.cli", "view", str(tmp_path / "a"), str(tmp_path / "b"),
+                             "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("harnessrl view: http://127.0.0.1:") and "(2 run(s), 7 episodes" in line, line
+        base = line.split()[2].split("/#")[0]
+        page = httpx.get(base + "/")
+        assert page.status_code == 200 and '<script src="/static/app.js">' in page.text
+        assert "https://" not in page.text and "cdn" not in page.text.lower()
+        assert [r["episodes"] for r in httpx.get(base + "/api/runs").json()] == [5, 2]
+        assert httpx.get(base + "/api/runs/1/episodes?limit=1&offset=1").json()["rows"][0]["sid"] == "s0001"
+        assert httpx.get(base + "/static/charts.js").status_code == 200
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
 def test_not_a_run_folder_is_one_clear_line(tmp_path):
     with pytest.raises(RunFolderError, match="no trajectories.db or trajectories.jsonl"):
         RunIndex(tmp_path)

@@ -42,6 +42,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"harnessrl view: --port {args.port}: cannot listen on {args.host}:{args.port} ({e.strerror}); "
               "fix: pass another --port (0 picks a free one)", file=sys.stderr)
         return 2
+    sock.listen(128)  # listening before the URL is printed: a client that reads it can connect at once
     host, port = sock.getsockname()[:2]
     n = sum(ix.query("SELECT COUNT(*) FROM episodes")[0][0] for ix in indexes)
     page = "#/compare" if len(indexes) > 1 else "#/run/0"
