@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--harness", action="append", default=[], help="only this harness (name or config stem); repeat")
     ap.add_argument("--quick", action="store_true", help="pinned versions only (the newest are looked up, not run)")
-    ap.add_argument("--wall-time", type=int, default=240, help="harness wall-clock limit per episode (s)")
+    ap.add_argument("--wall-time", type=int, default=420, help="harness wall-clock limit per episode (s)")
     ap.add_argument("--keep", default=None, help="keep the newest-version toolchains in this dir (default: removed)")
     ap.add_argument("--check-one", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--override", default=None, help=argparse.SUPPRESS)
