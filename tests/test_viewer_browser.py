@@ -153,6 +153,15 @@ def test_viewer_renders_a_real_run_in_headless_chromium(recorded, tmp_path):
             box.clear()
             driver.find_element(By.CSS_SELECTOR, "#episode-filters button").click()
             WebDriverWait(driver, 60).until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#episodes tbody tr")) == 2)
+            # sorting is the server's too: by sampled tokens, ascending then descending
+            order = {}
+            for direction in ("asc", "desc"):
+                driver.find_element(By.CSS_SELECTOR, "#episodes th[data-sort=sampled]").click()
+                WebDriverWait(driver, 60).until(lambda d: d.find_element(
+                    By.CSS_SELECTOR, "#episodes th[data-sort=sampled]").get_attribute("data-dir") == direction)
+                order[direction] = [r.get_attribute("data-sid")
+                                    for r in driver.find_elements(By.CSS_SELECTOR, "#episodes tbody tr")]
+            assert order["desc"] == [solved.session_id, split.session_id] == order["asc"][::-1]
             _shot(driver, tmp_path, "run")
 
             # click through from the table to the solved episode
