@@ -74,10 +74,20 @@ def main(argv: list[str] | None = None) -> int:
         s0 = time.monotonic()
         asyncio.run(train(cfg))
         report = json.loads((Path(cfg.out_dir) / "report.json").read_text())
-        runs.append({"seed": seed, "wall_s": round(time.monotonic() - s0, 1), "eval": report.get("eval", {}),
-                     "rl_reward_mean": report.get("reward_mean"), "prepare": report.get("prepare")})
+        runs.append(run_of(seed, time.monotonic() - s0, report))
     wall = time.monotonic() - t0
+    print(json.dumps(verdict(runs, wall, a.config, a.seeds, a.quick)))
+    return 0
 
+
+def run_of(seed: int, wall_s: float, report: dict) -> dict:
+    """One seed's row from its run's report.json."""
+    return {"seed": seed, "wall_s": round(wall_s, 1), "eval": report.get("eval", {}),
+            "rl_reward_mean": report.get("reward_mean"), "prepare": report.get("prepare")}
+
+
+def verdict(runs: list[dict], wall: float, config: str, seeds: list[int], quick: bool) -> dict:
+    """Print the table, the means and the failure counts; return the JSON line's fields."""
     print("\nheld-out success (successes/n = rate [95% Wilson CI]):")
     print(f"{'seed':>6}  " + "  ".join(f"{p:<26}" for p in POINTS) + "  wall")
     for r in runs:
@@ -92,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     ok = all(mean[p] is not None for p in POINTS)
     sft_gain = mean["post_sft"] - mean["pre_sft"] if ok else None
     rl_gain = mean["post_rl"] - mean["post_sft"] if ok else None
-    met = bool(ok and sft_gain >= SFT_GAIN - 1e-9 and rl_gain >= RL_GAIN - 1e-9 and wall <= BUDGET_S and not a.quick)
+    met = bool(ok and sft_gain >= SFT_GAIN - 1e-9 and rl_gain >= RL_GAIN - 1e-9 and wall <= BUDGET_S and not quick)
     failures = Counter({k: v for k, v in why["post_rl"].items() if k != "success"})
     limited = failures.most_common(1)[0][0] if failures else None
     if not met:
@@ -101,17 +111,16 @@ def main(argv: list[str] | None = None) -> int:
             None if not ok or sft_gain >= SFT_GAIN - 1e-9 else f"SFT gained {100 * sft_gain:+.1f} points (< +20)",
             None if not ok or rl_gain >= RL_GAIN - 1e-9 else f"RL gained {100 * rl_gain:+.1f} points (< +10)",
             None if wall <= BUDGET_S else f"wall {wall:.0f}s > {BUDGET_S}s",
-            "--quick is a trial, not a measurement" if a.quick else None) if x)
+            "--quick is a trial, not a measurement" if quick else None) if x)
               + (f"; post_rl episodes failed mostly by {limited} ({failures[limited]} of {sum(failures.values())})"
                  if limited else ""))
-    print(json.dumps({"bench": "learning_curve", "config": a.config, "seeds": a.seeds, "quick": a.quick,
-                      "per_seed": [{"seed": r["seed"], "wall_s": r["wall_s"],
-                                    **{p: (r["eval"].get(p) or {}).get("success_rate") for p in POINTS},
-                                    **{f"{p}_n": (r["eval"].get(p) or {}).get("n") for p in POINTS}} for r in runs],
-                      "mean": mean, "sft_gain": sft_gain, "rl_gain": rl_gain, "outcomes": why,
-                      "limited_by": limited, "wall_s": round(wall, 1), "budget_s": BUDGET_S,
-                      "target_met": met}))
-    return 0
+    return {"bench": "learning_curve", "config": config, "seeds": seeds, "quick": quick,
+        "per_seed": [{"seed": r["seed"], "wall_s": r["wall_s"],
+                      **{p: (r["eval"].get(p) or {}).get("success_rate") for p in POINTS},
+                      **{f"{p}_n": (r["eval"].get(p) or {}).get("n") for p in POINTS}} for r in runs],
+        "mean": mean, "sft_gain": sft_gain, "rl_gain": rl_gain, "outcomes": why,
+        "limited_by": limited, "wall_s": round(wall, 1), "budget_s": BUDGET_S,
+        "target_met": met}
 
 
 if __name__ == "__main__":
