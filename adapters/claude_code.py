@@ -34,6 +34,8 @@ class ClaudeCodeAdapter:
                                  "subtype `error_max_turns` past --max-turns; result JSON on stdout")
     version: ClassVar[str] = "2.1.197"
     install: ClassVar[str] = "npm:@anthropic-ai/claude-code@2.1.197"
+    toolchain_dir: ClassVar[str] = NPM_NAME
+    """The toolchain folder it runs from (check-adapter's `installed` check looks there)."""
 
     def __init__(self, tools: str = TOOLS):
         self.tools = tools

@@ -113,7 +113,7 @@ def _installed(report: CheckReport, adapter: Any) -> bool:
     kind, _, spec = adapter.install.partition(":")
     if kind not in ("npm", "pip"):
         return report.add("installed", True, "user-provided (install = none): not checked")
-    name = adapter.name.removesuffix("-cmd")
+    name = getattr(adapter, "toolchain_dir", None) or adapter.name.removesuffix("-cmd")
     got = installed_spec("npm" if kind == "npm" else "venvs", name)
     return report.add("installed", got == spec, f"toolchain has {got!r}, want {spec!r}"
                       + ("" if got == spec else f": run scripts/install_harnesses.sh {name}"))

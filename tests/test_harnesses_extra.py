@@ -202,3 +202,17 @@ def test_real_policy_episode_ends_with_reason_and_complete_record(real_stack, na
         last = calls[-1]
         assert seg.token_ids[:len(last.prompt_ids) + len(last.completion_ids)] == last.prompt_ids + last.completion_ids
         assert [t for t, m in zip(seg.token_ids, seg.loss_mask) if m] == [t for c in calls for t in c.completion_ids]
+
+
+def test_check_adapter_looks_for_a_variant_where_its_binary_is(tmp_path, monkeypatch):
+    """claude-code-agents runs the claude-code install: check-adapter's `installed` check (and so
+    bench/harness_matrix.py) must look in that folder, not one named after the variant."""
+    from harnessrl.gym.check_adapter import CheckReport, _installed
+
+    monkeypatch.setenv("HARNESSRL_TOOLCHAIN", str(tmp_path))
+    spec = get_adapter("claude-code").install.split(":", 1)[1]
+    report = CheckReport("claude-code-agents")
+    assert not _installed(report, get_adapter("claude-code-agents"))
+    (tmp_path / "npm" / "claude-code").mkdir(parents=True)
+    (tmp_path / "npm" / "claude-code" / ".harnessrl-installed").write_text(spec + "\n")
+    assert _installed(report, get_adapter("claude-code-agents")), report.checks[-1].detail
