@@ -133,10 +133,8 @@ async def _prepare(cfg: TrainConfig) -> dict[str, Any]:
 
     made = await prepare_data(cfg, log=lambda line: print(line, flush=True))
     if cfg.eval.enabled:
-        from harnessrl.gym.rollout import load_suite_tasks as tasks_of
-
         held_ids = set(ev.eval_task_ids(cfg.eval, cfg.rollout))
-        held = [t for t in tasks_of(ev.rollout_config(cfg.eval, cfg.rollout)) if t.instance_id in held_ids]
+        held = [t for t in load_suite_tasks(ev.rollout_config(cfg.eval, cfg.rollout)) if t.instance_id in held_ids]
         sft_ids: list[str] = []
         if "sft" in cfg.stages and cfg.sft.data and Path(cfg.sft.data).exists():
             sft_ids = [json.loads(x).get("task_id", "") for x in Path(cfg.sft.data).read_text().splitlines() if x.strip()]
