@@ -259,12 +259,14 @@ def test_a_background_process_the_agent_left_cannot_write_the_reward(backend, an
     try:
         loop = ("setsid -f bash -c 'while true; do mkdir -p /tmp/harnessrl-logs/verifier; "
                 "echo 1 > /tmp/harnessrl-logs/verifier/reward.txt; sleep 0.05; done' >/dev/null 2>&1; "
-                "sleep 0.5; cat /logs/verifier/reward.txt")
-        assert sb.exec(loop).output.strip() == "1"  # it runs on after the agent's command ended
+                "for i in $(seq 600); do [ -s /logs/verifier/reward.txt ] && break; sleep 0.1; done; "
+                "cat /logs/verifier/reward.txt")
+        assert sb.exec(loop, timeout=120).output.strip() == "1"
+        procs = "cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' '"
+        assert "while true" in sb.exec(procs).output  # it runs on after the agent's command ended
         res = score(sb, task)
         assert (res.reward, res.cause) == (0.0, "agent"), res.reason
-        procs = sb.exec("cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' '").output
-        assert "while true" not in procs  # reset killed it before the verifier ran
+        assert "while true" not in sb.exec(procs).output  # reset killed it before the verifier ran
     finally:
         sb.close()
 

@@ -24,9 +24,15 @@ killed by a signal, a process that escaped its group) is decided by running the 
 again on the pristine base: if test.sh runs to its own end there, the verifier works and the
 agent's state caused it (0.0, reason recorded: also what a test.sh that never writes a
 reward gets, and `tasks check` flags its gold); if not, the verifier or the machine is
-broken (infra_error, masked). The sandbox dying or the runner giving no verdict is infra. Known limit: the tests run the agent's code as the verifier's user, as Harbor does,
-so code that writes the reward file in the instant between test.sh's write and its exit is
-not told apart.
+broken (infra_error, masked). The sandbox dying or the runner giving no verdict is infra.
+
+Known limits: test.sh runs as the sandbox's user (uid 1000, as the agent did; `[verifier]
+user` is not honoured: there is no root in a sandbox), and the agent's code that the tests
+execute runs as that user too, as in Harbor itself. So that code can write the reward file
+directly (which a test.sh that writes a reward only on success does not overwrite) or in the
+instant between test.sh's own write and its exit; only a writer still alive when test.sh
+ends is caught. Grading sees the workdir the agent left (its diff); processes it started and
+files under /tmp or home do not survive into grading.
 """
 from __future__ import annotations
 
@@ -163,7 +169,7 @@ def _pack_tests(folder: Path) -> str:
         for p in sorted(folder.rglob("*")):
             info = tf.gettarinfo(p, arcname=p.relative_to(folder).as_posix())
             info.uid, info.gid, info.uname, info.gname = 1000, 1000, "", ""
-            tf.addfile(info, open(p, "rb") if p.is_file() else None)
+            tf.addfile(info, io.BytesIO(p.read_bytes()) if p.is_file() else None)
     return base64.b64encode(buf.getvalue()).decode()
 
 
