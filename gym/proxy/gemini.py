@@ -131,10 +131,11 @@ def _system(body: dict) -> str:
         if p.__class__ is not dict:
             raise bad_request(f"{w} must be a part object, got {F.kind(p)}", w)
         t = _text(p, w)
-        if t is None and not p.get("thought"):
+        if t is not None:
+            out.append(t)
+        elif not p.get("thought"):
             raise bad_request(f"{w}.text is required (a system instruction is text)", f"{w}.text")
-        out.append(t or "")
-    return "\n".join(out)
+    return "\n".join(out)  # one line per part
 
 
 def _openapi_to_json_schema(s: Any) -> Any:
