@@ -24,7 +24,7 @@ from typing import ClassVar
 
 from harnessrl.adapters.base import SANDBOX_SCRATCH, Endpoint, HarnessResult, Launch, Mount, classify_exit, tail
 from harnessrl.adapters.inside import inside_mounts, path_for, run_inside
-from harnessrl.adapters.toolchain import require
+from harnessrl.adapters.toolchain import check_node, node_version, require
 
 TOOLS = ("run_shell_command", "read_file", "write_file", "list_directory")
 FULL_TOOLS = ("run_shell_command", "read_file", "write_file", "replace", "list_directory", "glob", "grep_search")
@@ -53,6 +53,8 @@ class GeminiCliAdapter:
                                  "model.maxSessionTurns; other errors exit non-zero with a JSON `error`")
     version: ClassVar[str] = "0.61.0"
     install: ClassVar[str] = "npm:@google/gemini-cli@0.61.0"
+    node: ClassVar[str] = ">=20"
+    """The node its package declares (`engines.node`); checked against the toolchain's at launch."""
 
     def __init__(self, tools: tuple[str, ...] | list[str] = TOOLS):
         """`tools`: the CLI's built-in tools it may use (`tools.core` in its settings)."""
@@ -65,6 +67,7 @@ class GeminiCliAdapter:
 
     def launch(self, launch: Launch) -> HarnessResult:
         require("npm", self.name, self.install.split(":", 1)[1], launch.toolchain)
+        check_node(self.node, node_version(launch.toolchain), self.name)
         ep = launch.endpoint
         home = f"{SANDBOX_SCRATCH}/home"
         files = {f"{home}/.gemini/settings.json": json.dumps(gemini_settings(launch.limits.max_calls, self.tools)).encode()}

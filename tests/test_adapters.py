@@ -245,6 +245,11 @@ def test_gemini_cli_settings_and_status():
     err = '{"session_id": "s", "error": {"type": "FatalTurnLimitedError", "message": "Reached max", "code": 53}}'
     assert _status("YOLO mode is enabled.\n" + err) == "FatalTurnLimitedError"
     assert _status("no json {here") is None
+    from harnessrl.adapters.toolchain import NodeTooOld, check_node
+
+    check_node(GeminiCliAdapter.node, "20.20.2", "gemini-cli")
+    with pytest.raises(NodeTooOld, match="gemini-cli needs node >=20, but the toolchain's node is v18.19.0"):
+        check_node(GeminiCliAdapter.node, "18.19.0", "gemini-cli")
 
 
 @pytest.mark.docker
