@@ -4,17 +4,19 @@ Pointed at the proxy by `GOOGLE_GEMINI_BASE_URL` (the session URL without `/v1be
 appends `/v1beta/models/{model}:...`), the session key as `GEMINI_API_KEY` (sent as
 `x-goog-api-key`). Auth is pinned to "gemini-api-key" in `$HOME/.gemini/settings.json`: with
 only the base URL set it would pick the "gateway" auth, which non-interactive mode refuses
-("Invalid auth method selected"). The same settings turn off what needs the network or
-slows an offline run: auto-update and its notice, usage statistics and telemetry, retries
-(`maxAttempts` 1), loop detection, sub-agents and skills, ripgrep. The tool set is
-`tools=` (default `TOOLS`: shell, read, write, list): the CLI's default set adds web
-search/fetch, planning, topic and sub-agent tools the sandbox cannot serve, and its
-~25k-character system prompt plus the default set is ~8.7k tokens, past an 8k-context
-policy such as SmolLM2; with `TOOLS` the first prompt is ~6.9k (`FULL_TOOLS`, with the
-replace/glob/grep tools, ~8.2k). `GEMINI_CLI_TRUST_WORKSPACE` trusts the task's checkout (headless
-mode refuses an untrusted folder). `model.maxSessionTurns` is the call budget; past it the
-CLI exits 53 (`FatalTurnLimitedError`), a call limit. `--output-format json` prints one
-object: `response` after a final answer, `error` (type, message, code) otherwise.
+("Invalid auth method selected"). The same settings turn off what needs the network or slows
+an offline run: auto-update and its notice, usage statistics and telemetry, loop detection,
+sub-agents and skills, ripgrep. `maxAttempts` is 3: the CLI retries only 429 / 499 / 5xx, so
+a weight-update pause is waited out, a dead engine fails in ~15 s and a 400 at once.
+
+The tool set is `tools=` (default `TOOLS`: shell, read, write, list). The CLI's default set
+adds web search/fetch, planning, topic and sub-agent tools the sandbox cannot serve, and its
+~25k-character system prompt with that set is ~8.7k SmolLM2 tokens, past an 8k context; with
+`TOOLS` the first prompt of the built-in task is ~7.6k (`FULL_TOOLS` adds replace, glob and
+grep, ~1.3k more). `GEMINI_CLI_TRUST_WORKSPACE` trusts the task's checkout (headless mode
+refuses an untrusted folder). `model.maxSessionTurns` is the call budget; past it the CLI
+exits 53 (`FatalTurnLimitedError`), a call limit. `--output-format json` prints one object:
+`response` after a final answer, `error` (type, message, code) otherwise.
 """
 from __future__ import annotations
 
@@ -35,7 +37,7 @@ TURN_LIMIT_EXIT = 53
 def gemini_settings(max_turns: int, tools: tuple[str, ...] = TOOLS) -> dict:
     """`~/.gemini/settings.json` for an offline, headless, sandboxed run."""
     return {"security": {"auth": {"selectedType": "gemini-api-key"}, "folderTrust": {"enabled": False}},
-            "general": {"enableAutoUpdate": False, "enableAutoUpdateNotification": False, "maxAttempts": 1,
+            "general": {"enableAutoUpdate": False, "enableAutoUpdateNotification": False, "maxAttempts": 3,
                         "retryFetchErrors": False},
             "privacy": {"usageStatisticsEnabled": False}, "telemetry": {"enabled": False},
             "model": {"maxSessionTurns": max_turns, "disableLoopDetection": True, "skipNextSpeakerCheck": True},

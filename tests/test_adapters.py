@@ -236,7 +236,7 @@ def test_gemini_cli_settings_and_status():
     s = gemini_settings(7)
     assert s["security"]["auth"]["selectedType"] == "gemini-api-key" and s["model"]["maxSessionTurns"] == 7
     assert s["privacy"]["usageStatisticsEnabled"] is False and s["telemetry"]["enabled"] is False
-    assert s["general"]["enableAutoUpdate"] is False and s["general"]["maxAttempts"] == 1
+    assert s["general"]["enableAutoUpdate"] is False and s["general"]["maxAttempts"] == 3
     assert s["tools"]["core"] == list(TOOLS) and "run_shell_command" in TOOLS
     assert get_adapter("gemini-cli", tools=FULL_TOOLS).tools == FULL_TOOLS
     with pytest.raises(ValueError, match="gemini-cli tools"):
