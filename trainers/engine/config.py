@@ -67,6 +67,11 @@ class EngineConfig(BaseModel):
     """On CPU, attend over the grouped KV heads as cached (`engine.attention`, bit-identical);
     False keeps HF's sdpa, which copies each KV head per query head on every padded step."""
 
+    fast_decode: bool = True
+    """On CPU, decode Llama-style models with `engine.fast_decode` (fused, transposed weight copies
+    for small batches, no HF per-layer overhead; same outputs to float rounding); False keeps
+    HF's forward for every step."""
+
     @field_validator("device")
     @classmethod
     def _device(cls, v: str) -> str:

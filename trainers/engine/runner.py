@@ -76,6 +76,7 @@ def build_state(config: EngineConfig):
         logprob_space=config.logprob_space,
         prefix_cache_bytes=config.prefix_cache_mb << 20,
         kv_preallocate=config.kv_preallocate,
+        fast_decode=config.fast_decode,
     )
     sched.start()
     return EngineState(config=config, scheduler=sched, tokenizer=tokenizer, model_path=str(path),

@@ -1,13 +1,16 @@
 """Continuous batching: one thread owns the model and steps every running request together.
 
 Loop, between two decode steps: run queued commands (pause, weight update, ...), apply
-aborts, admit waiting requests (each prefilled alone, then padded into the batch, see
-`kv.BatchKV`), then one decode step over the whole batch. A request that joins does not
-wait for the others to finish; a finished one leaves at once.
+aborts, admit waiting requests (prefilled alone, or short cold prompts packed into one
+forward, `packed_prefill`; then padded into the batch, see `kv.BatchKV`), then one decode
+step over the whole batch. A request that joins does not wait for the others to finish; a
+finished one leaves at once.
 
 Requests talk back through `Req.sink(Delta)`, called on this thread; the HTTP layer
 forwards it to its event loop. Streaming requests get a delta every step, the others one
-at the end. Pause modes: `abort` finishes every running and waiting request with finish
+at the end. A decode step of a Llama-style model on CPU runs `fast_decode.FastDecoder`
+(the same operations without HF's per-layer overhead); other models use HF's forward.
+Pause modes: `abort` finishes every running and waiting request with finish
 reason abort (partial output kept); `in_place` keeps the running ones and their KV cache;
 `retract` drops their KV cache and recomputes it (prompt + output so far) on continue,
 so that tokens after a weight update attend over KV from the new weights. While paused,
@@ -26,61 +29,19 @@ import time
 import traceback
 from collections import deque
 from concurrent.futures import Future
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 from transformers import DynamicCache
 
+from harnessrl.trainers.engine.fast_decode import FastDecoder
 from harnessrl.trainers.engine.kv import BatchKV, ConcatKV
+from harnessrl.trainers.engine.packed_prefill import MAX_PROMPT, MAX_TOTAL, packed_forward
 from harnessrl.trainers.engine.prefix_cache import PrefixCache
-from harnessrl.trainers.engine.protocol import SamplingParams
-from harnessrl.trainers.engine.sampling import LogprobSpace, RowParams, sample
+from harnessrl.trainers.engine.request import Delta, Req
+from harnessrl.trainers.engine.sampling import LogprobSpace, sample
 
 log = logging.getLogger("harnessrl.engine")
-
-
-@dataclass
-class Delta:
-    """New output of one request since its previous delta."""
-
-    ids: list[int]
-    logprobs: list[float]
-    top_logprobs: list[list[tuple[float, int]]]
-    finish: dict | None
-    weight_version: str
-    input_logprobs: list[float | None] | None = None
-    cached_tokens: int = 0
-    """Prompt tokens whose KV came from the prefix cache (SGLang's `meta_info.cached_tokens`)."""
-
-
-@dataclass
-class Req:
-    """One generation request as the scheduler sees it."""
-
-    rid: str
-    input_ids: list[int]
-    params: SamplingParams
-    sink: Callable[[Delta], None]
-    stream: bool = False
-    top_logprobs_num: int = 0
-    logprob_start_len: int = -1  # >= 0: also return input logprobs from this position
-    output_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
-    input_logprobs: list[float | None] | None = None
-    finish: dict | None = None
-    emitted: int = 0
-    generator: torch.Generator | None = None
-    priority: int = 0
-    """SGLang's priority scheduling: a waiting request with a higher value is admitted first."""
-    epoch: int = -1
-    """The weights epoch its KV was computed in (set at prefill)."""
-    cached_tokens: int = 0
-
-    def row(self) -> RowParams:
-        p = self.params
-        return RowParams(p.temperature, p.top_p, p.top_k, self.generator)
 
 
 class Scheduler:
@@ -89,7 +50,7 @@ class Scheduler:
     def __init__(self, model, tokenizer, eos_ids: set[int], *, weight_version: str, max_running: int,
                  max_prefill_per_step: int, max_context: int, random_seed: int = 0,
                  num_threads: int | None = None, logprob_space: LogprobSpace = "sampled",
-                 prefix_cache_bytes: int = 0, kv_preallocate: bool = True):
+                 prefix_cache_bytes: int = 0, kv_preallocate: bool = True, fast_decode: bool = True):
         self.model, self.tokenizer, self.eos_ids = model, tokenizer, eos_ids
         self.weight_version = weight_version
         self.max_running, self.max_prefill = max_running, max_prefill_per_step
@@ -99,11 +60,15 @@ class Scheduler:
         self.default_gen = torch.Generator().manual_seed(random_seed)
         self.paused: str | None = None  # None or the pause mode
         self.steps = 0
+        # wall seconds this thread spent in prefills and in decode steps (where a call's time goes)
+        self.timing = {"prefill_s": 0.0, "decode_s": 0.0}
         self.prefix_cache = PrefixCache(prefix_cache_bytes)
         self._cond = threading.Condition()
         self._waiting: deque[Req] = deque()
         self._running: list[Req] = []
         self._kv = BatchKV() if kv_preallocate else ConcatKV()
+        # HF's forward per step unless the model fits the fast path (needs the preallocated KV)
+        self._fast = FastDecoder.build(model) if kv_preallocate and fast_decode else None
         self._commands: deque[tuple[Callable[["Scheduler"], Any], Future]] = deque()
         self._abort_rids: set[str] = set()
         self._abort_all = False
@@ -203,7 +168,9 @@ class Scheduler:
             try:
                 self._admit()
                 if self._running:
+                    t0 = time.perf_counter()
                     self._decode_step()
+                    self.timing["decode_s"] += time.perf_counter() - t0
             except Exception as e:  # a failed forward must not kill the server
                 log.error("engine step failed: %s", traceback.format_exc())
                 self._fail_running(f"engine error: {type(e).__name__}: {e}")
@@ -250,31 +217,61 @@ class Scheduler:
 
     # ---- admission and prefill ----------------------------------------------------
     def _admit(self) -> None:
-        admitted = 0
-        while admitted < self.max_prefill and len(self._running) < self.max_running:
+        """Admit up to `max_prefill` waiting requests, most urgent first. Consecutive cold short
+        prompts are prefilled together in one packed forward (`packed_prefill`), the others alone,
+        in admission order."""
+        admitted, packed = 0, []
+        while admitted < self.max_prefill and len(self._running) + len(packed) < self.max_running:
             with self._cond:
                 if not self._waiting:
-                    return
+                    break
                 r = max(self._waiting, key=lambda w: w.priority)  # the first of the most urgent: FIFO among equals
                 self._waiting.remove(r)
             admitted += 1
-            try:
-                self._prefill(r)
-            except Exception as e:  # this request alone fails (e.g. out of memory); the batch goes on
-                log.error("prefill of %s failed: %s", r.rid, traceback.format_exc())
-                if r in self._running:
-                    self._running.remove(r)
-                self._finish(r, {"type": "abort", "message": f"engine error: {type(e).__name__}: {e}",
-                                 "status_code": 500})
+            matched = None
+            if self._packable(r, sum(len(q.input_ids) for q, _ in packed)):
+                matched = self.prefix_cache.match(r.input_ids)
+                if matched[0] == 0:
+                    packed.append((r, matched))
+                    continue
+            self._run_prefill(packed)
+            packed = []
+            self._run_prefill([(r, matched)])
+        self._run_prefill(packed)
 
-    def _prefill(self, r: Req) -> None:
+    def _packable(self, r: Req, packed_tokens: int) -> bool:
+        return (self.max_prefill > 1 and not r.output_ids and r.logprob_start_len < 0 and r.params.max_new_tokens > 0
+                and len(r.input_ids) <= MAX_PROMPT and packed_tokens + len(r.input_ids) <= MAX_TOTAL)
+
+    def _run_prefill(self, batch: list[tuple[Req, tuple | None]]) -> None:
+        """Prefill each request with its prefix-cache lookup if done (one: alone; more: packed).
+        A failure fails those that did not join the decode batch; the batch goes on."""
+        if not batch:
+            return
+        reqs = [r for r, _ in batch]
+        t0 = time.perf_counter()
+        try:
+            if len(batch) == 1:
+                self._prefill(*batch[0])
+            else:
+                self._prefill_packed(reqs)
+        except Exception as e:  # e.g. out of memory
+            log.error("prefill of %s failed: %s", [r.rid for r in reqs], traceback.format_exc())
+            for r in reqs:
+                if r not in self._running:
+                    self._finish(r, {"type": "abort", "message": f"engine error: {type(e).__name__}: {e}",
+                                     "status_code": 500})
+        finally:
+            self.timing["prefill_s"] += time.perf_counter() - t0
+
+    def _prefill(self, r: Req, matched: tuple | None = None) -> None:
         resumed = bool(r.output_ids)  # retracted: recompute KV of prompt + output so far
         wants_input_lp = r.logprob_start_len >= 0 and r.input_logprobs is None
         if r.params.max_new_tokens == 0 and not wants_input_lp:
             self._finish(r, {"type": "length", "length": 0})
             return
         seq = r.input_ids + r.output_ids[:-1] if resumed else r.input_ids
-        hit, past = (0, None) if wants_input_lp else self.prefix_cache.match(seq)
+        hit, past = (0, None) if wants_input_lp else matched or self.prefix_cache.match(seq)
         cache = DynamicCache(ddp_cache_data=past) if past is not None else DynamicCache()
         r.epoch = self.prefix_cache.epoch
         if not resumed:
@@ -282,21 +279,32 @@ class Scheduler:
         self.prefix_cache.stats["prefill_tokens"] += len(seq) - hit
         out = self.model(input_ids=torch.tensor([seq[hit:]], device=self.model.device), past_key_values=cache,
                          use_cache=True, logits_to_keep=0 if wants_input_lp else 1)
-        if self.prefix_cache.enabled:
-            self.prefix_cache.insert(seq, [(layer.keys, layer.values) for layer in out.past_key_values.layers],
-                                     r.epoch)
         if wants_input_lp:
             r.input_logprobs = self._input_logprobs(out.logits[0].float().cpu(), r)
+        self._join(r, out.logits[:, -1, :], out.past_key_values, seq, resumed)
+
+    def _prefill_packed(self, reqs: list[Req]) -> None:
+        logits, caches = packed_forward(self.model, [r.input_ids for r in reqs])
+        for r, last, cache in zip(reqs, logits, caches):
+            r.epoch, r.cached_tokens = self.prefix_cache.epoch, 0
+            self.prefix_cache.stats["prefill_tokens"] += len(r.input_ids)
+            self._join(r, last[None], cache, r.input_ids, resumed=False)
+
+    def _join(self, r: Req, last_logits: torch.Tensor, cache: DynamicCache, seq: list[int], resumed: bool) -> None:
+        """After `r`'s prefill (KV of `seq` in `cache`, logits [1, vocab] of its last position):
+        keep the KV in the prefix cache, sample the first token, join the decode batch."""
+        if self.prefix_cache.enabled:
+            self.prefix_cache.insert(seq, [(layer.keys, layer.values) for layer in cache.layers], r.epoch)
         if r.params.max_new_tokens == 0:
             self._finish(r, {"type": "length", "length": 0})
             return
         if not resumed:
-            ids, lps, tops = sample(out.logits[:, -1, :].float().cpu(), [r.row()], self.default_gen,
+            ids, lps, tops = sample(last_logits.float().cpu(), [r.row()], self.default_gen,
                                     r.top_logprobs_num, self.logprob_space)
             self._append(r, ids[0], lps[0], tops[0] if tops else None)
             if r.finish is not None:
                 return
-        self._kv.add(out.past_key_values)
+        self._kv.add(cache)
         self._running.append(r)
         if r.stream and not resumed:
             self._emit(r)
@@ -311,11 +319,15 @@ class Scheduler:
     # ---- decode -------------------------------------------------------------------
     def _decode_step(self) -> None:
         input_ids = torch.tensor([[r.output_ids[-1]] for r in self._running], device=self.model.device)
-        out = self.model(input_ids=input_ids, **self._kv.step_inputs())
-        self._kv.cache = out.past_key_values
+        if self._fast is not None:
+            logits = self._fast.step(input_ids, self._kv)
+        else:
+            out = self.model(input_ids=input_ids, **self._kv.step_inputs())
+            self._kv.cache = out.past_key_values
+            logits = out.logits[:, -1, :]
         top_n = max(r.top_logprobs_num for r in self._running)
         # sampling runs on CPU: seeded CPU generators draw the same tokens on every device
-        ids, lps, tops = sample(out.logits[:, -1, :].float().cpu(), [r.row() for r in self._running],
+        ids, lps, tops = sample(logits.float().cpu(), [r.row() for r in self._running],
                                 self.default_gen, top_n, self.logprob_space)
         self.steps += 1
         for i, r in enumerate(self._running):

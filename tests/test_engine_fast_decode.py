@@ -1,0 +1,152 @@
+"""`engine.fast_decode.FastDecoder` gives HF's forward's outputs: identical greedy ids, logprobs
+within 1e-5 (float32) and identical seeded samples across joins, leaves, an abort and a
+retract, with the batch crossing the small-batch threshold both ways; it follows weights
+changed in place (never decodes with stale copies); and it declines models it does not fit.
+
+Real tiny-llama and SmolLM2-135M, schedulers stepped by hand on this thread.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from harnessrl.gym.models import load_tokenizer, resolve_model
+from harnessrl.trainers.engine import fast_decode
+from harnessrl.trainers.engine.attention import use_gqa_sdpa
+from harnessrl.trainers.engine.fast_decode import FastDecoder
+from harnessrl.trainers.engine.protocol import SamplingParams
+from harnessrl.trainers.engine.scheduler import Req, Scheduler
+from harnessrl.trainers.engine.weights import apply_weights, eos_token_ids, load_model
+
+pytestmark = pytest.mark.timeout(600)
+TOL = 1e-5
+
+
+def _load(name: str):
+    path = resolve_model(name)
+    model = load_model(path)
+    assert use_gqa_sdpa(model)  # as the engine runs it on CPU
+    return model, load_tokenizer(str(path))
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return _load("tiny-llama")
+
+
+def _sched(model, tok, fast: bool, max_running: int = 16) -> Scheduler:
+    return Scheduler(model, tok, eos_token_ids(model, tok), weight_version="v", max_running=max_running,
+                     max_prefill_per_step=2, max_context=4096, fast_decode=fast)
+
+
+def _req(rid: str, ids: list[int], n: int, **sp) -> Req:
+    params = SamplingParams(max_new_tokens=n, ignore_eos=True, **({"temperature": 0} | sp))
+    gen = torch.Generator().manual_seed(sp["sampling_seed"]) if "sampling_seed" in sp else None
+    return Req(rid=rid, input_ids=ids, params=params, sink=lambda d: None, generator=gen)
+
+
+def _prompts(tok, n: int) -> list[list[int]]:
+    return [tok.apply_chat_template([{"role": "user", "content": f"task {i}: " + "fix the bug, " * (i * 3)}],
+                                    add_generation_prompt=True, return_dict=False) for i in range(n)]
+
+
+def _drive(s: Scheduler, schedule: dict[int, list[Req]], steps: int, abort: tuple[int, str] | None = None,
+           retract_at: int | None = None) -> list[int]:
+    """Step `s` by hand; returns the batch size of every decode step."""
+    sizes = []
+    with torch.no_grad():
+        for t in range(steps):
+            for r in schedule.get(t, []):
+                s.submit(r)
+            if abort and t == abort[0]:
+                s.abort(abort[1])
+            if t == retract_at:
+                s.pause("retract")
+                s.resume()
+            s._apply_aborts()
+            s._admit()
+            if s._running:
+                sizes.append(len(s._running))
+                s._decode_step()
+    return sizes
+
+
+def _scenario(tok) -> dict[int, list[Req]]:
+    ps = _prompts(tok, 7)
+    return {
+        0: [_req("a", ps[0], 60)],  # alone: the small-batch path
+        6: [_req("b", ps[3], 9), _req("c", ps[6], 70, temperature=0.8, sampling_seed=7)],
+        9: [_req("d", ps[1], 30, temperature=1.0, top_p=0.9, sampling_seed=3), _req("e", ps[5], 4)],
+        12: [_req("f", ps[2], 80), _req("g", ps[4], 25, temperature=0.7, top_k=20, sampling_seed=11)],
+    }
+
+
+def test_fast_equals_hf_forward_across_joins_leaves_aborts_retract(tiny):
+    model, tok = tiny
+    runs, sizes = {}, {}
+    for fast in (True, False):
+        sched = _scenario(tok)
+        s = _sched(model, tok, fast)
+        assert (s._fast is not None) == fast
+        sizes[fast] = _drive(s, sched, steps=130, abort=(20, "d"), retract_at=40)
+        runs[fast] = {r.rid: (r.output_ids, r.logprobs, r.finish) for reqs in sched.values() for r in reqs}
+    # the batch went above the small-batch threshold and back below it
+    assert sizes[True] == sizes[False]
+    assert max(sizes[True]) > fast_decode.SMALL_BATCH and min(sizes[True][-10:]) <= fast_decode.SMALL_BATCH
+    new, ref = runs[True], runs[False]
+    assert set(new) == set("abcdefg")
+    for rid in new:
+        assert new[rid][0] == ref[rid][0], rid
+        assert new[rid][1] == pytest.approx(ref[rid][1], abs=TOL), rid
+        assert new[rid][2] == ref[rid][2], rid
+    assert new["d"][2]["type"] == "abort" and len(new["d"][0]) < 30
+    assert new["f"][2] == {"type": "length", "length": 80}
+
+
+def test_smollm2_batch1_greedy_equals_hf_generate():
+    model, tok = _load("smollm2-135m")
+    p = _prompts(tok, 3)[2]
+    s = _sched(model, tok, True)
+    r = _req("x", p, 48)
+    _drive(s, {0: [r]}, 50)
+    ref_model = load_model(resolve_model("smollm2-135m"))  # stock HF sdpa, its own copy
+    with torch.no_grad():
+        ref = ref_model.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                                 do_sample=False, max_new_tokens=48, min_new_tokens=48, pad_token_id=2)[0, len(p):]
+    assert r.output_ids == ref.tolist()
+    hf = _sched(ref_model, tok, False)
+    r2 = _req("y", p, 48)
+    _drive(hf, {0: [r2]}, 50)
+    assert r2.output_ids == r.output_ids
+    assert r.logprobs == pytest.approx(r2.logprobs, abs=TOL)
+
+
+def test_copies_follow_weights_changed_in_place(tiny):
+    """A weight update copies into the parameters (`apply_weights`); the next fast step uses the
+    new weights: it matches HF's forward on the new weights and differs from the old outputs."""
+    model, tok = _load("tiny-llama")  # its own copy: this test changes the weights
+    p = _prompts(tok, 2)[1]
+    s = _sched(model, tok, True)
+    before = _req("before", p, 20)
+    _drive(s, {0: [before]}, 22)
+    g = torch.Generator().manual_seed(0)
+    state = {k: v + 0.05 * torch.randn(v.shape, generator=g) * v.std()
+             for k, v in model.state_dict().items() if k.endswith("proj.weight") or k == "lm_head.weight"}
+    apply_weights(model, state)  # in place; nothing tells the fast decoder
+    after, ref = _req("after", p, 20), _req("ref", p, 20)
+    _drive(s, {0: [after]}, 22)
+    _drive(_sched(model, tok, False), {0: [ref]}, 22)
+    assert after.output_ids == ref.output_ids
+    assert after.logprobs == pytest.approx(ref.logprobs, abs=TOL)
+    assert after.output_ids != before.output_ids
+
+
+def test_declines_models_it_does_not_fit(tiny):
+    model, tok = tiny
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1, attention_bias=True)
+    assert FastDecoder.build(LlamaForCausalLM(cfg)) is None  # biases: HF's forward decodes it
+    assert FastDecoder.build(model) is not None
+    assert Scheduler(model, tok, set(), weight_version="v", max_running=1, max_prefill_per_step=1,
+                     max_context=64, kv_preallocate=False)._fast is None  # needs the preallocated KV
