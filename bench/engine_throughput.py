@@ -7,11 +7,14 @@ ignored):
 - bound: copy bandwidth (a 1 GiB float32 `dst.copy_(src)`, best of 5; STREAM's convention:
   bytes moved = bytes read + bytes written = 2 GiB) / bytes read per decoded token (every
   parameter once, tied embeddings once, + the KV cache at the mean context). Also shown: a
-  read-only stream (`sum`) for reference;
+  read-only stream (`sum`) for reference. The copy is measured again right after each
+  batch-1 decode (the load of a shared machine changes); the target is judged on the
+  stricter of the two bounds;
 - decode: the engine's own `Scheduler._decode_step` (forward, sampling, bookkeeping) stepped
-  on this thread, batch 1 and batch 16, for the preallocated KV + grouped-head attention
-  ("new") and the previous concatenating KV + HF sdpa ("old"), and new with bfloat16
-  weights; with where a batch-1 step's time goes (forward / sampling / the rest);
+  on this thread, batch 1 and batch 16, for the default path ("new": preallocated KV,
+  grouped-head attention, `engine.fast_decode`), the same with HF's forward per step
+  ("hf-fwd", the previous default), the concatenating KV + HF sdpa before it ("old"), and
+  new with bfloat16 weights; with where a batch-1 step's time goes (forward / sampling / rest);
 - end to end: `model.generate` on one prompt at a time in this process (baseline), and
   the engine in a subprocess over loopback HTTP with C requests in flight (closed loop).
 
@@ -90,7 +93,7 @@ def bytes_per_token(model, context: int) -> int:
 
 
 def decode_rates(model, tokenizer, ps: list[list[int]], new_tokens: int, batch: int, preallocate: bool,
-                 gqa: bool) -> dict:
+                 gqa: bool, fast: bool) -> dict:
     """Tokens/s of the engine's decode step at `batch` rows (wall and CPU, median step), and the
     median split of a step into forward / sampling / the rest."""
     import torch
@@ -106,9 +109,11 @@ def decode_rates(model, tokenizer, ps: list[list[int]], new_tokens: int, batch: 
     else:
         model.set_attn_implementation("sdpa")
     s = Scheduler(model, tokenizer, eos_token_ids(model, tokenizer), weight_version="bench", max_running=batch,
-                  max_prefill_per_step=batch, max_context=1 << 20, kv_preallocate=preallocate)
+                  max_prefill_per_step=batch, max_context=1 << 20, kv_preallocate=preallocate, fast_decode=fast)
+    assert (s._fast is not None) == fast, "the fast decode path does not fit this model"
     split = {"forward": 0.0, "sampling": 0.0}
-    forward, sample = model.forward, sched_mod.sample
+    owner = s._fast if fast else model  # whose method computes the step's logits
+    forward, sample = (owner.step if fast else model.forward), sched_mod.sample
 
     def timed(name, fn):
         def wrapper(*a, **k):
@@ -120,7 +125,8 @@ def decode_rates(model, tokenizer, ps: list[list[int]], new_tokens: int, batch: 
         return wrapper
 
     torch.set_grad_enabled(False)
-    model.forward, sched_mod.sample = timed("forward", forward), timed("sampling", sample)
+    setattr(owner, "step" if fast else "forward", timed("forward", forward))
+    sched_mod.sample = timed("sampling", sample)
     try:
         for i in range(batch):
             s.submit(Req(rid=str(i), input_ids=ps[i % len(ps)], sink=lambda d: None,
@@ -137,7 +143,8 @@ def decode_rates(model, tokenizer, ps: list[list[int]], new_tokens: int, batch: 
             cpus.append(c2 - c)
             parts.append((split["forward"], split["sampling"], (c2 - c) - split["forward"] - split["sampling"]))
     finally:
-        model.forward, sched_mod.sample = forward, sample
+        setattr(owner, "step" if fast else "forward", forward)
+        sched_mod.sample = sample
         torch.set_grad_enabled(True)
     assert not s._running, "rows left running after their last token"
     med = statistics.median
@@ -272,12 +279,14 @@ def main() -> int:
               "bfloat16": load_model(resolve_model(args.model), dtype=torch.bfloat16)}
     nbytes = {d: bytes_per_token(m, context) for d, m in models.items()}
     bound = {d: {clk: bw[f"copy_{clk}"] * 1e9 / nbytes[d] for clk in ("wall", "cpu")} for d in models}
-    variants = [("new", "float32", True, True)] + ([] if args.no_old else [("old", "float32", False, False)]) \
-        + [("new", "bfloat16", True, True)]
+    variants = [("new", "float32", True, True, True), ("hf-fwd", "float32", True, True, False)] \
+        + ([] if args.no_old else [("old", "float32", False, False, False)]) + [("new", "bfloat16", True, True, True)]
     decode = {}
-    for name, dtype, pre, gqa in variants:
+    for name, dtype, pre, gqa, fast in variants:
         for b in (1, 16):
-            decode[(name, dtype, b)] = decode_rates(models[dtype], tok, ps, args.max_new_tokens, b, pre, gqa)
+            decode[(name, dtype, b)] = decode_rates(models[dtype], tok, ps, args.max_new_tokens, b, pre, gqa, fast)
+            if b == 1:  # the copy bandwidth again, right after: the load on a shared machine changes
+                decode[(name, dtype, b)]["copy_gb_s_cpu_after"] = bandwidth()["copy_cpu"]
             print(f"decode {name} {dtype} batch {b}: {decode[(name, dtype, b)]}", file=sys.stderr, flush=True)
     hf = hf_sequential(models["float32"], ps, args.max_new_tokens)
     print(f"HF generate, sequential: {hf}", file=sys.stderr, flush=True)
@@ -313,7 +322,11 @@ def main() -> int:
             print(f"{f'engine {name}, {c} concurrent':<34}{r['tok_s_cpu']:>10.1f}{r['tok_s_cpu'] / hf['tok_s_cpu']:>7.2f}x"
                   f"{r['tok_s_wall']:>11.1f}{r['tok_s_wall'] / hf['tok_s_wall']:>7.2f}x")
     top = max(levels)
-    b1 = frac("new", "float32", 1, "cpu")
+    after = decode[("new", "float32", 1)]["copy_gb_s_cpu_after"] * 1e9 / nbytes["float32"]
+    b1_after = decode[("new", "float32", 1)]["tok_s_cpu"] / after
+    print(f"batch-1 new float32 vs the bound from the copy bandwidth measured right after it: {b1_after:.2f}")
+    # judged on the stricter of the two bounds (start of run, right after the decode)
+    b1 = min(frac("new", "float32", 1, "cpu"), b1_after)
     ratio = engine["new"][top]["tok_s_cpu"] / hf["tok_s_cpu"]
     print(json.dumps({
         "model": args.model, "max_new_tokens": args.max_new_tokens, "requests": args.requests,
@@ -322,7 +335,9 @@ def main() -> int:
         "bytes_per_token": nbytes,
         "bound_tok_s": {d: {k: round(v, 2) for k, v in b.items()} for d, b in bound.items()},
         "decode": {f"{n} {d} b{b}": r for (n, d, b), r in decode.items()},
-        "batch1_fraction_of_bound_cpu": round(b1, 3),
+        "batch1_fraction_of_bound_cpu": round(frac("new", "float32", 1, "cpu"), 3),
+        "batch1_fraction_of_bound_measured_after_cpu": round(b1_after, 3),
+        "batch1_fraction_judged": round(b1, 3),
         "batch16_fraction_of_bound_cpu": round(frac("new", "float32", 16, "cpu"), 3),
         "batch1_fraction_bf16_of_bf16_bound_cpu": round(frac("new", "bfloat16", 1, "cpu", "bfloat16"), 3),
         "hf_sequential_tok_s": hf,
