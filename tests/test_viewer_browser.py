@@ -60,7 +60,8 @@ def _chat(proxy, sid: str, key: str, messages: list[dict]) -> str:
 
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory):
-    """(run folder, the solved episode's record, the split session's record, the task)."""
+    """(run folder, the solved episode's record, the split session's record, the task, the
+    record of an episode tiny-llama sampled)."""
     docker_backend()
     if installed_spec("venvs", "mini-swe-agent") is None:
         pytest.skip("mini-swe-agent not installed: run scripts/install_harnesses.sh mini-swe-agent")
@@ -92,10 +93,17 @@ def recorded(tmp_path_factory):
                                            {"role": "user", "content": "Another one."}])
             proxy.set_reward(sid, 0.0, "ok", "harness_exited")
             split = proxy.trajectory(sid)
-    (solved,) = [Trajectory.from_dict(json.loads(x)) for x in (out / "trajectories.jsonl").read_text().splitlines()]
+    # and one episode sampled by a real model on the local engine (tiny-llama: real logprobs)
+    from harnessrl.trainers.engine import EngineServer
+
+    sampled_cfg = cfg.model_copy(update={"max_new_tokens": 48, "episode": EpisodeConfig(max_calls=2, wall_time_s=240)})
+    with EngineServer(model="tiny-llama", port=0, weight_version="0") as engine:
+        asyncio.run(run_rollout(sampled_cfg, engine.url, out, episodes=1, concurrency=1, progress=False))
+    solved, sampled = [Trajectory.from_dict(json.loads(x)) for x in (out / "trajectories.jsonl").read_text().splitlines()]
     assert solved.reward == 1.0 and solved.metadata["grading"]["agent_diff"]
     assert [s.split_reason for s in split.segments] == [None, "assistant_edited"]
-    return out, solved, split, task
+    assert sampled.status in ("ok", "truncated") and sum(sum(s.loss_mask) for s in sampled.segments) > 0
+    return out, solved, split, task, sampled
 
 
 def _open(driver, url: str, timeout: float = 120):
@@ -124,6 +132,19 @@ def _shot(driver, tmp_path: Path, name: str) -> Path:
     return path
 
 
+def _picture(driver, tmp_path: Path, name: str) -> Path:
+    """The page's top with the first reply and the first sampled tokens in view."""
+    driver.set_window_size(1500, 1250)
+    driver.execute_script("""
+        const scrollTo = (pane, el) => { if (el) pane.scrollTop = el.offsetTop - pane.offsetTop - 160; };
+        scrollTo(document.getElementById('token-view'), document.querySelector('#token-view .tok.sampled'));
+        scrollTo(document.getElementById('conversation'), document.querySelector('#conversation .msg.reply'));
+        window.scrollTo(0, 0);""")
+    path = _shot(driver, tmp_path, name)
+    driver.set_window_size(1500, 1000)
+    return path
+
+
 @pytest.mark.timeout(900)
 def test_viewer_renders_a_real_run_in_headless_chromium(recorded, tmp_path):
     from selenium.webdriver.common.by import By
@@ -133,14 +154,15 @@ def test_viewer_renders_a_real_run_in_headless_chromium(recorded, tmp_path):
     from harnessrl.gym.viewer import RunIndex
     from harnessrl.gym.viewer.app import build_app
 
-    run, solved, split, task = recorded
+    run, solved, split, task, sampled = recorded
     driver = _browser()
     try:
         with ServedApp(build_app([RunIndex(run, name="rollout")])) as served:
             # the runs page: figures and both episodes, from the store
             _open(driver, f"{served.url}/#/run/0")
             rows = driver.find_elements(By.CSS_SELECTOR, "#episodes tbody tr")
-            assert {r.get_attribute("data-sid") for r in rows} == {solved.session_id, split.session_id}
+            assert {r.get_attribute("data-sid") for r in rows} == {solved.session_id, split.session_id,
+                                                                   sampled.session_id}
             assert len(driver.find_elements(By.CSS_SELECTOR, ".charts svg.chart")) == 4
             assert driver.find_element(By.CSS_SELECTOR, ".charts svg.line-chart path.series[data-series=reward]")
             # the filter goes to the server: only the split session matches "history"
@@ -152,7 +174,7 @@ def test_viewer_renders_a_real_run_in_headless_chromium(recorded, tmp_path):
                 split.session_id
             box.clear()
             driver.find_element(By.CSS_SELECTOR, "#episode-filters button").click()
-            WebDriverWait(driver, 60).until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#episodes tbody tr")) == 2)
+            WebDriverWait(driver, 60).until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#episodes tbody tr")) == 3)
             # sorting is the server's too: by sampled tokens, ascending then descending
             order = {}
             for direction in ("asc", "desc"):
@@ -161,7 +183,8 @@ def test_viewer_renders_a_real_run_in_headless_chromium(recorded, tmp_path):
                     By.CSS_SELECTOR, "#episodes th[data-sort=sampled]").get_attribute("data-dir") == direction)
                 order[direction] = [r.get_attribute("data-sid")
                                     for r in driver.find_elements(By.CSS_SELECTOR, "#episodes tbody tr")]
-            assert order["desc"] == [solved.session_id, split.session_id] == order["asc"][::-1]
+            by_sampled = sorted((solved, split, sampled), key=lambda t: -sum(sum(s.loss_mask) for s in t.segments))
+            assert order["desc"] == [t.session_id for t in by_sampled] == order["asc"][::-1]
             _shot(driver, tmp_path, "run")
 
             # click through from the table to the solved episode
@@ -182,8 +205,8 @@ def test_viewer_renders_a_real_run_in_headless_chromium(recorded, tmp_path):
                 assert json.dumps(command)[1:-1] in shown or command in shown, command
             calls = driver.find_elements(By.CSS_SELECTOR, "#conversation .call")
             assert len(calls) == len(solved.calls)
-            sampled = driver.find_elements(By.CSS_SELECTOR, "#token-view .tok.sampled")
-            assert len(sampled) == sum(sum(s.loss_mask) for s in solved.segments)
+            marked = driver.find_elements(By.CSS_SELECTOR, "#token-view .tok.sampled")
+            assert len(marked) == sum(sum(s.loss_mask) for s in solved.segments)
             assert len(driver.find_elements(By.CSS_SELECTOR, "#token-view .tok")) == \
                 sum(len(s.token_ids) for s in solved.segments)
             assert driver.find_element(By.ID, "patch").get_attribute("textContent") == \
@@ -195,15 +218,22 @@ def test_viewer_renders_a_real_run_in_headless_chromium(recorded, tmp_path):
             assert [[c.text for c in r.find_elements(By.TAG_NAME, "td")] for r in
                     driver.find_elements(By.CSS_SELECTOR, "#tests tr")] == \
                 [[t["node_id"], t["kind"], t["status"]] for t in tests]
-            # for the picture: the page's top, the first reply and the first sampled tokens in view
-            driver.set_window_size(1500, 1250)
-            driver.execute_script("""
-                const scrollTo = (pane, el) => { pane.scrollTop = el.offsetTop - pane.offsetTop - 160; };
-                scrollTo(document.getElementById('token-view'), document.querySelector('#token-view .tok.sampled'));
-                scrollTo(document.getElementById('conversation'), document.querySelector('#conversation .msg.reply'));
-                window.scrollTo(0, 0);""")
-            _shot(driver, tmp_path, "episode")
-            driver.set_window_size(1500, 1000)
+            _picture(driver, tmp_path, "solved")
+
+            # the episode tiny-llama sampled: each sampled token's heat is its own logprob
+            _open(driver, f"{served.url}/#/run/0/episode/{sampled.session_id}")
+            WebDriverWait(driver, 120).until(
+                lambda d: d.find_element(By.ID, "token-view").get_attribute("data-loaded") == "true")
+            heats = driver.execute_script("return [...document.querySelectorAll('#token-view .tok.sampled')]"
+                                          ".map(e => [e.title, e.style.getPropertyValue('--heat')])")
+            lps = [lp for s in sampled.segments for lp, m in zip(s.logprobs, s.loss_mask) if m]
+            assert len(heats) == len(lps)
+            shown = [float(t.split("logprob ")[1].split()[0]) for t, _ in heats]  # printed to 3 decimals
+            assert all(abs(a - b) <= 0.0005 + 1e-9 for a, b in zip(shown, lps)), (shown[:5], lps[:5])
+            hues = [float(h.split("(")[1].split(",")[0]) for _, h in heats]  # the page's log-scale heat
+            assert all(abs(hue - 120 * min(1.0, max(0.0, 1 + lp / 12))) <= 0.05 + 1e-9 for hue, lp in zip(hues, lps))
+            assert len(set(hues)) > 1  # a real model's logprobs differ, and so do the colours
+            _picture(driver, tmp_path, "episode")
 
             # the split session: its reason is shown where the segment starts
             _open(driver, f"{served.url}/#/run/0/episode/{split.session_id}")
@@ -234,7 +264,7 @@ def test_view_a_b_compares_two_runs(recorded, tmp_path):
     from harnessrl.gym.viewer import RunIndex
     from harnessrl.gym.viewer.app import build_app
 
-    run, solved, split, _ = recorded
+    run, solved, split, _, sampled = recorded
     kept = tmp_path / "kept"
     kept.mkdir()
     (kept / "trajectories.jsonl").write_text(solved.to_json() + "\n")
@@ -245,7 +275,10 @@ def test_view_a_b_compares_two_runs(recorded, tmp_path):
             assert len(driver.find_elements(By.CSS_SELECTOR, ".charts svg path.series")) == 2
             cells = {r.get_attribute("data-task"): [c.text for c in r.find_elements(By.TAG_NAME, "td")[1:]]
                      for r in driver.find_elements(By.CSS_SELECTOR, "#compare-tasks tbody tr")}
-            assert cells == {TASK: ["1/1 · 1", "1/1 · 1"], "history-edit": ["0/1 · 0", "-"]}
+            wins = 1 + (sampled.reward >= 1.0)
+            mean = (solved.reward + sampled.reward) / 2
+            shown = str(int(mean)) if mean.is_integer() else f"{mean:.2f}"  # as the page formats it
+            assert cells == {TASK: [f"{wins}/2 · {shown}", "1/1 · 1"], "history-edit": ["0/1 · 0", "-"]}
             _shot(driver, tmp_path, "compare")
             assert _severe(driver) == []
     finally:

@@ -169,8 +169,9 @@ async function episodePage(r, sid) {
     h("p", {class: "muted"}, `session ${ep.session_id} · chat template ${ep.chat_template_hash || "-"} · `,
       ep.decoded_with ? `decoded with ${ep.decoded_with}'s tokenizer` : (ep.decode_note || "")),
     h("div", {class: "legend-row"}, h("span", {class: "tok"}, "prompt token"), " ",
-      h("span", {class: "tok sampled", style: "background:hsl(120,70%,82%)"}, "sampled, p≈1"), " ",
-      h("span", {class: "tok sampled", style: "background:hsl(0,70%,82%)"}, "sampled, p≈0"), " ", colorBy),
+      h("span", {class: "tok sampled", style: `background:${heat(0)}`}, "sampled, logprob 0"), " ",
+      h("span", {class: "tok sampled", style: `background:${heat(-6)}`}, "-6"), " ",
+      h("span", {class: "tok sampled", style: `background:${heat(HEAT_FLOOR)}`}, `≤ ${HEAT_FLOOR}`), " ", colorBy),
     h("div", {class: "episode-panes"}, conv, tokens),
     grading(g, ep.metadata));
   await Promise.all([loadCalls(r, sid, conv, 0), loadTokens(r, sid, ep, tokens)]);
@@ -265,9 +266,11 @@ async function loadTokens(r, sid, ep, root) {
   root.dataset.loaded = "true";
 }
 
+// Logprob heat on a log scale: green at logprob 0 (p = 1), yellow at -6, red at HEAT_FLOOR and below.
+const HEAT_FLOOR = -12;
 function heat(lp) {
-  const p = Math.exp(lp);
-  return `hsl(${Math.round(120 * p)}, 70%, 82%)`;
+  const x = Math.min(1, Math.max(0, 1 - lp / HEAT_FLOOR));
+  return `hsl(${(120 * x).toFixed(1)}, 70%, 82%)`;
 }
 
 function tokenSpans(page) {
