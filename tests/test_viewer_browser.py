@@ -5,9 +5,11 @@ The run: mini-swe-agent (unmodified, in Docker) solves a built-in task with the 
 policy through the real proxy, which records it in its SQLite store, and the hidden tests
 grade it (`run_rollout`, as `harnessrl rollout` does); then a second session goes through a
 restarted proxy on the same store with two calls whose histories differ (the client edited
-the assistant's reply), so the record holds a segment split. The page must show the
+the assistant's reply), so the record holds a segment split; then tiny-llama on the local
+engine samples one more episode (real logprobs). The page must show the
 episode's messages and tool calls, highlight exactly as many sampled tokens as the record's
-loss masks sum to, show the split reason, the agent's patch and the hidden tests' output,
+loss masks sum to, colour each by its own logprob, show the split reason, the agent's patch
+and the hidden tests' output,
 filter the episodes table server-side, click through from the table to an episode, and
 compare two runs. Screenshots are saved under pytest's tmp dir and at
 runs/test-artifacts/viewer-*.png (docs/viewer-episode.png in the README is one of these).
