@@ -1,11 +1,13 @@
 """The config-only harnesses in examples/harnesses/ beyond the built-in five (pi, Kilo Code CLI,
-Continue CLI, Cline CLI), each run through the generic command adapter with no module of its own.
+Continue CLI, Cline CLI, Qwen Code), each run through the generic command adapter with no module of its own.
 
 - their recorded requests (tests/fixtures/harness-requests-extra/, made by record.py there)
   are accepted by the proxy and recorded token-exact;
 - `check-adapter` on each, in real Docker with the real binary: gold plan reward 1.0, empty
   plan 0.0, token-exact records, every ending with its reason;
-- a short episode with the real SmolLM2-135M policy ends with a reason and a complete record.
+- a short episode with the real SmolLM2-135M policy ends with a reason and a complete record
+  (Qwen Code's 19k-token first prompt is past SmolLM2's context: that episode must end
+  context_exceeded with the refused prompt's size recorded).
 """
 from __future__ import annotations
 
@@ -29,7 +31,10 @@ FIXTURES = Path(__file__).parent / "fixtures" / "harness-requests-extra"
 EXTRA = {"pi": ("@mariozechner/pi-coding-agent@0.73.1", "bash"),
          "kilo": ("@kilocode/cli@7.7.7", "bash"),
          "continue": ("@continuedev/cli@1.5.47", "Bash"),
-         "cline": ("cline@3.0.65", "run_commands")}
+         "cline": ("cline@3.0.65", "run_commands"),
+         "qwen-code": ("@qwen-code/qwen-code@0.24.4", "run_shell_command")}
+#: The context a harness's first prompt needs, where SmolLM2's 8k is not enough.
+LONG_CONTEXT = {"qwen-code": 32768}
 
 
 def _config(name: str) -> str:
@@ -137,7 +142,7 @@ def test_check_adapter_passes_gold_empty_and_token_exact(name):
     adapter = get_adapter(_config(name))
     _require_installed(adapter)
     # A generous wall clock: Kilo's 170 MB binary takes minutes to start on two loaded cores.
-    report = check_adapter(_config(name), backend="docker", wall_time_s=480)
+    report = check_adapter(_config(name), backend="docker", wall_time_s=480, context=LONG_CONTEXT.get(name))
     checks = {c.name: c for c in report.checks}
     failed = {c.name: c.detail for c in report.checks if not c.ok}
     assert report.ok, failed
@@ -188,6 +193,12 @@ def test_real_policy_episode_ends_with_reason_and_complete_record(real_stack, na
     res = run_episode(builtin_task(), adapter, lambda s, m: backend.create(s, mounts=m), handle, "policy",
                       EpisodeConfig(max_calls=1, wall_time_s=600))
     traj = res.trajectory
+    if name in LONG_CONTEXT:
+        assert (res.reason, res.status, traj.termination) == ("context_exceeded", "truncated", "context_exceeded")
+        refused = traj.calls[-1]
+        assert refused.flags.get("detached") == "refused" and refused.flags["prompt_tokens"] > 8192
+        assert not refused.completion_ids
+        return
     assert res.reason in ("submitted", "harness_exited", "call_limit", "harness_crashed", "timeout"), \
         (res.reason, res.error, traj.metadata.get("harness_stderr_tail"))
     assert traj.termination == res.reason and traj.status == res.status
