@@ -13,7 +13,8 @@
 #   5. the prepared models (smollm2-135m, tiny-llama) in ~/.cache/harnessrl/models
 #   6. the pinned harness toolchain: mini-swe-agent, aider (pip, beside the sandbox), Codex CLI,
 #      Claude Code, OpenCode (npm, mounted read-only into sandboxes); HARNESSRL_HARNESSES
-#      (space-separated) installs only those
+#      (space-separated) installs only those; without it, every examples/harnesses/*.toml
+#      with an `install` key too (`harnessrl harness install`)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -95,6 +96,6 @@ if [ -x scripts/install_harnesses.sh ]; then
 fi
 # harnesses that come as a config file alone (`install = "npm:..."`): stamped, a no-op when present
 if [ -z "${HARNESSRL_HARNESSES:-}" ]; then
-  "$VENV/bin/harnessrl" harness install examples/harnesses/grok-cli.toml >&2
+  "$VENV/bin/harnessrl" harness install examples/harnesses/*.toml >&2
 fi
 log "ready"
