@@ -195,32 +195,22 @@ def build_app(core: ProxyCore, admin_token: str) -> Starlette:
         except Exception as e:
             return _fail(anthropic_messages, e)
 
-    gemini_generate = dialect_route("gemini", lambda request: gemini_parser(request))
-
-    def gemini_parser(request: Request):
-        model, method = gemini.split_target(request.path_params["target"])
-        if method == "streamGenerateContent" and request.query_params.get("alt") != "sse":
-            raise ProxyError(400, "streamGenerateContent is served as server-sent events only: add ?alt=sse",
-                             param="alt")
-        return lambda body: gemini.parse(body, model, method == "streamGenerateContent")
+    gemini_generate = dialect_route("gemini", lambda request: gemini.request_parser(
+        request.path_params["target"], request.query_params.get("alt")))
 
     async def gemini_models(request: Request) -> Response:
         """`models/{model}:generateContent`, `:streamGenerateContent?alt=sse` and `:countTokens`."""
         try:
             session_for(request)
             model, method = gemini.split_target(request.path_params["target"])
-            if method in ("generateContent", "streamGenerateContent"):
-                return await gemini_generate(request)
             if method != "countTokens":
-                raise ProxyError(404, f"method {method!r} is not served here (generateContent, "
-                                 "streamGenerateContent, countTokens)", kind="not_found_error")
+                return await gemini_generate(request)  # refuses a method it does not serve
             raw = await read_body(request, cfg.max_body_bytes) or b"{}"
 
-            def count(body: dict) -> int:
-                inner = gemini.count_request(body)
-                req = gemini.parse(inner, model)
+            def count() -> int:
+                req = gemini.parse(gemini.count_request(decode(raw)), model)
                 return len(core.renderer.full_prompt(req.messages, req.tools))
-            return json_response({"totalTokens": await offload(lambda: count(decode(raw)), heavy=len(raw) > HEAVY_BYTES)})
+            return json_response({"totalTokens": await offload(count, heavy=len(raw) > HEAVY_BYTES)})
         except Exception as e:
             return _fail(gemini, e)
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from . import fields as F
 from .canonical import MAX_ID, MAX_STOP, ChatRequest, Completion, Message, Tool, ToolCall, check_tool_results, dumps
-from .errors import bad_request
+from .errors import ProxyError, bad_request
 
 DIALECT = "gemini"
 _MODES = {"AUTO": "auto", "VALIDATED": "auto", "MODE_UNSPECIFIED": "auto", "ANY": "required", "NONE": "none"}
@@ -223,6 +223,19 @@ def split_target(target: str) -> tuple[str, str]:
     if len(model) > MAX_ID:
         raise bad_request(f"model is {len(model)} characters; at most {MAX_ID} are accepted", "model")
     return model, method
+
+
+def request_parser(target: str, alt: str | None):
+    """The body parser of a call to `models/{target}` (`policy:generateContent`,
+    `policy:streamGenerateContent` with `alt=sse`); a method not served is a 404."""
+    model, method = split_target(target)
+    if method not in ("generateContent", "streamGenerateContent"):
+        raise ProxyError(404, f"method {method!r} is not served here (generateContent, streamGenerateContent, "
+                         "countTokens)", kind="not_found_error")
+    if method == "streamGenerateContent" and alt != "sse":
+        raise ProxyError(400, "streamGenerateContent is served as server-sent events only: add ?alt=sse", param="alt")
+    stream = method == "streamGenerateContent"
+    return lambda body: parse(body, model, stream)
 
 
 # -- replies -----------------------------------------------------------------------------
