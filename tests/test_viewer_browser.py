@@ -207,6 +207,10 @@ def test_viewer_renders_a_real_run_in_headless_chromium(recorded, tmp_path):
                 assert json.dumps(command)[1:-1] in shown or command in shown, command
             calls = driver.find_elements(By.CSS_SELECTOR, "#conversation .call")
             assert len(calls) == len(solved.calls)
+            bars = [sorted(s.get_attribute("data-part") for s in c.find_elements(By.CSS_SELECTOR, ".timebar span"))
+                    for c in calls]  # where each turn's time went: env before it (none on the first), queue, gen
+            assert bars == [sorted(k for k, v in (("env", c.env_s), ("queue", c.queue_s), ("gen", c.gen_s)) if v)
+                            for c in sorted(solved.calls, key=lambda c: c.index)]
             marked = driver.find_elements(By.CSS_SELECTOR, "#token-view .tok.sampled")
             assert len(marked) == sum(sum(s.loss_mask) for s in solved.segments)
             assert len(driver.find_elements(By.CSS_SELECTOR, "#token-view .tok")) == \

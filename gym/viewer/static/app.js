@@ -214,7 +214,7 @@ function callView(c) {
     ` · segment ${c.segment} · ${c.dialect} · ${c.finish_reason} · prompt ${c.prompt_tokens} (${c.prefix_reused} reused)`,
     ` · sampled ${c.completion_tokens} · queue ${secs(c.queue_s)} · generation ${secs(c.gen_s)}`,
     ` · env before ${secs(c.env_s)}`, c.versions.length ? ` · version ${c.versions.join(",")}` : "");
-  const kids = [head];
+  const kids = [head, timeBar(c)];
   if (c.starts_segment && c.split_reason) {
     kids.push(h("div", {class: "split-banner"}, "new segment: ", h("span", {class: "split-reason"}, c.split_reason)));
   }
@@ -230,6 +230,15 @@ function callView(c) {
                 h("pre", {}, typeof tc.arguments === "string" ? tc.arguments : JSON.stringify(tc.arguments, null, 1))));
   }
   return h("div", {class: "call", "data-call": c.index}, kids);
+}
+
+// Where this turn's time went: the harness/env before the call, queueing, generation.
+function timeBar(c) {
+  const parts = [["env", c.env_s || 0], ["queue", c.queue_s || 0], ["gen", c.gen_s || 0]];
+  const total = parts.reduce((a, [, v]) => a + v, 0) || 1;
+  return h("div", {class: "timebar", title: parts.map(([k, v]) => `${k} ${secs(v)}`).join(" · ")},
+           parts.filter(([, v]) => v > 0).map(([k, v]) =>
+             h("span", {class: `tb-${k}`, "data-part": k, style: `width:${(100 * v / total).toFixed(2)}%`})));
 }
 
 function message(role, content) {
