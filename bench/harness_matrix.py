@@ -97,9 +97,13 @@ def newest_version(install: str) -> tuple[str | None, str]:
     return got, "" if got else f"registry query failed: {(res.stderr or res.stdout).strip()[-200:]}"
 
 
+#: check-adapter options every check gets (--context-length, from the command line).
+CHECK_ARGS: list[str] = []
+
+
 def run_check(target: str, env: dict[str, str], wall_s: int, override: str | None = None) -> Outcome:
     """check-adapter in a subprocess; the outcome's first failure names the check and its detail."""
-    argv = [PY, str(Path(__file__).resolve()), "--check-one", target, "--wall-time", str(wall_s)]
+    argv = [PY, str(Path(__file__).resolve()), "--check-one", target, "--wall-time", str(wall_s), *CHECK_ARGS]
     if override:
         argv += ["--override", override]
     t0 = time.monotonic()
@@ -172,7 +176,7 @@ def check_newest(row: Row, version: str, wall_s: int, scratch: Path) -> Outcome:
     return out
 
 
-def check_one(target: str, wall_s: int, override: str | None) -> int:
+def check_one(target: str, wall_s: int, override: str | None, context: int | None) -> int:
     """The subprocess side: check-adapter on `target`, a built-in's pin raised to `override`."""
     from harnessrl.gym import check_adapter
 
@@ -181,7 +185,8 @@ def check_one(target: str, wall_s: int, override: str | None) -> int:
 
         cls = adapter_class(target)
         cls.install, cls.version = override, re.split(r"@|==", override.split(":", 1)[1])[-1]
-    return check_adapter.main([target, "--backend", "docker", "--wall-time", str(wall_s)])
+    return check_adapter.main([target, "--backend", "docker", "--wall-time", str(wall_s),
+                               *(["--context-length", str(context)] if context else [])])
 
 
 def table(rows: list[Row]) -> str:
@@ -198,12 +203,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--harness", action="append", default=[], help="only this harness (name or config stem); repeat")
     ap.add_argument("--quick", action="store_true", help="pinned versions only (the newest are looked up, not run)")
     ap.add_argument("--wall-time", type=int, default=420, help="harness wall-clock limit per episode (s)")
+    ap.add_argument("--context-length", type=int, default=None,
+                    help="the serving context the first prompt must fit (default: smollm2-135m's, check-adapter's)")
     ap.add_argument("--keep", default=None, help="keep the newest-version toolchains in this dir (default: removed)")
     ap.add_argument("--check-one", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--override", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.check_one:
-        return check_one(args.check_one, args.wall_time, args.override)
+        return check_one(args.check_one, args.wall_time, args.override, args.context_length)
+    if args.context_length:
+        CHECK_ARGS.extend(["--context-length", str(args.context_length)])
     rows = harnesses(args.harness)
     scratch = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="harnessrl-matrix-"))
     t0 = time.monotonic()
@@ -234,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
         "newest_checked": len(newest_run), "pass_at_newest": len(raise_pin),
         "fail_at_newest": {r.name: f"{r.newest.version}: {r.newest.first_failure}" for r in newest_run
                            if not r.newest.ok},
-        "newest_passes_can_raise_pin": raise_pin, "quick": args.quick, "seconds": round(time.monotonic() - t0),
+        "newest_passes_can_raise_pin": raise_pin, "quick": args.quick, "context_length": args.context_length, "seconds": round(time.monotonic() - t0),
         "rows": [asdict(r) for r in rows],
         "target_met": bool(rows) and len(at_pin) == len(rows)}))
     return 0
