@@ -35,12 +35,12 @@ def plot(history: list[dict[str, Any]], path: Path, evals: dict[str, dict[str, A
             steps = [m["step"] for m in history]
             ax.plot(steps, [_nan(m["reward_mean"]) for m in history], "o-", label="reward mean")
             ax.plot(steps, [_nan(m["success_rate"]) for m in history], "s--", label="success rate")
-            ax.set_xlabel("RL step"), ax.set_title("RL reward (training tasks)"), ax.legend(), ax.set_ylim(-0.05, 1.05)
+            ax.set_xlabel("step (SFT steps counted)"), ax.set_title("RL reward (training tasks)"), ax.legend(), ax.set_ylim(-0.05, 1.05)
         else:
             steps = [m["step"] for m in history]
             for key, label in (("env_latency_s", "env p95"), ("model_call_latency_s", "model call p95")):
                 ax.plot(steps, [_nan(m["batch_report"][key]["p95"]) for m in history], "o-", label=label)
-            ax.set_xlabel("RL step"), ax.set_ylabel("seconds"), ax.set_title("latency (p95 per batch)"), ax.legend()
+            ax.set_xlabel("step"), ax.set_ylabel("seconds"), ax.set_title("latency (p95 per batch)"), ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
