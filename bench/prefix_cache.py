@@ -11,7 +11,9 @@
 2. Episodes: `--episodes` real mini-swe-agent episodes (the main job's settings: trivial
    built-in tasks, 3 model calls, 192 new tokens; greedy, so both engines see the same
    conversation) in Docker through the real proxy, alternating between the two engines
-   episode by episode; end-to-end wall time and the proxy's recorded hit tokens.
+   episode by episode; end-to-end wall time and the proxy's recorded hit tokens, and where
+   the time went (sandbox, harness start-up and tools, model calls split into the engine's
+   prefill and decode, grading), so that the episode ratio is explained by numbers.
 
 Targets (issue 13): TTFT at the last turn within 1.5x of turn 1 with the cache; episodes at
 least 2x faster end to end with it. The last stdout line is one JSON object with
@@ -80,6 +82,8 @@ async def _session(urls: dict[str, str], tok, turns: int, grow: int) -> dict[str
                     cached = max(cached, ch.cached_tokens)
                 rows[mode].append({"prompt_tokens": len(ids), "ttft_s": round(ttft, 4),
                                    "call_s": round(time.perf_counter() - t0, 4), "cached_tokens": cached, "ids": out})
+                print(f"turn {len(rows[mode])} {mode}: {len(ids)} prompt tokens, ttft {ttft:.3f}s, "
+                      f"{cached} cached", file=sys.stderr, flush=True)  # progress of a long run
             msgs.append({"role": "assistant", "content": tok.decode(rows[next(iter(urls))][-1]["ids"],
                                                                     skip_special_tokens=True)})
     finally:
@@ -88,13 +92,25 @@ async def _session(urls: dict[str, str], tok, turns: int, grow: int) -> dict[str
     return rows
 
 
-def _episodes(url: str, n: int) -> dict:
+PHASES = ("sandbox_s", "harness_start_and_tools_s", "model_calls_s", "prefill_s", "decode_s", "grading_s",
+          "rollout_other_s")
+
+
+def _episodes(url: str, n: int, sched) -> dict:
+    """`n` episodes against the engine at `url` (whose scheduler is `sched`, in this process):
+    wall time, hit tokens, and where the time went. `sandbox_s`, `grading_s`: the episode's own
+    timings; `model_calls_s`: the proxy's generation time of every call; the rest of the
+    harness's time is its start-up, its own processing and the commands it runs
+    (`harness_start_and_tools_s`); `prefill_s`/`decode_s`: the engine's time in prefills and
+    decode steps meanwhile (they make up `model_calls_s`, less queueing and HTTP);
+    `rollout_other_s`: what the wall time holds beyond the episodes (task set-up, teardown)."""
     from harnessrl.gym.rollout import RolloutConfig, run_rollout
     from harnessrl.gym.episode import EpisodeConfig
     from harnessrl.gym.rewards import RewardConfig
 
     cfg = RolloutConfig(difficulties=["trivial"], max_new_tokens=192, temperature=0.0,
                         episode=EpisodeConfig(max_calls=3, wall_time_s=600, reward=RewardConfig(test_timeout_s=120)))
+    engine0 = dict(sched.timing)
     with tempfile.TemporaryDirectory(prefix="harnessrl-bench-pc-") as out:
         t0 = time.monotonic()
         asyncio.run(run_rollout(cfg, url, out, episodes=n, concurrency=1, progress=False))
@@ -105,10 +121,22 @@ def _episodes(url: str, n: int) -> dict:
         trajs = [Trajectory.from_dict(json.loads(line))
                  for line in (Path(out) / "trajectories.jsonl").read_text().splitlines() if line.strip()]
     calls = [c for t in trajs for c in t.calls]
+    timings = [t.metadata.get("timings") or {} for t in trajs]
+    gen = sum(c.gen_s for c in calls)
+    phases = {"sandbox_s": sum(t.get("sandbox_s", 0.0) for t in timings),
+              "harness_start_and_tools_s": sum(t.get("harness_s", 0.0) for t in timings) - gen,
+              "model_calls_s": gen,
+              "prefill_s": sched.timing["prefill_s"] - engine0["prefill_s"],
+              "decode_s": sched.timing["decode_s"] - engine0["decode_s"],
+              "grading_s": sum(t.get("reward_s", 0.0) for t in timings)}
+    phases["rollout_other_s"] = wall - phases["sandbox_s"] - phases["harness_start_and_tools_s"] - gen \
+        - phases["grading_s"]
     return {"wall_s": round(wall, 2), "episodes": n, "calls": len(calls),
             "prompt_tokens": sum(len(t.call_prompt(c)) for t in trajs for c in t.calls),
+            "completion_tokens": sum(len(c.completion_ids) for c in calls),
             "hit_tokens": sum(int(c.flags.get("cached_tokens", 0)) for c in calls),
-            "completions": [c.completion_ids for c in calls], "rewards": [t.reward for t in trajs]}
+            "phases": phases, "completions": [c.completion_ids for c in calls], "rewards": [t.reward for t in trajs],
+            "terminations": [t.termination for t in trajs]}
 
 
 def main() -> int:
@@ -124,21 +152,30 @@ def main() -> int:
     from harnessrl.trainers.engine import EngineServer
 
     tok = load_tokenizer(args.model)
-    res: dict = {"model": args.model, "turns": args.turns, "grow": args.grow}
+    import os
+
+    res: dict = {"model": args.model, "turns": args.turns, "grow": args.grow,
+                 "loadavg_start": round(os.getloadavg()[0], 2)}
     episodes: dict[str, dict] = {}
     with EngineServer(model=args.model, prefix_cache_mb=1024, num_threads=args.threads) as hot, \
             EngineServer(model=args.model, prefix_cache_mb=0, num_threads=args.threads) as cold:
         urls = {"cache": hot.url, "no_cache": cold.url}
+        scheds = {"cache": hot.state.scheduler, "no_cache": cold.state.scheduler}
         sessions = asyncio.run(_session(urls, tok, args.turns, args.grow))
         for i in range(args.episodes):  # episode by episode, alternating engines
             for mode, url in urls.items():
-                one = _episodes(url, 1)
+                one = _episodes(url, 1, scheds[mode])
                 acc = episodes.setdefault(mode, {"wall_s": 0.0, "episodes": 0, "calls": 0, "prompt_tokens": 0,
-                                                 "hit_tokens": 0, "completions": [], "rewards": []})
-                for k in ("wall_s", "episodes", "calls", "prompt_tokens", "hit_tokens"):
+                                                 "completion_tokens": 0, "hit_tokens": 0,
+                                                 "phases": dict.fromkeys(PHASES, 0.0), "completions": [],
+                                                 "rewards": [], "terminations": []})
+                for k in ("wall_s", "episodes", "calls", "prompt_tokens", "completion_tokens", "hit_tokens"):
                     acc[k] = round(acc[k] + one[k], 2)
+                for k in PHASES:
+                    acc["phases"][k] = round(acc["phases"][k] + one["phases"][k], 2)
                 acc["completions"] += one["completions"]
                 acc["rewards"] += one["rewards"]
+                acc["terminations"] += one["terminations"]
     for mode, rows in sessions.items():
         last = rows[-1]
         print(f"{mode:9s} turn 1: ttft {rows[0]['ttft_s']:.3f}s  turn {args.turns}: ttft {last['ttft_s']:.3f}s "
@@ -171,6 +208,15 @@ def main() -> int:
         res["episode_speedup"] = round(speedup, 2)
         res["episodes_same_completions"] = e_on["completions"] == e_off["completions"]
         targets.append(speedup >= 2.0)
+        print(f"\nwhere the episodes' time went (s, {e_on['episodes']} episodes each):", file=sys.stderr)
+        print(f"{'phase':<28}{'cache':>9}{'no cache':>10}", file=sys.stderr)
+        for k in ("wall_s", *PHASES):
+            a, b = (e_on[k], e_off[k]) if k == "wall_s" else (e_on["phases"][k], e_off["phases"][k])
+            print(f"{k:<28}{a:>9.1f}{b:>10.1f}", file=sys.stderr)
+        # the most the cache could save: all of the prefill time without it
+        res["episode_speedup_if_prefill_were_free"] = round(
+            e_off["wall_s"] / max(e_off["wall_s"] - e_off["phases"]["prefill_s"], 1e-9), 2)
+    res["loadavg_end"] = round(os.getloadavg()[0], 2)
     res["target_met"] = all(targets)
     print(json.dumps(res))
     return 0
