@@ -69,8 +69,8 @@ class EngineConfig(BaseModel):
 
     fast_decode: bool = True
     """On CPU, decode Llama-style models with `engine.fast_decode` (fused, transposed weight copies
-    for small batches, no HF per-layer overhead; same outputs to float rounding); False keeps
-    HF's forward for every step."""
+    for small batches, no HF per-layer overhead; same outputs to float rounding; the copies hold
+    a second set of the weights in memory); False keeps HF's forward for every step."""
 
     @field_validator("device")
     @classmethod
