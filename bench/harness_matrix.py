@@ -170,10 +170,16 @@ def check_newest(row: Row, version: str, wall_s: int, scratch: Path) -> Outcome:
     try:
         install(parse_install(raised), dirname, root, log=lambda s: None)
     except (InstallFailed, OSError, ValueError) as e:
-        return Outcome(version, False, f"install: {str(e)[-300:]}", time.monotonic() - t0)
+        return Outcome(version, False, f"install: {_why(str(e))}", time.monotonic() - t0)
     out = run_check(target, {**os.environ, "HARNESSRL_TOOLCHAIN": str(root)}, wall_s, override)
     out.version, out.seconds = version, time.monotonic() - t0
     return out
+
+
+def _why(message: str) -> str:
+    """The telling line of an npm/pip failure (a missing version), else its tail."""
+    hit = re.search(r"No matching version found for [^\s]+|No matching distribution found for [^\s]+", message)
+    return hit.group(0) if hit else message.strip()[-300:]
 
 
 def check_one(target: str, wall_s: int, override: str | None, context: int | None) -> int:
