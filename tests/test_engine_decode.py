@@ -33,8 +33,10 @@ def model_tok():
 
 def _sched(model_tok, preallocate: bool) -> Scheduler:
     model, tok = model_tok
+    # HF's forward on both sides: this file is about the KV layout (the fast decode path on top
+    # of BatchKV is compared with HF's forward in test_engine_fast_decode.py)
     return Scheduler(model, tok, eos_token_ids(model, tok), weight_version="v", max_running=16,
-                     max_prefill_per_step=2, max_context=2048, kv_preallocate=preallocate)
+                     max_prefill_per_step=2, max_context=2048, kv_preallocate=preallocate, fast_decode=False)
 
 
 def _req(rid: str, ids: list[int], n: int, **sp) -> Req:

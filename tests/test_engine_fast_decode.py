@@ -1,5 +1,5 @@
 """`engine.fast_decode.FastDecoder` gives HF's forward's outputs: identical greedy ids, logprobs
-within 1e-5 (float32) and identical seeded samples across joins, leaves, an abort and a
+within float32 rounding (`TOL`) and identical seeded samples across joins, leaves, an abort and a
 retract, with the batch crossing the small-batch threshold both ways; it follows weights
 changed in place (never decodes with stale copies); and it declines models it does not fit.
 
@@ -20,7 +20,10 @@ from harnessrl.trainers.engine.scheduler import Req, Scheduler
 from harnessrl.trainers.engine.weights import apply_weights, eos_token_ids, load_model
 
 pytestmark = pytest.mark.timeout(600)
-TOL = 1e-5
+TOL = {"abs": 1e-5, "rel": 5e-6}
+"""Logprobs agree within 1e-5, or 5e-6 of their size for unlikely tokens (a -10.9 logprob was
+measured 1.9e-5 away: float32 rounding of the logits, ~2e-6 relative; against a float64 forward
+the fast path errs as much as HF's own)."""
 
 
 def _load(name: str):
@@ -98,7 +101,7 @@ def test_fast_equals_hf_forward_across_joins_leaves_aborts_retract(tiny):
     assert set(new) == set("abcdefg")
     for rid in new:
         assert new[rid][0] == ref[rid][0], rid
-        assert new[rid][1] == pytest.approx(ref[rid][1], abs=TOL), rid
+        assert new[rid][1] == pytest.approx(ref[rid][1], **TOL), rid
         assert new[rid][2] == ref[rid][2], rid
     assert new["d"][2]["type"] == "abort" and len(new["d"][0]) < 30
     assert new["f"][2] == {"type": "length", "length": 80}
@@ -119,12 +122,12 @@ def test_smollm2_batch1_greedy_equals_hf_generate():
     r2 = _req("y", p, 48)
     _drive(hf, {0: [r2]}, 50)
     assert r2.output_ids == r.output_ids
-    assert r.logprobs == pytest.approx(r2.logprobs, abs=TOL)
+    assert r.logprobs == pytest.approx(r2.logprobs, **TOL)
 
 
 def test_copies_follow_weights_changed_in_place(tiny):
     """A weight update copies into the parameters (`apply_weights`); the next fast step uses the
-    new weights: it matches HF's forward on the new weights and differs from the old outputs."""
+    new weights: it matches HF's forward on the new weights and moved away from the old outputs."""
     model, tok = _load("tiny-llama")  # its own copy: this test changes the weights
     p = _prompts(tok, 2)[1]
     s = _sched(model, tok, True)
@@ -138,8 +141,9 @@ def test_copies_follow_weights_changed_in_place(tiny):
     _drive(s, {0: [after]}, 22)
     _drive(_sched(model, tok, False), {0: [ref]}, 22)
     assert after.output_ids == ref.output_ids
-    assert after.logprobs == pytest.approx(ref.logprobs, abs=TOL)
-    assert after.output_ids != before.output_ids
+    assert after.logprobs == pytest.approx(ref.logprobs, **TOL)
+    # the update moved the outputs (tiny-llama's greedy ids may stay; its logprobs do not)
+    assert max(abs(a - b) for a, b in zip(after.logprobs, before.logprobs)) > 1e-3
 
 
 def test_declines_models_it_does_not_fit(tiny):
