@@ -191,7 +191,9 @@ def test_real_policy_episode_ends_with_reason_and_complete_record(real_stack, na
     _require_installed(adapter)
     handle, backend = real_stack
     res = run_episode(builtin_task(), adapter, lambda s, m: backend.create(s, mounts=m), handle, "policy",
-                      EpisodeConfig(max_calls=1, wall_time_s=1200))  # CPU prefill of 2k-6k tokens, under load
+                      # CPU prefill of 2k-6k tokens, under load. A refused call counts against the
+                      # budget, so a budget of 1 would end that episode as call_limit, not context.
+                      EpisodeConfig(max_calls=2 if name in LONG_CONTEXT else 1, wall_time_s=1200))
     traj = res.trajectory
     if name in LONG_CONTEXT:
         assert (res.reason, res.status, traj.termination) == ("context_exceeded", "truncated", "context_exceeded")
