@@ -54,7 +54,10 @@ def test_client_round_trip_on_an_incremental_stream(engine, prompt):
     assert whole.prompt_tokens == len(prompt) and whole.weight_version == "default"
     assert [len(ch.output_ids) for ch in chunks] == [1] * 15
     assert sum((ch.output_ids for ch in chunks), []) == whole.output_ids
-    assert sum((ch.logprobs for ch in chunks), []) == whole.logprobs
+    # the stream hits the prefix cache (the first call's KV) and prefills only the last prompt
+    # token: its logprobs agree to float32 rounding, not bit for bit (with HF's forward per step
+    # too, for other prompts: "Say hello and count to three." differs at token 11)
+    assert sum((ch.logprobs for ch in chunks), []) == pytest.approx(whole.logprobs, abs=1e-5)
     assert "".join(ch.text for ch in chunks) == whole.text
     assert [ch.finish_reason for ch in chunks] == [""] * 14 + ["length"]
 
