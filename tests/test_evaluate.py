@@ -55,6 +55,11 @@ def test_tool_calls_are_read_as_the_proxy_parsed_them():
         c = _call(0, "stop")
         c.completion_ids = tok.encode(text, add_special_tokens=False)
         assert made(c) is want, text
+    c.completion_ids = tok.encode('<tool_call>\n{"name": "test_ttl.py", "arguments": {}}\n</tool_call>',
+                                  add_special_tokens=False)
+    assert made(c) is True
+    c.flags["tool_call"] = "tool_call_unknown_tool"  # as the proxy flags a tool the request did not offer
+    assert made(c) is False
 
 
 def test_outcomes_and_summary_come_from_the_records():

@@ -121,10 +121,13 @@ async def evaluate(point: str, ev: EvalConfig, base: RolloutConfig, engine_url: 
 
 
 def tool_call_reader(renderer: Any) -> Callable[[CallRecord], bool]:
-    """Whether a recorded reply held a tool call the harness received: its completion decoded
-    and parsed as the proxy parsed it (its renderer's tool format). The record itself flags
-    only failed parses (`flags["tool_call"]`), not successful ones."""
+    """Whether a recorded reply held a well-formed call of one of the harness's tools: its
+    completion decoded and parsed as the proxy parsed it (its renderer's tool format), and no
+    parse flag on the record (`flags["tool_call"]`: bad JSON, truncated, or a tool the request
+    did not offer, such as a file name). The record flags only failed parses, not good ones."""
     def made(c: CallRecord) -> bool:
+        if c.flags.get("tool_call"):
+            return False
         return bool(renderer.tool_format.parse(renderer.decode(c.completion_ids), []).tool_calls)
     return made
 
@@ -132,8 +135,8 @@ def tool_call_reader(renderer: Any) -> Callable[[CallRecord], bool]:
 def outcome(t: Trajectory, made_tool_call: Callable[[CallRecord], bool]) -> str:
     """One of OUTCOMES for a finished episode record:
     masked_infra: not scored (an infra failure: sandbox, engine, proxy, cancelled);
-    success: reward >= 1; harness_error: the harness crashed; no_tool_call: the harness got no
-    parsable tool call in any reply (a format error: nothing was run); limit: it ran commands
+    success: reward >= 1; harness_error: the harness crashed; no_tool_call: no reply held a
+    well-formed call of an offered tool (a format error: nothing was run); limit: it ran commands
     but hit the call limit or the wall time; wrong_edit: it ended by itself, the tests failed."""
     if t.status == "infra_error" or t.reward is None:
         return "masked_infra"
