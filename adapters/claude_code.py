@@ -1,4 +1,4 @@
-"""Claude Code 2.1.197, inside the sandbox, Anthropic Messages API (always streamed).
+"""Claude Code 2.1.332, inside the sandbox, Anthropic Messages API (always streamed).
 
 Run in print mode with the settings ../shared/docs/harnesses.md records: base URL without
 `/v1`, nonessential traffic / telemetry / autoupdate / error reporting / experimental betas
@@ -32,8 +32,8 @@ class ClaudeCodeAdapter:
     streams: ClassVar[bool] = True
     completion: ClassVar[str] = ("exits 0 with result subtype `success` after a final answer; exit 1 with "
                                  "subtype `error_max_turns` past --max-turns; result JSON on stdout")
-    version: ClassVar[str] = "2.1.197"
-    install: ClassVar[str] = "npm:@anthropic-ai/claude-code@2.1.197"
+    version: ClassVar[str] = "2.1.332"
+    install: ClassVar[str] = "npm:@anthropic-ai/claude-code@2.1.332"
     toolchain_dir: ClassVar[str] = NPM_NAME
     """The toolchain folder it runs from (check-adapter's `installed` check looks there)."""
 

@@ -45,8 +45,9 @@ class Segment:
     spawned_by: dict[str, Any] | None = None
     """For a spawned segment: {"segment": the parent segment's index in this trajectory,
     "call_id": the parent's call whose tool call started it, "tool": the tool's name,
-    "tool_call_id": the proxy's id of that tool call, `call_<hex>`, which the Anthropic
-    dialect shows as `toolu_<hex>`}. Each conversation of an episode is its own lineage of
+    "tool_call_id": that tool call's id as the parent's history holds it: the proxy's
+    `call_<hex>` while the reply is the last message, else as the harness echoed it back,
+    e.g. Anthropic's `toolu_<hex>`}. Each conversation of an episode is its own lineage of
     segments; all are trained with the episode's reward."""
 
     def validate(self) -> None:

@@ -20,7 +20,7 @@ PY="${HARNESSRL_HARNESS_PYTHON:-python3}"
 # name -> pinned package spec. Sandboxed (inside) harnesses come from npm, beside ones from PyPI.
 declare -A NPM_PKG=(
   [codex]="@openai/codex@0.171.0"
-  [claude-code]="@anthropic-ai/claude-code@2.1.197"
+  [claude-code]="@anthropic-ai/claude-code@2.1.332"
   [opencode]="opencode-ai@1.18.33"
   [gemini-cli]="@google/gemini-cli@0.61.0"  # needs node >= 20
 )

@@ -223,7 +223,7 @@ def test_a_spawned_sub_agent_segment_keeps_its_attribution_through_atif(tmp_path
                    completion=[7], logprobs=[-0.5], versions=[1], finish_reason="stop", **base)
     store.add_call(call_id="a0", idx=1, segment=1, split_reason="spawned", prefix_len=0, new_prompt=[3],
                    completion=[8], logprobs=[-0.5], versions=[1], finish_reason="stop",
-                   **{**base, "flags": {"spawned_by": {"segment": 0, "tool": "Agent", "tool_call_id": "call_9"}}})
+                   **{**base, "flags": {"spawned_by": {"segment": 0, "tool": "Agent", "tool_call_id": "call_9", "call": 0}}})
     store.set_reward("s2", 1.0, "ok", "submitted")
     traj = store.trajectory("s2")
     store.close()

@@ -234,7 +234,7 @@ def test_a_spawned_segment_names_its_parent(tmp_path):
                    completion=[3], logprobs=[-0.1], versions=[0], flags={}, **base)
     store.add_call(call_id="b", idx=1, segment=1, split_reason="spawned", prefix_len=0, new_prompt=[4],
                    completion=[5, 6], logprobs=[-0.2, -0.3], versions=[0, 0],
-                   flags={"spawned_by": {"segment": 0, "tool": "Task", "tool_call_id": "call_1"}}, **base)
+                   flags={"spawned_by": {"segment": 0, "tool": "Task", "tool_call_id": "call_1", "call": 0}}, **base)
     store.close()
     head = TestClient(build_app([RunIndex(tmp_path)])).get("/api/runs/0/episodes/p").json()
     assert [s["split_reason"] for s in head["segments"]] == [None, "spawned"]

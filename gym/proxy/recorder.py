@@ -11,9 +11,9 @@ every call's tokens stay in the store.
 Several conversations in one episode (a sub-agent, Claude Code's Agent/Task tool; a side
 request) are kept apart: each live segment is a branch, and a request extends whichever
 branch it continues, so the main conversation resumes its own segment after a sub-agent ran.
-A new conversation whose first user message holds a string argument of a tool call that a
-live branch is still waiting on (its last message is that tool call) was spawned by it: its
-segment's reason is "spawned" and `Plan.spawned_by` names the parent segment and tool call.
+A new conversation whose opening user text holds a string argument of a tool call in a live
+branch's history was spawned by it: its segment's reason is "spawned" and `Plan.spawned_by`
+names the parent segment, the tool call and which of the segment's calls made it.
 """
 from __future__ import annotations
 
@@ -38,6 +38,8 @@ class Branch:
     tokens: list[int]
     completion_ids: list[int]
     finish_reason: str
+    n_calls: int = 1
+    """Calls committed to this segment: its last `n_calls` assistant messages are their replies."""
 
 
 @dataclass
@@ -103,7 +105,7 @@ def classify(prev: Branch | None, keys: list[tuple], tools_key: str) -> str | No
 
 #: Shortest tool-call string argument that attributes a new conversation to its call (shorter
 #: ones, like a file name, could appear in an unrelated first message by chance).
-MIN_SPAWN_ARG = 12
+MIN_SPAWN_ARG = 16
 
 
 def _strings(obj: Any) -> list[str]:
@@ -116,20 +118,30 @@ def _strings(obj: Any) -> list[str]:
     return []
 
 
+def _opening(messages: list[Message]) -> list[Message]:
+    """The messages before the first assistant turn (a harness may split its first user turn
+    into several, e.g. reminders before the prompt)."""
+    i = next((j for j, m in enumerate(messages) if m.role == "assistant"), len(messages))
+    return messages[:i]
+
+
 def spawner(branches: list[Branch], messages: list[Message]) -> dict[str, Any] | None:
-    """The live branch and tool call this new conversation was started by, if any: its first
-    user message contains a (long enough) string argument of a tool call the branch still
-    waits on. The most recent such branch wins."""
-    first = next((m.content for m in messages if m.role == "user"), "")
+    """The live branch and tool call this new conversation was started by, if any: its opening
+    user text contains a (long enough) string argument of a tool call in that branch's
+    history. The most recent such call wins: a harness may run the sub-agent in the background
+    (Claude Code 2.1.3xx answers the tool call at once and the parent goes on), so the call
+    need not still be waiting. `call` is that reply's position among the segment's calls
+    (None when it came before the segment began)."""
+    first = "\n".join(m.content for m in _opening(messages) if m.role == "user")
     if not first:
         return None
     for br in reversed(branches):
-        last = br.history[-1] if br.history else None
-        if last is None or last.role != "assistant":
-            continue
-        for tc in last.tool_calls:
-            if any(len(a) >= MIN_SPAWN_ARG and a in first for a in _strings(tc.arguments_obj())):
-                return {"segment": br.index, "tool": tc.name, "tool_call_id": tc.id}
+        replies = [m for m in br.history if m.role == "assistant"]
+        for j in range(len(replies) - 1, -1, -1):
+            for tc in replies[j].tool_calls:
+                if any(len(a) >= MIN_SPAWN_ARG and a in first for a in _strings(tc.arguments_obj())):
+                    k = j - (len(replies) - br.n_calls)
+                    return {"segment": br.index, "tool": tc.name, "tool_call_id": tc.id, "call": k if k >= 0 else None}
     return None
 
 
@@ -165,6 +177,7 @@ def commit(session: Session, p: Plan, req: ChatRequest, reply: Message, completi
         br = p.branch
         br.history, br.keys, br.tokens, br.completion_ids, br.finish_reason = (
             history, keys, tokens, completion_ids, finish_reason)
+        br.n_calls += 1
         session.branches.remove(br)
         session.branches.append(br)
     else:

@@ -51,10 +51,12 @@ def _unpack(code: str, b: bytes) -> list:
 
 
 def _parent(spawn: dict, segs: dict[int, Segment]) -> dict:
-    """A spawn flag with its parent call: the parent segment's last call so far, the one whose
-    tool call the parent was waiting on when this conversation started."""
-    parent = segs.get(spawn.get("segment"))
-    return {**spawn, "call_id": parent.call_ids[-1] if parent is not None and parent.call_ids else None}
+    """A spawn flag as the record keeps it: the parent call's id in place of its position
+    among the parent segment's calls (None when that call came before the segment)."""
+    spawn = dict(spawn)
+    k, parent = spawn.pop("call", None), segs.get(spawn.get("segment"))
+    ok = parent is not None and isinstance(k, int) and 0 <= k < len(parent.call_ids)
+    return {**spawn, "call_id": parent.call_ids[k] if ok else None}
 
 
 class Store:
