@@ -52,3 +52,25 @@ def builtin_task():
             d["source"] = str(SUITE_DIR / d["source"])
             tasks.append(Task.model_validate(d))
     return next(t for t in tasks if t.gold_plan)
+
+
+def real_model_stack(cap: int):
+    """(proxy handle, docker backend) over the real SmolLM2-135M on the local CPU engine, its
+    completions capped at `cap` tokens; a generator for a module fixture (skips when the
+    model is not prepared)."""
+    backend = docker_backend()
+    from harnessrl.gym.models import ModelNotPrepared, resolve_model
+    try:
+        resolve_model("smollm2-135m")
+    except ModelNotPrepared as e:
+        pytest.skip(str(e))
+    from harnessrl.gym.episode import ProxyHandle
+    from harnessrl.gym.proxy.config import ProxyConfig
+    from harnessrl.gym.proxy.server import ProxyServer
+    from harnessrl.trainers.engine.config import EngineConfig
+    from harnessrl.trainers.engine.runner import EngineServer
+
+    with EngineServer(EngineConfig(model="smollm2-135m", port=0)) as eng, \
+            ProxyServer(ProxyConfig(engine_url=eng.url, model="smollm2-135m", max_tokens_cap=cap)) as proxy:
+        yield ProxyHandle.of(proxy), backend
+    backend.reap(run_id=backend.run_id)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from adapter_helpers import builtin_task, docker_backend  # noqa: E402
+from adapter_helpers import builtin_task, docker_backend, real_model_stack  # noqa: E402
 from proxy_helpers import check_exact, dialect_env, fill_placeholders, post, sse_events  # noqa: E402
 
 from harnessrl.adapters import get_adapter  # noqa: E402
@@ -160,22 +160,7 @@ CAP = 16
 
 @pytest.fixture(scope="module")
 def real_stack():
-    backend = docker_backend()
-    from harnessrl.gym.models import ModelNotPrepared, resolve_model
-    try:
-        resolve_model("smollm2-135m")
-    except ModelNotPrepared as e:
-        pytest.skip(str(e))
-    from harnessrl.gym.episode import ProxyHandle
-    from harnessrl.gym.proxy.config import ProxyConfig
-    from harnessrl.gym.proxy.server import ProxyServer
-    from harnessrl.trainers.engine.config import EngineConfig
-    from harnessrl.trainers.engine.runner import EngineServer
-
-    with EngineServer(EngineConfig(model="smollm2-135m", port=0)) as eng, \
-            ProxyServer(ProxyConfig(engine_url=eng.url, model="smollm2-135m", max_tokens_cap=CAP)) as proxy:
-        yield ProxyHandle.of(proxy), backend
-    backend.reap(run_id=backend.run_id)
+    yield from real_model_stack(CAP)
 
 
 @pytest.mark.docker
