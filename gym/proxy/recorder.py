@@ -52,7 +52,8 @@ class Plan:
     keys: list[tuple]
     tools_key: str
     spawned_by: dict[str, Any] | None = None
-    """For a spawned conversation: {"segment": parent segment, "tool": name, "tool_call_id": id}."""
+    """For a spawned conversation: {"segment": parent segment, "tool": name, "tool_call_id": id,
+    "call": the spawning reply's position among that segment's calls, or None} (`spawner`)."""
 
 
 @dataclass
