@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from harnessrl.gym.rewards import RewardConfig, score
+from harnessrl.gym.suites.check import gold_verdict, verdict
 from harnessrl.gym.tasks import Task
 
 
@@ -24,20 +25,12 @@ def check_harbor(sb: Any, task: Task, config: RewardConfig | None, out: dict[str
     problems = [] if base.reward == 0.0 else [f"the empty run is rewarded {base.reward:g}: {base.reason}"]
     if not task.gold_plan:
         problems.append("no solution/solve.sh: the gold cannot be checked")
-    else:
-        sb.reset()
-        for command in task.gold_plan:
-            ran = sb.exec(command, timeout=task.agent_wall_time_s(3600.0), workdir=task.workdir)
-            if ran.exit_code != 0:
-                problems.append(f"solve.sh failed (exit {ran.exit_code}{', timed out' if ran.timed_out else ''}): "
-                                f"{ran.output.strip()[-300:]}")
-                break
-        gold = score(sb, task, config)
-        out["gold_reward"] = gold.reward
-        if gold.status != "ok":
-            problems.append(f"infra_error with gold: {gold.reason}")
-        elif gold.reward != 1.0:
-            problems.append(f"solve.sh not rewarded 1.0: {gold.reason}")
-    out["problem"] = "; ".join(problems)
-    out["valid"] = not problems
-    return out
+        return verdict(out, problems)
+    sb.reset()
+    for command in task.gold_plan:
+        ran = sb.exec(command, timeout=task.agent_wall_time_s(3600.0), workdir=task.workdir)
+        if ran.exit_code != 0:
+            problems.append(f"solve.sh failed (exit {ran.exit_code}{', timed out' if ran.timed_out else ''}): "
+                            f"{ran.output.strip()[-300:]}")
+            break
+    return gold_verdict(out, problems, score(sb, task, config), "solve.sh not rewarded 1.0")

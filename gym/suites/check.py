@@ -58,19 +58,30 @@ def _check(sb: Any, task: Task, config: RewardConfig | None, out: dict[str, Any]
         out["problem"] = f"gold patch does not apply: {applied.output.strip()[-300:]}"
         return out
     gold = score(sb, task, config)
-    out["gold_reward"] = gold.reward
     problems = []
     if passing_f2p:
         problems.append(f"FAIL_TO_PASS already passing at base: {passing_f2p[:3]}")
     if failing_p2p:
         problems.append(f"PASS_TO_PASS not passing at base: {failing_p2p[:3]}")
-    if gold.status != "ok":
-        problems.append(f"infra_error with gold: {gold.reason}")
-    elif gold.reward != 1.0:
-        problems.append(f"gold patch not rewarded: {gold.reason}")
+    return gold_verdict(out, problems, gold, "gold patch not rewarded")
+
+
+def verdict(out: dict[str, Any], problems: list[str]) -> dict[str, Any]:
+    """`out` with its problems joined: valid exactly when there are none."""
     out["problem"] = "; ".join(problems)
     out["valid"] = not problems
     return out
+
+
+def gold_verdict(out: dict[str, Any], problems: list[str], gold: Any, unrewarded: str) -> dict[str, Any]:
+    """`verdict` after the gold grading `gold` (a RewardResult): its reward recorded, an
+    infra_error or a reward other than 1.0 (`unrewarded`: what to call that) a problem."""
+    out["gold_reward"] = gold.reward
+    if gold.status != "ok":
+        problems.append(f"infra_error with gold: {gold.reason}")
+    elif gold.reward != 1.0:
+        problems.append(f"{unrewarded}: {gold.reason}")
+    return verdict(out, problems)
 
 
 def check_suite(tasks: list[Task], backend: Any, config: RewardConfig | None = None,
