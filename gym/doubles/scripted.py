@@ -56,6 +56,21 @@ class ScriptedCall:
     step: int
 
 
+def _schema(tool: dict) -> dict:
+    return tool.get("parameters") or tool.get("input_schema") or {}
+
+
+def _tool_call(tool: dict, args: dict[str, Any], fill: Any = lambda name: "scripted step") -> str:
+    """The Hermes tool-call text for `tool` with `args`, its other required string arguments
+    filled with `fill(name)`."""
+    params = _schema(tool)
+    props = params.get("properties") or {}
+    for name in params.get("required") or []:
+        if name not in args and (props.get(name) or {}).get("type") == "string":
+            args[name] = fill(name)
+    return "<tool_call>\n" + json.dumps({"name": tool["name"], "arguments": args}, ensure_ascii=False) + "\n</tool_call>"
+
+
 @dataclass
 class ScriptedPolicy:
     """Decides the assistant text for a prompt. `plans`: problem statement -> shell commands."""
@@ -98,29 +113,18 @@ class ScriptedPolicy:
         tool = next((by_name[n] for n in SHELL_TOOLS if n in by_name), None)
         if tool is None:
             raise ValueError(f"scripted policy: no shell tool among {sorted(by_name)}")
-        params = tool.get("parameters") or tool.get("input_schema") or {}
-        props = params.get("properties") or {}
+        props = _schema(tool).get("properties") or {}
         arg = next((a for a in COMMAND_ARGS if a in props), None)
         if arg is None:
             raise ValueError(f"scripted policy: tool {tool['name']!r} has no command argument in {sorted(props)}")
         # An array: argv (Codex `shell`), or a list of command lines (Cline `run_commands.commands`).
         array = [command] if arg == "commands" else ["bash", "-lc", command]
-        args: dict[str, Any] = {arg: array if props[arg].get("type") == "array" else command}
-        for name in params.get("required") or []:
-            if name not in args and (props.get(name) or {}).get("type") == "string":
-                args[name] = "scripted step"
-        call = json.dumps({"name": tool["name"], "arguments": args}, ensure_ascii=False)
-        return f"<tool_call>\n{call}\n</tool_call>"
+        return _tool_call(tool, {arg: array if props[arg].get("type") == "array" else command})
 
     def _delegate(self, tools: list[dict], task: str) -> str:
         tool = next(t for t in tools if t.get("name") == self.delegate_tool)
-        params = tool.get("parameters") or tool.get("input_schema") or {}
-        props = params.get("properties") or {}
-        args: dict[str, Any] = {"prompt": f"{DELEGATED}\n{task}"}
-        for name in params.get("required") or []:
-            if name not in args and (props.get(name) or {}).get("type") == "string":
-                args[name] = "general-purpose" if name == "subagent_type" else "fix the task"
-        return "<tool_call>\n" + json.dumps({"name": tool["name"], "arguments": args}, ensure_ascii=False) + "\n</tool_call>"
+        return _tool_call(tool, {"prompt": f"{DELEGATED}\n{task}"},
+                          lambda name: "general-purpose" if name == "subagent_type" else "fix the task")
 
     def decide(self, prompt: str) -> tuple[str, str | None, int]:
         """(assistant text, task statement or None, step index) for a decoded prompt."""
