@@ -171,6 +171,20 @@ def test_eval_and_prepare_config_validate():
         TrainConfig.model_validate(base | {"sft": {"data": "d/t.jsonl"}, "prepare": {"teacher_episodes": 2}})
 
 
+def test_max_tasks_spreads_the_sample_over_the_sorted_ids(monkeypatch):
+    from types import SimpleNamespace
+
+    from harnessrl.gym.rollout import RolloutConfig
+
+    ids = [f"p{p}-{i:02d}" for p in "abcd" for i in range(10)]  # 4 projects x 10 tasks
+    monkeypatch.setattr(ev, "load_suite_tasks", lambda cfg: [SimpleNamespace(instance_id=i) for i in reversed(ids)])
+    base = RolloutConfig()
+    pick = ev.eval_task_ids(ev.EvalConfig(suite="x.jsonl", max_tasks=8), base)
+    assert pick == ["pa-00", "pa-05", "pb-00", "pb-05", "pc-00", "pc-05", "pd-00", "pd-05"]  # every project
+    assert ev.eval_task_ids(ev.EvalConfig(suite="x.jsonl"), base) == ids
+    assert ev.eval_task_ids(ev.EvalConfig(suite="x.jsonl", max_tasks=99), base) == ids
+
+
 def test_the_learning_example_config_loads():
     from harnessrl.trainers.loop import load_config
 

@@ -191,6 +191,7 @@ def test_fix_level_statement_gives_the_edit_and_the_plan_is_one_sed(tmp_path):
         line, wrong, right = re.fullmatch(r"sed -i '(\d+)s/(.*)/(.*)/' (\S+)", cmd).group(1, 2, 3)
         assert f"The fix: on line {line} of `{m['mutations'][0]['file']}`, replace `{wrong}` with `{right}`." \
             in task.problem_statement
+        assert f"```bash\n{cmd}\n```" in task.problem_statement  # the command itself, verbatim
         repo = tmp_path / task.instance_id
         materialize(task.repo_spec(), repo)
         subprocess.run(["bash", "-c", cmd], cwd=repo, check=True)
@@ -200,6 +201,25 @@ def test_fix_level_statement_gives_the_edit_and_the_plan_is_one_sed(tmp_path):
         assert diff == task.patch
     # tasks whose fix is not one copyable line keep the location / tests levels
     assert {t.difficulty for t in tasks} - {"trivial"} <= {"easy", "medium"}
+
+
+def test_fix_only_emits_only_fix_level_single_mutation_tasks(tmp_path):
+    out = tmp_path / "fixonly"
+    manifest = synthesize(SynthConfig(project="builtin:cachekit", out=str(out), seed=0, max_tasks=6, verify=False,
+                                      fix_only=True), log=lambda line: None)
+    meta = _meta(out)
+    assert manifest["tasks"] == len(meta) == 6  # cachekit has more copyable singles than 6
+    assert {m["hint"] for m in meta} == {"fix"} and {m["difficulty"] for m in meta} == {"trivial"}
+    assert all(len(m["mutations"]) == 1 for m in meta)
+    tasks = {t.instance_id: t for t in load_jsonl(out / "train.jsonl") + load_jsonl(out / "heldout.jsonl")}
+    for m in meta:
+        (cmd,) = tasks[m["instance_id"]].gold_plan
+        assert cmd.startswith("sed -i '") and f"```bash\n{cmd}\n```" in tasks[m["instance_id"]].problem_statement
+    # deterministic for a seed
+    again = tmp_path / "again"
+    synthesize(SynthConfig(project="builtin:cachekit", out=str(again), seed=0, max_tasks=6, verify=False,
+                           fix_only=True), log=lambda line: None)
+    assert _outputs(again) == _outputs(out)
 
 
 def test_bad_config_names_the_field():

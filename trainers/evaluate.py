@@ -47,7 +47,8 @@ class EvalConfig(BaseModel):
     difficulties: list[str] | None = None
     """Only held-out tasks of these difficulties (None: all)."""
     max_tasks: int | None = Field(None, ge=1)
-    """The first N held-out tasks by instance id (None: all); fixed before any result is seen."""
+    """N held-out tasks spread evenly over the instance ids in order (so over the projects),
+    the same at every point (None: all); fixed before any result is seen."""
     episodes_per_task: int = Field(1, ge=1)
     """Episodes of each task at each point."""
     temperature: float | None = Field(None, ge=0)
@@ -80,9 +81,11 @@ def rollout_config(ev: EvalConfig, base: RolloutConfig) -> RolloutConfig:
 
 
 def eval_task_ids(ev: EvalConfig, base: RolloutConfig) -> list[str]:
-    """The held-out tasks every point runs, in order (the first `max_tasks` by id)."""
+    """The held-out tasks every point runs, in id order (`max_tasks` of them spread evenly)."""
     ids = sorted(t.instance_id for t in load_suite_tasks(rollout_config(ev, base)))
-    return ids[:ev.max_tasks] if ev.max_tasks else ids
+    if not ev.max_tasks or ev.max_tasks >= len(ids):
+        return ids
+    return [ids[i * len(ids) // ev.max_tasks] for i in range(ev.max_tasks)]
 
 
 # -- one evaluation point ------------------------------------------------------------------------

@@ -29,6 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hard-fraction", type=float, default=0.25, help="share of multi-mutation tasks")
     parser.add_argument("--fix-fraction", type=float, default=0.0,
                         help="share of single-mutation tasks given the exact one-line edit (difficulty trivial)")
+    parser.add_argument("--fix-only", action="store_true",
+                        help="only tasks with a one-line copyable fix, all at the fix level (trivial); no hard tasks")
     args = parser.parse_args(argv)
     from harnessrl.gym.synth.run import SynthConfig, synthesize
 
@@ -36,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = SynthConfig(project=args.project, seed=args.seed, max_tasks=args.max_tasks, out=args.out,
                           verify=not args.no_verify, backend=args.backend, verify_workers=args.verify_workers,
                           heldout_fraction=args.heldout_fraction, hard_fraction=args.hard_fraction,
-                          fix_fraction=args.fix_fraction)
+                          fix_fraction=args.fix_fraction, fix_only=args.fix_only)
     except ValidationError as e:
         err = e.errors()[0]
         print(f"harnessrl tasks synth: --{'-'.join(str(p) for p in err['loc']).replace('_', '-')}: {err['msg']}",

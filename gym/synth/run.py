@@ -82,6 +82,10 @@ class SynthConfig(BaseModel):
     """Share of single-mutation tasks with a one-line copyable fix (`fixhint.fix_edit`) whose
     statement gives that exact edit (hint `fix`, difficulty `trivial`; plan: one `sed -i`),
     drawn before easy / medium; 0 leaves a seed's tasks as they were without the level."""
+    fix_only: bool = False
+    """Only `fix`-level tasks: candidates without a one-line copyable fix are skipped before
+    they are screened, there are no multi-mutation tasks (hard_fraction is not used), and every
+    kept task gets the `fix` hint. The quick way to a task set for a small model's learning run."""
     max_mutations: int = Field(default=3, ge=2)
     """Most mutations in one hard task."""
     test_command: str = DEFAULT_TEST_COMMAND
@@ -188,11 +192,21 @@ def _hint(k: _Kept, p: _Project, u: float, cfg: SynthConfig) -> str:
     `fix` level, so fix_fraction 0 reproduces a seed's earlier tasks)."""
     if len(k.mutations) > 1:
         return "tests"
+    if cfg.fix_only:  # every candidate was checked to have the edit before it was screened
+        return "fix"
     m = k.mutations[0]
     if cfg.fix_fraction and u < cfg.fix_fraction and fixhint.fix_edit(m, p.mutated([m])[m.file]) is not None:
         return "fix"
     v = u / cfg.fix_fraction if u < cfg.fix_fraction else (u - cfg.fix_fraction) / (1 - cfg.fix_fraction or 1)
     return "location" if v < cfg.easy_fraction else "tests"
+
+
+def _has_fix(p: _Project, m: mutate.Mutation) -> bool:
+    """`m` applies and has a one-line copyable fix (static: nothing is run)."""
+    try:
+        return fixhint.fix_edit(m, p.mutated([m])[m.file]) is not None
+    except (ValueError, SyntaxError):
+        return False
 
 
 def _fix_plan(k: _Kept, p: _Project) -> list[str]:
@@ -300,10 +314,13 @@ def synthesize(cfg: SynthConfig, log=lambda line: print(line, file=sys.stderr)) 
             rng = random.Random(f"{cfg.seed}:{p.name}")
             order = sorted(p.candidates, key=lambda m: m.key())
             rng.shuffle(order)
-            single_quota = None if per_project is None else per_project - round(per_project * cfg.hard_fraction)
+            hard_fraction = 0.0 if cfg.fix_only else cfg.hard_fraction
+            if cfg.fix_only:
+                order = [m for m in order if _has_fix(p, m)]
+            single_quota = None if per_project is None else per_project - round(per_project * hard_fraction)
             singles = _screen_singles(p, order, single_quota, rejected, log)
-            hard_quota = (round(per_project * cfg.hard_fraction) if per_project is not None
-                          else round(len(singles) * cfg.hard_fraction / (1 - cfg.hard_fraction)))
+            hard_quota = (round(per_project * hard_fraction) if per_project is not None
+                          else round(len(singles) * hard_fraction / (1 - hard_fraction)))
             combos = _screen_combos(p, singles, hard_quota, held, cfg, rng, rejected, log)
             for k in [*singles, *combos]:
                 hint = _hint(k, p, rng.random(), cfg) if len(k.mutations) == 1 else "tests"

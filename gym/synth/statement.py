@@ -7,12 +7,14 @@ failure (the assertion message pytest reported) and asks for a fix of the code, 
 wrong expression (for a removed statement: the line after which something is missing);
 `hint="tests"` (medium and hard) says nothing about where the bug is.
 `hint="fix"` (trivial, `gym.synth.fixhint`) says what `location` says and also gives the exact
-edit: on that line, replace this expression with that one (a ValueError when the mutation has
-no such one-line edit).
+edit: on that line, replace this expression with that one, and the one `sed -i` command that
+makes it (`fixhint.sed_command`, the task's gold plan); a ValueError when the mutation has no
+such one-line edit. At that level a task measures a correct tool call through the harness
+(copying a command), not diagnosis: the rung a small model can climb first.
 """
 from __future__ import annotations
 
-from harnessrl.gym.synth.fixhint import fix_edit
+from harnessrl.gym.synth.fixhint import fix_edit, sed_command
 from harnessrl.gym.synth.mutate import Mutation
 
 __all__ = ["write", "HINTS", "MAX_LISTED"]
@@ -48,7 +50,8 @@ def _fix(m: Mutation, bug_text: str) -> str:
     if edit is None:
         raise ValueError(f"{m.file}:{m.line}: this mutation has no one-line copyable fix (hint 'fix')")
     return (f"The bug is in `{m.file}`, in `{m.function}`, line {edit.line}:\n\n```python\n{edit.source_line}\n```\n\n"
-            f"The fix: on line {edit.line} of `{m.file}`, replace `{edit.wrong}` with `{edit.right}`.\n")
+            f"The fix: on line {edit.line} of `{m.file}`, replace `{edit.wrong}` with `{edit.right}`. "
+            f"This command makes exactly that edit:\n\n```bash\n{sed_command(m.file, edit)}\n```\n")
 
 
 def write(project: str, hint: str, mutations: list[Mutation], bug_texts: dict[str, str], f2p: list[str],
