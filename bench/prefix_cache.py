@@ -2,7 +2,7 @@
 
 1. Session: a faithful synthetic harness conversation on the default model (SmolLM2-135M):
    a ~600-token system prompt with tool instructions, then `--turns` turns, each adding the
-   model's own reply and a ~`--grow`-token observation (command output), rendered by the
+   model's own reply and a `--grow`-token observation (command output), rendered by the
    model's chat template as a harness's conversation is. Each turn is one streamed engine
    call (greedy, 16 new tokens); time to first token (TTFT) and whole-call time per turn,
    for an engine with the prefix cache and one without (same model, same prompts, turns
@@ -17,8 +17,9 @@
 
 Targets (issue 13): TTFT at the last turn within 1.5x of turn 1 with the cache; episodes at
 least 2x faster end to end with it. The last stdout line is one JSON object with
-`target_met`. SmolLM2's context is 8192 tokens: 30 turns of ~240 tokens fill it (the issue's
-~300 a turn would not fit), so `--grow` defaults to 240.
+`target_met`. SmolLM2's context is 8192 tokens: a turn adds its `--grow`-token observation plus
+the 16-token reply and the template's role tokens (~245 tokens at the default 220), so 30 turns
+fill it (the issue's ~300 a turn would not fit).
 """
 from __future__ import annotations
 
@@ -52,11 +53,12 @@ def _conversation(tok, turns: int, grow: int):
         yield msgs
         n = 0
         text = []
-        while n < grow:  # an observation of about `grow` tokens, different each turn
+        while n < grow:  # an observation of `grow` tokens, different each turn
             piece = f"[{t}.{len(text)}] " + OBS
             text.append(piece)
             n += len(tok.encode(piece, add_special_tokens=False))
-        msgs.append({"role": "user", "content": "".join(text)})
+        obs = tok.decode(tok.encode("".join(text), add_special_tokens=False)[:grow])
+        msgs.append({"role": "user", "content": obs})
 
 
 async def _session(urls: dict[str, str], tok, turns: int, grow: int) -> dict[str, list[dict]]:
@@ -143,7 +145,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--turns", type=int, default=30)
-    ap.add_argument("--grow", type=int, default=240)
+    ap.add_argument("--grow", type=int, default=220, help="observation tokens a turn")
     ap.add_argument("--episodes", type=int, default=2, help="mini-swe-agent episodes per engine (0: skip)")
     ap.add_argument("--threads", type=int, default=None)
     args = ap.parse_args()
