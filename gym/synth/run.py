@@ -195,7 +195,7 @@ def _hint(k: _Kept, p: _Project, u: float, cfg: SynthConfig) -> str:
     if cfg.fix_only:  # every candidate was checked to have the edit before it was screened
         return "fix"
     m = k.mutations[0]
-    if cfg.fix_fraction and u < cfg.fix_fraction and fixhint.fix_edit(m, p.mutated([m])[m.file]) is not None:
+    if cfg.fix_fraction and u < cfg.fix_fraction and _has_fix(p, m):
         return "fix"
     v = u / cfg.fix_fraction if u < cfg.fix_fraction else (u - cfg.fix_fraction) / (1 - cfg.fix_fraction or 1)
     return "location" if v < cfg.easy_fraction else "tests"
