@@ -12,7 +12,9 @@ ignored):
   stricter of the two bounds;
 - decode: the engine's own `Scheduler._decode_step` (forward, sampling, bookkeeping) stepped
   on this thread, batch 1 and batch 16, for the default path ("new": preallocated KV,
-  grouped-head attention, `engine.fast_decode`), the same with HF's forward per step
+  grouped-head attention, `engine.fast_decode`, whose batch-1 products on one thread are
+  `engine.cpu_matvec`'s compiled kernel), the same with MKL's products ("new-mkl", batch 1),
+  the same with HF's forward per step
   ("hf-fwd", the previous default), the concatenating KV + HF sdpa before it ("old"), and
   new with bfloat16 weights; with where a batch-1 step's time goes (forward / sampling / rest);
 - end to end: `model.generate` on one prompt at a time in this process (baseline), and
@@ -93,7 +95,7 @@ def bytes_per_token(model, context: int) -> int:
 
 
 def decode_rates(model, tokenizer, ps: list[list[int]], new_tokens: int, batch: int, preallocate: bool,
-                 gqa: bool, fast: bool) -> dict:
+                 gqa: bool, fast: bool, matvec: str = "auto") -> dict:
     """Tokens/s of the engine's decode step at `batch` rows (wall and CPU, median step), and the
     median split of a step into forward / sampling / the rest."""
     import torch
@@ -109,8 +111,9 @@ def decode_rates(model, tokenizer, ps: list[list[int]], new_tokens: int, batch: 
     else:
         model.set_attn_implementation("sdpa")
     s = Scheduler(model, tokenizer, eos_token_ids(model, tokenizer), weight_version="bench", max_running=batch,
-                  max_prefill_per_step=batch, max_context=1 << 20, kv_preallocate=preallocate, fast_decode=fast)
+                  max_prefill_per_step=batch, max_context=1 << 20, kv_preallocate=preallocate, fast_decode=fast, cpu_matvec=matvec)
     assert (s._fast is not None) == fast, "the fast decode path does not fit this model"
+    kernel = bool(fast and s._fast.uses_matvec(batch))
     split = {"forward": 0.0, "sampling": 0.0}
     owner = s._fast if fast else model  # whose method computes the step's logits
     forward, sample = (owner.step if fast else model.forward), sched_mod.sample
@@ -148,7 +151,7 @@ def decode_rates(model, tokenizer, ps: list[list[int]], new_tokens: int, batch: 
         torch.set_grad_enabled(True)
     assert not s._running, "rows left running after their last token"
     med = statistics.median
-    return {"tok_s_wall": round(batch / med(walls), 2), "tok_s_cpu": round(batch / med(cpus), 2),
+    return {"tok_s_wall": round(batch / med(walls), 2), "tok_s_cpu": round(batch / med(cpus), 2), "matvec_kernel": kernel,
             "step_ms_cpu": {k: round(med(p[i] for p in parts) * 1e3, 2)
                             for i, k in enumerate(("forward", "sampling", "rest"))}}
 
@@ -279,12 +282,17 @@ def main() -> int:
               "bfloat16": load_model(resolve_model(args.model), dtype=torch.bfloat16)}
     nbytes = {d: bytes_per_token(m, context) for d, m in models.items()}
     bound = {d: {clk: bw[f"copy_{clk}"] * 1e9 / nbytes[d] for clk in ("wall", "cpu")} for d in models}
-    variants = [("new", "float32", True, True, True), ("hf-fwd", "float32", True, True, False)] \
-        + ([] if args.no_old else [("old", "float32", False, False, False)]) + [("new", "bfloat16", True, True, True)]
+    # "new" is the default (batch 1 on one thread: the compiled matrix-vector kernel, `engine.cpu_matvec`);
+    # "new-mkl" the same step with MKL's products, at batch 1 (batch 16 never uses the kernel)
+    variants = [("new", "float32", True, True, True, "auto", (1, 16)), ("new-mkl", "float32", True, True, True, "off", (1,)),
+                ("hf-fwd", "float32", True, True, False, "auto", (1, 16))] \
+        + ([] if args.no_old else [("old", "float32", False, False, False, "auto", (1, 16))]) \
+        + [("new", "bfloat16", True, True, True, "auto", (1, 16))]
     decode = {}
-    for name, dtype, pre, gqa, fast in variants:
-        for b in (1, 16):
-            decode[(name, dtype, b)] = decode_rates(models[dtype], tok, ps, args.max_new_tokens, b, pre, gqa, fast)
+    for name, dtype, pre, gqa, fast, matvec, batches in variants:
+        for b in batches:
+            decode[(name, dtype, b)] = decode_rates(models[dtype], tok, ps, args.max_new_tokens, b, pre, gqa, fast,
+                                                    matvec)
             if b == 1:  # the copy bandwidth again, right after: the load on a shared machine changes
                 decode[(name, dtype, b)]["copy_gb_s_cpu_after"] = bandwidth()["copy_cpu"]
             print(f"decode {name} {dtype} batch {b}: {decode[(name, dtype, b)]}", file=sys.stderr, flush=True)
@@ -338,6 +346,8 @@ def main() -> int:
         "batch1_fraction_of_bound_cpu": round(frac("new", "float32", 1, "cpu"), 3),
         "batch1_fraction_of_bound_measured_after_cpu": round(b1_after, 3),
         "batch1_fraction_judged": round(b1, 3),
+        "batch1_matvec_kernel": decode[("new", "float32", 1)]["matvec_kernel"],
+        "batch1_mkl_fraction_of_bound_cpu": round(frac("new-mkl", "float32", 1, "cpu"), 3),
         "batch16_fraction_of_bound_cpu": round(frac("new", "float32", 16, "cpu"), 3),
         "batch1_fraction_bf16_of_bf16_bound_cpu": round(frac("new", "bfloat16", 1, "cpu", "bfloat16"), 3),
         "hf_sequential_tok_s": hf,

@@ -12,7 +12,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from harnessrl.gym.models import load_tokenizer, resolve_model
-from harnessrl.trainers.engine import fast_decode
+from harnessrl.trainers.engine import cpu_matvec, fast_decode
 from harnessrl.trainers.engine.attention import use_gqa_sdpa
 from harnessrl.trainers.engine.fast_decode import FastDecoder
 from harnessrl.trainers.engine.protocol import SamplingParams
@@ -38,9 +38,9 @@ def tiny():
     return _load("tiny-llama")
 
 
-def _sched(model, tok, fast: bool, max_running: int = 16) -> Scheduler:
+def _sched(model, tok, fast: bool, max_running: int = 16, matvec: str = "auto") -> Scheduler:
     return Scheduler(model, tok, eos_token_ids(model, tok), weight_version="v", max_running=max_running,
-                     max_prefill_per_step=2, max_context=4096, fast_decode=fast)
+                     max_prefill_per_step=2, max_context=4096, fast_decode=fast, cpu_matvec=matvec)
 
 
 def _req(rid: str, ids: list[int], n: int, **sp) -> Req:
@@ -85,13 +85,18 @@ def _scenario(tok) -> dict[int, list[Req]]:
     }
 
 
-def test_fast_equals_hf_forward_across_joins_leaves_aborts_retract(tiny):
+@pytest.mark.parametrize("matvec", ["on", "off"])
+def test_fast_equals_hf_forward_across_joins_leaves_aborts_retract(tiny, matvec):
+    """With the compiled kernel ("on": every single-row step, here the first six and the tail)
+    and without it (MKL's products)."""
     model, tok = tiny
     runs, sizes = {}, {}
     for fast in (True, False):
         sched = _scenario(tok)
-        s = _sched(model, tok, fast)
+        s = _sched(model, tok, fast, matvec=matvec)
         assert (s._fast is not None) == fast
+        if fast:
+            assert s._fast.uses_matvec(1) == (matvec == "on") and not s._fast.uses_matvec(2)
         sizes[fast] = _drive(s, sched, steps=130, abort=(20, "d"), retract_at=40)
         runs[fast] = {r.rid: (r.output_ids, r.logprobs, r.finish) for reqs in sched.values() for r in reqs}
     # the batch went above the small-batch threshold and back below it
@@ -107,10 +112,12 @@ def test_fast_equals_hf_forward_across_joins_leaves_aborts_retract(tiny):
     assert new["f"][2] == {"type": "length", "length": 80}
 
 
-def test_smollm2_batch1_greedy_equals_hf_generate():
+@pytest.mark.parametrize("matvec", ["on", "off"])
+def test_smollm2_batch1_greedy_equals_hf_generate(matvec):
     model, tok = _load("smollm2-135m")
     p = _prompts(tok, 3)[2]
-    s = _sched(model, tok, True)
+    s = _sched(model, tok, True, matvec=matvec)
+    assert s._fast.uses_matvec(1) == (matvec == "on")
     r = _req("x", p, 48)
     _drive(s, {0: [r]}, 50)
     ref_model = load_model(resolve_model("smollm2-135m"))  # stock HF sdpa, its own copy
@@ -154,3 +161,39 @@ def test_declines_models_it_does_not_fit(tiny):
     assert FastDecoder.build(model) is not None
     assert Scheduler(model, tok, set(), weight_version="v", max_running=1, max_prefill_per_step=1,
                      max_context=64, kv_preallocate=False)._fast is None  # needs the preallocated KV
+
+
+def test_matvec_kernel_rounds_as_well_as_mkl_and_rejects_bad_input(tmp_path, monkeypatch):
+    """The compiled kernel is built here (a fresh kernels folder), multiplies SmolLM2's shapes and
+    a chunkless one (k not a multiple of CHUNK) within float32 rounding of a float64 product, no
+    worse than `_mm` and `F.linear`, and refuses what it cannot multiply."""
+    monkeypatch.setenv("HARNESSRL_HOME", str(tmp_path))
+    cpu_matvec.load.cache_clear()
+    try:
+        fn = cpu_matvec.load()
+        assert fn is not None, "the image has a C compiler: the kernel must build"
+        assert len(list((tmp_path / "kernels").glob("matvec-*.so"))) == 1
+        mv = cpu_matvec.MatVec(fn)
+        g = torch.Generator().manual_seed(0)
+        for k, n in [(576, 960), (1536, 576), (576, 49152), (100, 37)]:
+            w = torch.randn(n, k, generator=g)  # [out, in], as a model holds it
+            x = torch.randn(1, 1, k, generator=g)
+            wt = fast_decode._chunked(w)
+            ref = (x.double() @ w.double().t()).view(-1)
+            got = mv(x, wt).view(-1)
+            err = float((got.double() - ref).abs().max())
+            worst = max(float((fast_decode._mm(x, wt).view(-1).double() - ref).abs().max()),
+                        float((torch.nn.functional.linear(x, w).view(-1).double() - ref).abs().max()))
+            assert err <= worst * 1.25 and err < 1e-4 * float(ref.abs().max()), (k, n, err, worst)
+            assert torch.allclose(got, fast_decode._mm(x, wt).view(-1), rtol=1e-5, atol=1e-4)
+        with pytest.raises(ValueError, match="float32 x of 576"):
+            mv(torch.randn(1, 1, 575), fast_decode._chunked(torch.randn(8, 576)))
+        with pytest.raises(ValueError, match="float32"):
+            mv(torch.randn(1, 1, 64, dtype=torch.float64), fast_decode._chunked(torch.randn(8, 64)))
+        with pytest.raises(ValueError, match="contiguous"):
+            mv(torch.randn(1, 1, 8), torch.randn(16, 8).t())
+        monkeypatch.setenv("HARNESSRL_CPU_MATVEC", "0")
+        cpu_matvec.load.cache_clear()
+        assert cpu_matvec.load() is None
+    finally:
+        cpu_matvec.load.cache_clear()

@@ -18,6 +18,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--logprob-space", choices=["sampled", "tempered"], default="sampled",
                         help="report logprobs of the filtered distribution sampled from (default) or, "
                              "as SGLang does, at the temperature before top-p/top-k")
+    parser.add_argument("--cpu-matvec", choices=["auto", "on", "off"], default="auto",
+                        help="batch-1 CPU decode by the compiled matrix-vector kernel: auto (on one thread, "
+                             "default), on, off (MKL)")
     return parser
 
 
@@ -30,7 +33,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         serve(args.model, host=args.host, port=args.port, max_running_requests=args.max_running_requests,
               weight_version=args.weight_version, incremental_streaming_output=args.incremental_streaming_output,
-              num_threads=args.num_threads, api_key=args.api_key, logprob_space=args.logprob_space)
+              num_threads=args.num_threads, api_key=args.api_key, logprob_space=args.logprob_space,
+              cpu_matvec=args.cpu_matvec)
     except EngineStartupError as e:
         print(f"harnessrl engine: {e}", file=sys.stderr)
         return 2

@@ -77,6 +77,7 @@ def build_state(config: EngineConfig):
         prefix_cache_bytes=config.prefix_cache_mb << 20,
         kv_preallocate=config.kv_preallocate,
         fast_decode=config.fast_decode,
+        cpu_matvec=config.cpu_matvec,
     )
     sched.start()
     return EngineState(config=config, scheduler=sched, tokenizer=tokenizer, model_path=str(path),

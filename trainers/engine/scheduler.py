@@ -50,7 +50,8 @@ class Scheduler:
     def __init__(self, model, tokenizer, eos_ids: set[int], *, weight_version: str, max_running: int,
                  max_prefill_per_step: int, max_context: int, random_seed: int = 0,
                  num_threads: int | None = None, logprob_space: LogprobSpace = "sampled",
-                 prefix_cache_bytes: int = 0, kv_preallocate: bool = True, fast_decode: bool = True):
+                 prefix_cache_bytes: int = 0, kv_preallocate: bool = True, fast_decode: bool = True,
+                 cpu_matvec: str = "auto"):
         self.model, self.tokenizer, self.eos_ids = model, tokenizer, eos_ids
         self.weight_version = weight_version
         self.max_running, self.max_prefill = max_running, max_prefill_per_step
@@ -68,7 +69,7 @@ class Scheduler:
         self._running: list[Req] = []
         self._kv = BatchKV() if kv_preallocate else ConcatKV()
         # HF's forward per step unless the model fits the fast path (needs the preallocated KV)
-        self._fast = FastDecoder.build(model) if kv_preallocate and fast_decode else None
+        self._fast = FastDecoder.build(model, cpu_matvec) if kv_preallocate and fast_decode else None
         self._commands: deque[tuple[Callable[["Scheduler"], Any], Future]] = deque()
         self._abort_rids: set[str] = set()
         self._abort_all = False
