@@ -42,6 +42,8 @@ command -v npm >/dev/null 2>&1 || need+=(npm)
 # The bubblewrap backend runs hidden tests with the host's system python.
 [ -x /usr/bin/python3 ] && /usr/bin/python3 -c "import pytest" >/dev/null 2>&1 || need+=(python3 python3-pytest)
 command -v git >/dev/null 2>&1 || need+=(git)
+# The engine's batch-1 CPU matrix-vector kernel (trainers/engine/cpu_matvec.py) is built with `cc`.
+command -v cc >/dev/null 2>&1 || need+=(gcc)
 # `harnessrl view`'s browser test (tests/test_viewer_browser.py): headless Chromium + its WebDriver.
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
 command -v chromedriver >/dev/null 2>&1 || need+=(chromium-driver)

@@ -99,6 +99,8 @@ def test_fast_equals_hf_forward_across_joins_leaves_aborts_retract(tiny, matvec)
             assert s._fast.uses_matvec(1) == (matvec == "on") and not s._fast.uses_matvec(2)
         sizes[fast] = _drive(s, sched, steps=130, abort=(20, "d"), retract_at=40)
         runs[fast] = {r.rid: (r.output_ids, r.logprobs, r.finish) for reqs in sched.values() for r in reqs}
+        if fast:  # the single-row steps (the first six, the tail) ran whole in C with the kernel on
+            assert (s._fast.c_steps == sizes[True].count(1)) if matvec == "on" else s._fast.c_steps == 0
     # the batch went above the small-batch threshold and back below it
     assert sizes[True] == sizes[False]
     assert max(sizes[True]) > fast_decode.SMALL_BATCH and min(sizes[True][-10:]) <= fast_decode.SMALL_BATCH
@@ -130,14 +132,17 @@ def test_smollm2_batch1_greedy_equals_hf_generate(matvec):
     _drive(hf, {0: [r2]}, 50)
     assert r2.output_ids == r.output_ids
     assert r.logprobs == pytest.approx(r2.logprobs, **TOL)
+    assert (s._fast.c_steps > 40) == (matvec == "on")  # "on": the steps ran whole in C
 
 
-def test_copies_follow_weights_changed_in_place(tiny):
+@pytest.mark.parametrize("matvec", ["on", "off"])
+def test_copies_follow_weights_changed_in_place(tiny, matvec):
     """A weight update copies into the parameters (`apply_weights`); the next fast step uses the
-    new weights: it matches HF's forward on the new weights and moved away from the old outputs."""
+    new weights: it matches HF's forward on the new weights and moved away from the old outputs.
+    "on": the steps run whole in C, which re-binds to the rebuilt copies."""
     model, tok = _load("tiny-llama")  # its own copy: this test changes the weights
     p = _prompts(tok, 2)[1]
-    s = _sched(model, tok, True)
+    s = _sched(model, tok, True, matvec=matvec)
     before = _req("before", p, 20)
     _drive(s, {0: [before]}, 22)
     g = torch.Generator().manual_seed(0)
@@ -147,6 +152,7 @@ def test_copies_follow_weights_changed_in_place(tiny):
     after, ref = _req("after", p, 20), _req("ref", p, 20)
     _drive(s, {0: [after]}, 22)
     _drive(_sched(model, tok, False), {0: [ref]}, 22)
+    assert (s._fast.c_steps >= 38) == (matvec == "on") and s._fast.generation == 2
     assert after.output_ids == ref.output_ids
     assert after.logprobs == pytest.approx(ref.logprobs, **TOL)
     # the update moved the outputs (tiny-llama's greedy ids may stay; its logprobs do not)

@@ -1,24 +1,34 @@
-"""A float32 matrix-vector product that streams the weights: batch-1 CPU decode's kernel.
+"""Batch-1 CPU decode in C: a float32 matrix-vector product that streams the weights, and a
+whole decode step built on it.
 
-Why: a batch-1 decode step reads every weight once, so its speed is the speed at which the
-matrix-vector products read memory. MKL's small `bmm` over `fast_decode`'s transposed copies
-read them at ~12 GB/s on the 2-core dev VM, 0.69 of a read-only stream (17.3 GB/s); the plain
-loop below (four weight rows at a time, each row read once, front to back, with AVX-512 where
-the CPU has it) reads them at ~15.9 GB/s, 0.92 of it (measured side by side on the 121
-products of a SmolLM2-135M step: 34 ms vs 42-53 ms). `bench/engine_throughput.py` prints the
-decode step with and without it.
+Why: a batch-1 decode step reads every weight once, so it can go no faster than memory can
+be read. Two things kept `fast_decode`'s Python step well below that on the 2-core dev VM:
+- MKL's small `bmm` over the transposed copies read them at 10-13 GB/s; the plain loop
+  `harnessrl_matvec` (eight weight rows a pass, each row read once, front to back, AVX-512
+  where the CPU has it) reads them at 14.6-17.0 GB/s in interleaved runs on the 121 products
+  of a SmolLM2-135M step (32-37 ms vs 42-53 ms; the VM's bandwidth moves between runs);
+- around the products, ~40 small torch ops a layer (norms, rope, attention, MLP glue, the KV
+  write) cost ~16 ms of a ~56 ms step. `harnessrl_decode_step` does the whole step (every
+  layer, the final norm and the head) in one call: the step is then the products + ~2 ms.
+`bench/engine_throughput.py` prints the step with and without them ("new" vs "new-mkl").
 
-Rounding is `fast_decode._mm`'s: the rows are summed in chunks of `chunk` in order, each
-chunk's partial sum then added to the output, so the error stays at or below `F.linear`'s
-(against a float64 product: 1.1e-5 here, 1.7e-5 for `_mm`, 2.5e-5 for `F.linear`), and no
-fused multiply-add changes it (`-ffp-contract=off`).
+Same operations in the same order as `fast_decode.FastDecoder.step` (HF's `LlamaDecoderLayer`):
+RMSNorm in float32, HF's cos/sin (computed by the model's rotary embedding and passed in), the
+rope of `apply_rotary_pos_emb`, softmax attention over the grouped KV heads, SiLU MLP,
+residuals. Products sum the rows in chunks of `fast_decode.CHUNK` (as `_mm` does), each
+chunk's partial then added to the output, so their error stays at or below `F.linear`'s
+(against a float64 product: ~1.1e-5 vs 1.7e-5 for `_mm` and 2.5e-5 for `F.linear`), and no
+fused multiply-add is contracted (`-ffp-contract=off`). Tests (test_engine_fast_decode): greedy
+ids equal HF `generate`'s, logprobs within 1e-5 of HF's forward, across joins, leaves, an abort,
+a retract and weights changed in place.
 
-It is C, compiled at first use with the machine's C compiler (`cc`, `-march=native`: the
-library is built for the CPU it runs on) into `<harnessrl home>/kernels/`, named by a hash of
-the source, the flags, the compiler's version and the CPU's flags, and loaded with ctypes.
-Single-threaded: `fast_decode` uses it where the step runs on one thread and keeps MKL
-(multi-threaded) otherwise. No compiler, or a build that fails: `load()` returns None,
-says why once in the log, and decoding keeps `_mm`. `HARNESSRL_CPU_MATVEC=0` turns it off.
+Compiled at first use with the machine's C compiler (`cc`, `-march=native`: built for the CPU
+it runs on) into `<harnessrl home>/kernels/`, named by a hash of the source, the flags, the
+compiler's version and the CPU's flags, and loaded with ctypes. Single-threaded: `fast_decode`
+uses it for one row when the step runs on one torch thread (`EngineConfig.cpu_matvec`
+"auto") and keeps MKL (multi-threaded) otherwise. No compiler, or a build that fails: `load()`
+returns None, says why in the log, and decoding keeps the Python step. `HARNESSRL_CPU_MATVEC=0`
+turns it off.
 """
 from __future__ import annotations
 
@@ -37,6 +47,8 @@ import torch
 log = logging.getLogger("harnessrl.engine")
 
 SOURCE = r"""
+#include <math.h>
+
 /* y[n] = sum over chunks of rows (in order) of (sum over the chunk's rows i of x[i] * w[i, :]).
    w row-major [k, n]; acc: scratch of n floats. */
 void harnessrl_matvec(const float *x, const float *w, float *y, float *acc, long k, long n, long chunk) {
@@ -45,6 +57,15 @@ void harnessrl_matvec(const float *x, const float *w, float *y, float *acc, long
         long c1 = c0 + chunk < k ? c0 + chunk : k;
         for (long j = 0; j < n; j++) acc[j] = 0.f;
         long i = c0;
+        for (; i + 8 <= c1; i += 8) {  /* eight rows a pass: fewer passes over acc, one forward stream */
+            const float *w0 = w + i * n, *w1 = w0 + n, *w2 = w1 + n, *w3 = w2 + n,
+                        *w4 = w3 + n, *w5 = w4 + n, *w6 = w5 + n, *w7 = w6 + n;
+            const float a0 = x[i], a1 = x[i + 1], a2 = x[i + 2], a3 = x[i + 3],
+                        a4 = x[i + 4], a5 = x[i + 5], a6 = x[i + 6], a7 = x[i + 7];
+            for (long j = 0; j < n; j++)
+                acc[j] += ((a0 * w0[j] + a1 * w1[j]) + (a2 * w2[j] + a3 * w3[j]))
+                          + ((a4 * w4[j] + a5 * w5[j]) + (a6 * w6[j] + a7 * w7[j]));
+        }
         for (; i + 4 <= c1; i += 4) {
             const float *w0 = w + i * n, *w1 = w0 + n, *w2 = w1 + n, *w3 = w2 + n;
             const float a0 = x[i], a1 = x[i + 1], a2 = x[i + 2], a3 = x[i + 3];
@@ -57,6 +78,82 @@ void harnessrl_matvec(const float *x, const float *w, float *y, float *acc, long
         }
         for (long j = 0; j < n; j++) y[j] += acc[j];
     }
+}
+
+static long chunk_of(long k) { return k % 64 == 0 ? 64 : k; }  /* fast_decode._chunked's rows per chunk */
+
+/* HF's LlamaRMSNorm in float32: w * (x * rsqrt(mean(x^2) + eps)) */
+static void rms_norm(const float *x, const float *w, float *out, long n, float eps) {
+    float ss = 0.f;
+    for (long j = 0; j < n; j++) ss += x[j] * x[j];
+    const float r = 1.f / sqrtf(ss / (float)n + eps);
+    for (long j = 0; j < n; j++) out[j] = w[j] * (x[j] * r);
+}
+
+/* HF's apply_rotary_pos_emb on one head of d values: x * cos + rotate_half(x) * sin */
+static void rope(float *x, const float *cos, const float *sin, long d) {
+    const long h = d / 2;
+    for (long j = 0; j < h; j++) {
+        const float a = x[j], b = x[j + h];
+        x[j] = a * cos[j] - b * sin[j];
+        x[j + h] = b * cos[j + h] + a * sin[j + h];
+    }
+}
+
+/* One batch-1 decode step of a Llama-style model (no biases, SiLU MLP), fast_decode.FastDecoder's
+   operations in the same order: h [hidden] (the token's embedding) is overwritten; the new key
+   and value of every layer are written at column pos of kbuf/vbuf [n_kv, cap, d]; the model's
+   logits go to logits [vocab]. Weights are fast_decode's transposed copies: wqkv [hidden, q+k+v],
+   wo [q, hidden], wgu [hidden, 2*inter], wd [inter, hidden], head [hidden, vocab]. scratch holds
+   at least hidden + (n_q + 2 n_kv) d + n_q d + 2 inter + inter + cap + max(vocab, 2 inter) floats. */
+void harnessrl_decode_step(long n_layers, float *h, const float *cos, const float *sin,
+                           const float *const *wqkv, const float *const *wo, const float *const *wgu,
+                           const float *const *wd, const float *const *ln1, const float *const *ln2,
+                           const float *fnorm, const float *head, float *const *kbuf, float *const *vbuf,
+                           long cap, long pos, long n_q, long n_kv, long d, long hidden, long inter, long vocab,
+                           float eps, float scale, float *logits, float *scratch) {
+    const long nq = n_q * d, nkv = n_kv * d, group = n_q / n_kv;
+    float *x = scratch, *qkv = x + hidden, *att = qkv + nq + 2 * nkv, *gu = att + nq, *act = gu + 2 * inter,
+          *scores = act + inter, *acc = scores + cap;
+    for (long l = 0; l < n_layers; l++) {
+        rms_norm(h, ln1[l], x, hidden, eps);
+        harnessrl_matvec(x, wqkv[l], qkv, acc, hidden, nq + 2 * nkv, chunk_of(hidden));
+        float *q = qkv, *k = qkv + nq, *v = qkv + nq + nkv;
+        for (long i = 0; i < n_q; i++) rope(q + i * d, cos, sin, d);
+        for (long g = 0; g < n_kv; g++) {
+            rope(k + g * d, cos, sin, d);
+            float *kc = kbuf[l] + (g * cap + pos) * d, *vc = vbuf[l] + (g * cap + pos) * d;
+            for (long j = 0; j < d; j++) { kc[j] = k[g * d + j]; vc[j] = v[g * d + j]; }
+        }
+        for (long i = 0; i < n_q; i++) {
+            const long g = i / group;
+            const float *qi = q + i * d, *K = kbuf[l] + g * cap * d, *V = vbuf[l] + g * cap * d;
+            float m = -INFINITY;
+            for (long t = 0; t <= pos; t++) {
+                float dot = 0.f;
+                for (long j = 0; j < d; j++) dot += qi[j] * K[t * d + j];
+                scores[t] = dot * scale;
+                if (scores[t] > m) m = scores[t];
+            }
+            float sum = 0.f;
+            for (long t = 0; t <= pos; t++) { scores[t] = expf(scores[t] - m); sum += scores[t]; }
+            float *o = att + i * d;
+            for (long j = 0; j < d; j++) o[j] = 0.f;
+            for (long t = 0; t <= pos; t++) {
+                const float p = scores[t] / sum;
+                for (long j = 0; j < d; j++) o[j] += p * V[t * d + j];
+            }
+        }
+        harnessrl_matvec(att, wo[l], x, acc, nq, hidden, chunk_of(nq));
+        for (long j = 0; j < hidden; j++) h[j] += x[j];
+        rms_norm(h, ln2[l], x, hidden, eps);
+        harnessrl_matvec(x, wgu[l], gu, acc, hidden, 2 * inter, chunk_of(hidden));
+        for (long j = 0; j < inter; j++) { const float a = gu[j]; act[j] = a / (1.f + expf(-a)) * gu[inter + j]; }
+        harnessrl_matvec(act, wd[l], x, acc, inter, hidden, chunk_of(inter));
+        for (long j = 0; j < hidden; j++) h[j] += x[j];
+    }
+    rms_norm(h, fnorm, x, hidden, eps);
+    harnessrl_matvec(x, head, logits, acc, hidden, vocab, chunk_of(hidden));
 }
 """
 
@@ -87,14 +184,15 @@ def _build(cc: str, flags: list[str], out: Path) -> None:
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         src, lib = Path(tmp) / "matvec.c", Path(tmp) / out.name
         src.write_text(SOURCE)
-        subprocess.run([cc, *flags, "-shared", "-fPIC", str(src), "-o", str(lib)], check=True,
+        subprocess.run([cc, *flags, "-shared", "-fPIC", str(src), "-o", str(lib), "-lm"], check=True,
                        capture_output=True, text=True, timeout=120)
         os.replace(lib, out)
 
 
 @lru_cache(maxsize=1)
 def load():
-    """The compiled kernel (a ctypes function), or None when it cannot be had here."""
+    """The compiled library (ctypes; `harnessrl_matvec`, `harnessrl_decode_step`), or None when it
+    cannot be had here."""
     if os.environ.get("HARNESSRL_CPU_MATVEC", "1") == "0":
         return None
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
@@ -113,13 +211,16 @@ def load():
         try:
             if not path.is_file():
                 _build(cc, flags, path)
-            fn = ctypes.CDLL(str(path)).harnessrl_matvec
-        except (OSError, subprocess.SubprocessError) as e:
+            lib = ctypes.CDLL(str(path))
+            mv, step = lib.harnessrl_matvec, lib.harnessrl_decode_step
+        except (OSError, AttributeError, subprocess.SubprocessError) as e:
             errors.append(f"{' '.join(flags)}: {getattr(e, 'stderr', None) or e}")
             continue
-        fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 3
-        fn.restype = None
-        return fn
+        mv.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 3
+        step.argtypes = [ctypes.c_long] + [ctypes.c_void_p] * 13 + [ctypes.c_long] * 8 + [ctypes.c_float] * 2 \
+            + [ctypes.c_void_p] * 2
+        mv.restype = step.restype = None
+        return lib
     log.warning("cpu_matvec: could not build the kernel (%s); batch-1 decode keeps MKL's products",
                 "; ".join(errors)[:2000])
     return None
@@ -130,8 +231,8 @@ class MatVec:
     memory is the `[k, n]` rows) -> [1, 1, n], by the compiled kernel. One per decoder: it owns
     the scratch buffer, so it is not for two threads at once."""
 
-    def __init__(self, fn):
-        self.fn = fn
+    def __init__(self, lib):
+        self.fn = lib.harnessrl_matvec
         self._acc = torch.empty(0)
 
     def __call__(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -149,3 +250,52 @@ class MatVec:
         y = torch.empty(1, 1, n)
         self.fn(x.data_ptr(), w.data_ptr(), y.data_ptr(), self._acc.data_ptr(), k, n, chunk)
         return y
+
+
+def _ptrs(tensors) -> ctypes.Array:
+    return (ctypes.c_void_p * len(tensors))(*[t.data_ptr() for t in tensors])
+
+
+class DecodeStep:
+    """A whole batch-1 decode step in C (`harnessrl_decode_step`): the layers' norms, products,
+    rope, attention over the KV buffers and MLP in one call, where Python would issue ~40 small
+    torch ops a layer (~16 ms of a ~56 ms SmolLM2 step). Built from a `FastDecoder`'s copies
+    (`bind` after every `refresh`); `__call__` takes the token's embedding, cos/sin and the
+    layers' KV buffers [1, n_kv, cap, d] and the position to write, and returns the logits."""
+
+    def __init__(self, lib, dec):
+        self.fn = lib.harnessrl_decode_step
+        self.dec = dec
+        self._key = None
+        self._scratch = torch.empty(0)
+
+    def bind(self) -> None:
+        dec = self.dec
+        fused = dec._fused
+        if self._key == dec.generation:
+            return
+        inner = dec.model.model
+        self._keep = [w for f in fused for w in f]  # the arrays below point into these
+        self._w = [_ptrs([f[i] for f in fused]) for i in range(4)]
+        self._ln1 = _ptrs([layer.input_layernorm.weight for layer in dec._layers])
+        self._ln2 = _ptrs([layer.post_attention_layernorm.weight for layer in dec._layers])
+        self._fnorm, self._head = inner.norm.weight, dec._head_t
+        self.eps = float(dec._layers[0].input_layernorm.variance_epsilon)
+        self._key = dec.generation
+
+    def __call__(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kbufs: list[torch.Tensor],
+                 vbufs: list[torch.Tensor], pos: int) -> torch.Tensor:
+        dec = self.dec
+        hidden, inter, d = h.shape[-1], dec.inter, dec.head_dim
+        n_q, n_kv = dec.n_q // d, dec.n_kv // d
+        vocab, cap = self._head.shape[-1], kbufs[0].shape[-2]
+        need = hidden + dec.n_q + 2 * dec.n_kv + dec.n_q + 3 * inter + cap + max(vocab, 2 * inter)
+        if self._scratch.numel() < need:
+            self._scratch = torch.empty(need + 4096)
+        h = h.reshape(-1).contiguous().clone()
+        cos, sin = cos.reshape(-1).contiguous(), sin.reshape(-1).contiguous()
+        logits = torch.empty(1, vocab)
+        self.fn(len(kbufs), h.data_ptr(), cos.data_ptr(), sin.data_ptr(), *self._w, self._ln1, self._ln2,
+                self._fnorm.data_ptr(), self._head.data_ptr(), _ptrs(kbufs), _ptrs(vbufs), cap, pos, n_q, n_kv, d,
+                hidden, inter, vocab, self.eps, float(dec.scaling), logits.data_ptr(), self._scratch.data_ptr())
+        return logits

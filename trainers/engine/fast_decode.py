@@ -7,8 +7,9 @@ module multiplies by fused, transposed copies: one `[hidden, q+k+v]` matrix per 
 attention input, one `[hidden, 2 * intermediate]` for gate and up, `o` and `down`
 transposed, and the (tied) output head transposed; larger batches use the model's own
 weights (`F.linear`, MKL's faster layout at 16 rows). A single row on a single thread
-multiplies by the same copies with `cpu_matvec`'s compiled kernel (it reads them ~1.3x
-faster than MKL's small `bmm`, rounding the same way) when it could be built. Either way the step is the same
+runs the whole step in C (`cpu_matvec`: the same operations on the same copies, read ~1.3x
+faster than MKL's small `bmm` and without ~40 torch ops a layer) when it could be built.
+Either way the step is the same
 sequence of operations as HF's `LlamaDecoderLayer` (RMSNorm in float32, HF's rotary
 embedding and `apply_rotary_pos_emb`, SDPA over the grouped KV heads as
 `engine.attention` does, residuals), so outputs equal HF's to float rounding (tests:
@@ -29,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from harnessrl.trainers.engine import cpu_matvec
+from harnessrl.trainers.engine.kv import _room, _SlabLayer
 
 CHUNK = 64
 """Rows of a transposed weight summed serially before the partial sums are added (see `_mm`)."""
@@ -87,11 +89,16 @@ class FastDecoder:
         self._key: list[tuple[int, int]] | None = None
         self._fused: list[tuple[torch.Tensor, ...]] = []
         self._head_t: torch.Tensor | None = None
+        self.generation = 0
+        self.c_steps = 0
+        """Steps taken whole in C (`_step_c`)."""
+        """Bumped whenever the copies are rebuilt (`cpu_matvec.DecodeStep` re-binds to the new ones)."""
         if matvec not in ("auto", "on", "off"):
             raise ValueError(f"matvec must be 'auto', 'on' or 'off', not {matvec!r}")
         self.matvec_mode = matvec
-        fn = None if matvec == "off" or model.dtype != torch.float32 else cpu_matvec.load()
-        self._matvec = cpu_matvec.MatVec(fn) if fn is not None else None
+        lib = None if matvec == "off" or model.dtype != torch.float32 else cpu_matvec.load()
+        self._matvec = cpu_matvec.MatVec(lib) if lib is not None else None
+        self._c_step = cpu_matvec.DecodeStep(lib, self) if lib is not None else None
 
     @classmethod
     def build(cls, model, matvec: str = "auto") -> "FastDecoder | None":
@@ -122,6 +129,22 @@ class FastDecoder:
                 ))
             self._head_t = _chunked(self.model.lm_head.weight)
         self._key = key
+        self.generation += 1
+
+    def _step_c(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache) -> torch.Tensor:
+        """The whole step in C (`cpu_matvec.DecodeStep`): one row, no padding, KV in slabs."""
+        layers = cache.layers
+        n = layers[0].n  # every layer holds the same columns; this step writes column n
+        for layer in layers:
+            if n + 1 > layer.k_buf.shape[-2]:
+                layer.grow(_room(n + 1))
+        self._c_step.bind()
+        logits = self._c_step(h, cos, sin, [layer.k_buf for layer in layers], [layer.v_buf for layer in layers], n)
+        for layer in layers:
+            layer.n = n + 1
+            layer._view()
+        self.c_steps += 1
+        return logits
 
     @staticmethod
     def _norm(x: torch.Tensor, norm) -> torch.Tensor:
@@ -139,10 +162,13 @@ class FastDecoder:
         small = B <= SMALL_BATCH
         if small:
             self.refresh()
-        mm = self._matvec if self.uses_matvec(B) else _mm
+        kernel = self.uses_matvec(B)
+        mm = self._matvec if kernel else _mm
         inner = self.model.model
         h = inner.embed_tokens(input_ids)  # [B, 1, H]
         cos, sin = inner.rotary_emb(h, position_ids)
+        if kernel and mask is None and all(isinstance(layer, _SlabLayer) for layer in cache.layers):
+            return self._step_c(h, cos, sin, cache)
         nq, nkv, d = self.n_q, self.n_kv, self.head_dim
         for i, layer in enumerate(self._layers):
             a, m = layer.self_attn, layer.mlp
