@@ -2,7 +2,7 @@
 (float32, within 1e-5) of a cold prefill by an engine without the cache, across a growing
 multi-turn session, batch joins, aborts resumed with prompt + partial, retract/resume and
 seeded group samples; and a weight update (or /flush_cache) never lets KV of the old
-weights be served."""
+weights be served. The cached engine's single-row steps run in C, the cold one's in torch."""
 from __future__ import annotations
 
 import asyncio
@@ -27,8 +27,10 @@ def tok():
 
 @pytest.fixture(scope="module")
 def engines():
-    with EngineServer(model="tiny-llama", prefix_cache_mb=256) as hot, \
-            EngineServer(model="tiny-llama", prefix_cache_mb=0) as cold:
+    # hot decodes single rows whole in C (engine.cpu_matvec), cold with torch ops: every
+    # comparison below also checks the C step against the Python one
+    with EngineServer(model="tiny-llama", prefix_cache_mb=256, cpu_matvec="on") as hot, \
+            EngineServer(model="tiny-llama", prefix_cache_mb=0, cpu_matvec="off") as cold:
         yield hot, cold
 
 
@@ -70,6 +72,7 @@ def test_growing_session_hits_and_equals_cold(engines, tok):
     after = _stats(hot.url)
     assert after["hits"] - before["hits"] >= 4 and after["hit_tokens"] > before["hit_tokens"]
     assert _stats(cold.url)["hits"] == 0
+    assert hot.state.scheduler._fast.c_steps > 0 and cold.state.scheduler._fast.c_steps == 0
 
 
 def test_hit_while_joining_a_running_batch_and_resume_after_abort(engines, tok):
