@@ -70,9 +70,9 @@ class FastDecoder:
     each layer's new key/value column into `kv`'s buffers as HF's forward would."""
 
     def __init__(self, model, matvec: str = "auto"):
-        """`matvec`: "auto" multiplies a single row by `cpu_matvec`'s kernel when the step runs
-        on one torch thread (the kernel is single-threaded; MKL spreads over more), "on" always
-        (when the kernel could be built), "off" never."""
+        """`matvec`: "auto" runs a single row's step in C (`cpu_matvec`) when it runs on one torch
+        thread (the C step is single-threaded; MKL spreads over more), "on" always (when the
+        library could be built), "off" never."""
         from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
         self.model = model
@@ -90,9 +90,9 @@ class FastDecoder:
         self._fused: list[tuple[torch.Tensor, ...]] = []
         self._head_t: torch.Tensor | None = None
         self.generation = 0
+        """Bumped whenever the copies are rebuilt (`cpu_matvec.DecodeStep` re-binds to the new ones)."""
         self.c_steps = 0
         """Steps taken whole in C (`_step_c`)."""
-        """Bumped whenever the copies are rebuilt (`cpu_matvec.DecodeStep` re-binds to the new ones)."""
         if matvec not in ("auto", "on", "off"):
             raise ValueError(f"matvec must be 'auto', 'on' or 'off', not {matvec!r}")
         self.matvec_mode = matvec
@@ -105,7 +105,7 @@ class FastDecoder:
         return cls(model, matvec) if _supported(model) else None
 
     def uses_matvec(self, rows: int) -> bool:
-        """Whether a step of `rows` rows on this thread multiplies by the compiled kernel."""
+        """Whether a step of `rows` rows on this thread runs in C (the compiled library)."""
         return (rows == 1 and self._matvec is not None
                 and (self.matvec_mode == "on" or torch.get_num_threads() == 1))
 
