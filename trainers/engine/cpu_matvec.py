@@ -197,12 +197,12 @@ def load():
         return None
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if cc is None:
-        log.info("cpu_matvec: no C compiler; batch-1 decode keeps MKL's products")
+        log.info("cpu_matvec: no C compiler; batch-1 decode keeps the torch step")
         return None
     try:
         version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError) as e:
-        log.info("cpu_matvec: %s --version failed (%s); batch-1 decode keeps MKL's products", cc, e)
+        log.info("cpu_matvec: %s --version failed (%s); batch-1 decode keeps the torch step", cc, e)
         return None
     errors = []
     for flags in FLAGS:
@@ -221,7 +221,7 @@ def load():
             + [ctypes.c_void_p] * 2
         mv.restype = step.restype = None
         return lib
-    log.warning("cpu_matvec: could not build the kernel (%s); batch-1 decode keeps MKL's products",
+    log.warning("cpu_matvec: could not build the kernel (%s); batch-1 decode keeps the torch step",
                 "; ".join(errors)[:2000])
     return None
 
