@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from harnessrl.trainers.engine import cpu_matvec
-from harnessrl.trainers.engine.kv import _room, _SlabLayer
+from harnessrl.trainers.engine.kv import _SlabLayer
 
 CHUNK = 64
 """Rows of a transposed weight summed serially before the partial sums are added (see `_mm`)."""
@@ -134,15 +134,14 @@ class FastDecoder:
     def _step_c(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache) -> torch.Tensor:
         """The whole step in C (`cpu_matvec.DecodeStep`): one row, no padding, KV in slabs."""
         layers = cache.layers
-        n = layers[0].n  # every layer holds the same columns; this step writes column n
         for layer in layers:
-            if n + 1 > layer.k_buf.shape[-2]:
-                layer.grow(_room(n + 1))
+            layer.reserve(1)
         self._c_step.bind()
-        logits = self._c_step(h, cos, sin, [layer.k_buf for layer in layers], [layer.v_buf for layer in layers], n)
+        # every layer holds the same columns; the step writes column n of each
+        logits = self._c_step(h, cos, sin, [layer.k_buf for layer in layers], [layer.v_buf for layer in layers],
+                              layers[0].n)
         for layer in layers:
-            layer.n = n + 1
-            layer._view()
+            layer.advance(1)
         self.c_steps += 1
         return logits
 

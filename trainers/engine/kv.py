@@ -135,14 +135,22 @@ class _SlabLayer(DynamicLayer):
         self.k_buf, self.v_buf = k, v
         self._view()
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        q = key_states.shape[-2]
+    def reserve(self, q: int) -> None:
+        """Room for q more columns after the n used ones."""
         if self.n + q > self.k_buf.shape[-2]:
             self.grow(_room(self.n + q))
-        self.k_buf[:, :, self.n:self.n + q] = key_states
-        self.v_buf[:, :, self.n:self.n + q] = value_states
+
+    def advance(self, q: int) -> None:
+        """The q columns after the n used ones were written: they are used now."""
         self.n += q
         self._view()
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        q = key_states.shape[-2]
+        self.reserve(q)
+        self.k_buf[:, :, self.n:self.n + q] = key_states
+        self.v_buf[:, :, self.n:self.n + q] = value_states
+        self.advance(q)
         return self.keys, self.values
 
 
