@@ -12,8 +12,8 @@ ignored):
   stricter of the two bounds;
 - decode: the engine's own `Scheduler._decode_step` (forward, sampling, bookkeeping) stepped
   on this thread, batch 1 and batch 16, for the default path ("new": preallocated KV,
-  grouped-head attention, `engine.fast_decode`, whose batch-1 products on one thread are
-  `engine.cpu_matvec`'s compiled kernel), the same with MKL's products ("new-mkl", batch 1),
+  grouped-head attention, `engine.fast_decode`, whose batch-1 step on one thread runs
+  whole in C, `engine.cpu_matvec`), the same with MKL's products ("new-mkl", batch 1),
   the same with HF's forward per step
   ("hf-fwd", the previous default), the concatenating KV + HF sdpa before it ("old"), and
   new with bfloat16 weights; with where a batch-1 step's time goes (forward / sampling / rest);
@@ -113,7 +113,7 @@ def decode_rates(model, tokenizer, ps: list[list[int]], new_tokens: int, batch: 
     s = Scheduler(model, tokenizer, eos_token_ids(model, tokenizer), weight_version="bench", max_running=batch,
                   max_prefill_per_step=batch, max_context=1 << 20, kv_preallocate=preallocate, fast_decode=fast, cpu_matvec=matvec)
     assert (s._fast is not None) == fast, "the fast decode path does not fit this model"
-    kernel = bool(fast and s._fast.uses_matvec(batch))
+    kernel = bool(fast and s._fast.uses_c_step(batch))
     split = {"forward": 0.0, "sampling": 0.0}
     owner = s._fast if fast else model  # whose method computes the step's logits
     forward, sample = (owner.step if fast else model.forward), sched_mod.sample
@@ -282,8 +282,8 @@ def main() -> int:
               "bfloat16": load_model(resolve_model(args.model), dtype=torch.bfloat16)}
     nbytes = {d: bytes_per_token(m, context) for d, m in models.items()}
     bound = {d: {clk: bw[f"copy_{clk}"] * 1e9 / nbytes[d] for clk in ("wall", "cpu")} for d in models}
-    # "new" is the default (batch 1 on one thread: the compiled matrix-vector kernel, `engine.cpu_matvec`);
-    # "new-mkl" the same step with MKL's products, at batch 1 (batch 16 never uses the kernel)
+    # "new" is the default (batch 1 on one thread: the step in C, `engine.cpu_matvec`); "new-mkl"
+    # the torch step with MKL's products, at batch 1 (batch 16 never runs in C)
     variants = [("new", "float32", True, True, True, "auto", (1, 16)), ("new-mkl", "float32", True, True, True, "off", (1,)),
                 ("hf-fwd", "float32", True, True, False, "auto", (1, 16))] \
         + ([] if args.no_old else [("old", "float32", False, False, False, "auto", (1, 16))]) \

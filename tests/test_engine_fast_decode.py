@@ -96,7 +96,7 @@ def test_fast_equals_hf_forward_across_joins_leaves_aborts_retract(tiny, matvec)
         s = _sched(model, tok, fast, matvec=matvec)
         assert (s._fast is not None) == fast
         if fast:
-            assert s._fast.uses_matvec(1) == (matvec == "on") and not s._fast.uses_matvec(2)
+            assert s._fast.uses_c_step(1) == (matvec == "on") and not s._fast.uses_c_step(2)
         sizes[fast] = _drive(s, sched, steps=130, abort=(20, "d"), retract_at=40)
         runs[fast] = {r.rid: (r.output_ids, r.logprobs, r.finish) for reqs in sched.values() for r in reqs}
         if fast:  # the single-row steps (the first six, the tail) ran whole in C with the kernel on
@@ -119,7 +119,7 @@ def test_smollm2_batch1_greedy_equals_hf_generate(matvec):
     model, tok = _load("smollm2-135m")
     p = _prompts(tok, 3)[2]
     s = _sched(model, tok, True, matvec=matvec)
-    assert s._fast.uses_matvec(1) == (matvec == "on")
+    assert s._fast.uses_c_step(1) == (matvec == "on")
     r = _req("x", p, 48)
     _drive(s, {0: [r]}, 50)
     ref_model = load_model(resolve_model("smollm2-135m"))  # stock HF sdpa, its own copy

@@ -105,7 +105,8 @@ static void rope(float *x, const float *cos, const float *sin, long d) {
    and value of every layer are written at column pos of kbuf/vbuf [n_kv, cap, d]; the model's
    logits go to logits [vocab]. Weights are fast_decode's transposed copies: wqkv [hidden, q+k+v],
    wo [q, hidden], wgu [hidden, 2*inter], wd [inter, hidden], head [hidden, vocab]. scratch holds
-   at least hidden + (n_q + 2 n_kv) d + n_q d + 2 inter + inter + cap + max(vocab, 2 inter) floats. */
+   at least hidden + (n_q + 2 n_kv) d + n_q d + 2 inter + inter + cap floats, then the matvec scratch:
+   as many as the widest product's output, max(vocab, 2 inter, (n_q + 2 n_kv) d, hidden). */
 void harnessrl_decode_step(long n_layers, float *h, const float *cos, const float *sin,
                            const float *const *wqkv, const float *const *wo, const float *const *wgu,
                            const float *const *wd, const float *const *ln1, const float *const *ln2,
@@ -227,9 +228,10 @@ def load():
 
 
 class MatVec:
-    """`x [1, 1, k] @ w [k, n]` (float32, contiguous, `w` a `fast_decode._chunked` copy: its
-    memory is the `[k, n]` rows) -> [1, 1, n], by the compiled kernel. One per decoder: it owns
-    the scratch buffer, so it is not for two threads at once."""
+    """The kernel's product on its own (the decode step calls the same C function; its test
+    checks the rounding here): `x [1, 1, k] @ w [k, n]` (float32, contiguous, `w` a
+    `fast_decode._chunked` copy: its memory is the `[k, n]` rows) -> [1, 1, n]. It owns a
+    scratch buffer, so it is not for two threads at once."""
 
     def __init__(self, lib):
         self.fn = lib.harnessrl_matvec
@@ -289,7 +291,9 @@ class DecodeStep:
         hidden, inter, d = h.shape[-1], dec.inter, dec.head_dim
         n_q, n_kv = dec.n_q // d, dec.n_kv // d
         vocab, cap = self._head.shape[-1], kbufs[0].shape[-2]
-        need = hidden + dec.n_q + 2 * dec.n_kv + dec.n_q + 3 * inter + cap + max(vocab, 2 * inter)
+        # x, qkv, att, gu, act, scores, then acc: as wide as the widest product's output
+        need = hidden + dec.n_q + 2 * dec.n_kv + dec.n_q + 3 * inter + cap \
+            + max(vocab, 2 * inter, dec.n_q + 2 * dec.n_kv, hidden)
         if self._scratch.numel() < need:
             self._scratch = torch.empty(need + 4096)
         h = h.reshape(-1).contiguous().clone()

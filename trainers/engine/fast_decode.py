@@ -97,16 +97,15 @@ class FastDecoder:
             raise ValueError(f"matvec must be 'auto', 'on' or 'off', not {matvec!r}")
         self.matvec_mode = matvec
         lib = None if matvec == "off" or model.dtype != torch.float32 else cpu_matvec.load()
-        self._matvec = cpu_matvec.MatVec(lib) if lib is not None else None
         self._c_step = cpu_matvec.DecodeStep(lib, self) if lib is not None else None
 
     @classmethod
     def build(cls, model, matvec: str = "auto") -> "FastDecoder | None":
         return cls(model, matvec) if _supported(model) else None
 
-    def uses_matvec(self, rows: int) -> bool:
+    def uses_c_step(self, rows: int) -> bool:
         """Whether a step of `rows` rows on this thread runs in C (the compiled library)."""
-        return (rows == 1 and self._matvec is not None
+        return (rows == 1 and self._c_step is not None
                 and (self.matvec_mode == "on" or torch.get_num_threads() == 1))
 
     def _current(self) -> list[tuple[int, int]]:
@@ -161,12 +160,10 @@ class FastDecoder:
         small = B <= SMALL_BATCH
         if small:
             self.refresh()
-        kernel = self.uses_matvec(B)
-        mm = self._matvec if kernel else _mm
         inner = self.model.model
         h = inner.embed_tokens(input_ids)  # [B, 1, H]
         cos, sin = inner.rotary_emb(h, position_ids)
-        if kernel and mask is None and all(isinstance(layer, _SlabLayer) for layer in cache.layers):
+        if self.uses_c_step(B) and mask is None and all(isinstance(layer, _SlabLayer) for layer in cache.layers):
             return self._step_c(h, cos, sin, cache)
         nq, nkv, d = self.n_q, self.n_kv, self.head_dim
         for i, layer in enumerate(self._layers):
@@ -174,7 +171,7 @@ class FastDecoder:
             x = self._norm(h, layer.input_layernorm)
             if small:
                 wqkv, wo, wgu, wd = self._fused[i]
-                qkv = mm(x, wqkv)
+                qkv = _mm(x, wqkv)
                 q, k, v = qkv[..., :nq], qkv[..., nq:nq + nkv], qkv[..., nq + nkv:]
             else:
                 q, k, v = F.linear(x, a.q_proj.weight), F.linear(x, a.k_proj.weight), F.linear(x, a.v_proj.weight)
@@ -186,14 +183,14 @@ class FastDecoder:
             o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scaling,
                                                enable_gqa=keys.shape[1] != q.shape[1])
             o = o.transpose(1, 2).reshape(B, 1, -1)
-            h = h + (mm(o, wo) if small else F.linear(o, a.o_proj.weight))
+            h = h + (_mm(o, wo) if small else F.linear(o, a.o_proj.weight))
             x = self._norm(h, layer.post_attention_layernorm)
             if small:
-                gu = mm(x, wgu)
-                x = mm(F.silu(gu[..., :self.inter]) * gu[..., self.inter:], wd)
+                gu = _mm(x, wgu)
+                x = _mm(F.silu(gu[..., :self.inter]) * gu[..., self.inter:], wd)
             else:
                 x = F.linear(F.silu(F.linear(x, m.gate_proj.weight)) * F.linear(x, m.up_proj.weight),
                              m.down_proj.weight)
             h = h + x
         h = self._norm(h, inner.norm)
-        return (mm(h, self._head_t) if small else F.linear(h, self.model.lm_head.weight))[:, -1, :]
+        return (_mm(h, self._head_t) if small else F.linear(h, self.model.lm_head.weight))[:, -1, :]
