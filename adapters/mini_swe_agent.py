@@ -15,12 +15,16 @@ from typing import ClassVar
 
 from harnessrl.adapters.base import Endpoint, HarnessResult, Launch, Mount, tail
 from harnessrl.adapters.exec_bridge import ExecBridge
+from harnessrl.adapters.prefork import Prefork
 from harnessrl.adapters.proc import clean_env, run_host
 from harnessrl.adapters.toolchain import require
 
 ENV_SRC = Path(__file__).with_name("mini_env.py")
 #: mini-swe-agent's own exit statuses -> our reasons.
 STATUS_REASONS = {"Submitted": "submitted", "LimitsExceeded": "call_limit"}
+#: litellm (8-11 s of CPU to import here) comes from a warm interpreter; mini itself, which
+#: reads its config dir at import, is imported by each episode (adapters/prefork.py).
+PREFORK = Prefork(preload=("litellm",), late=("OPENAI_API_KEY", "HOME", "PYTHONPATH", "MSWEA_GLOBAL_CONFIG_DIR"))
 
 
 class MiniSweAgentAdapter:
@@ -62,9 +66,9 @@ class MiniSweAgentAdapter:
                 "-c", f"agent.step_limit={launch.limits.max_calls}", "-c", "agent.cost_limit=0",
                 "-c", f"environment.exec_socket={sock}", "-c", f"environment.cwd={launch.sandbox.workdir}"]
         with ExecBridge(launch.sandbox, sock) as bridge:
-            run = run_host(argv, env, str(scratch), launch.limits.wall_time_s, launch.cancel)
+            run = run_host(argv, env, str(scratch), launch.limits.wall_time_s, launch.cancel, PREFORK)
         status = _exit_status(traj)
-        details = {"commands": bridge.calls, "trajectory_file": str(traj)}
+        details = {"commands": bridge.calls, "trajectory_file": str(traj), "launch": run.launch}
         if bridge.sandbox_error:
             details["sandbox_error"] = bridge.sandbox_error
         if run.timed_out:

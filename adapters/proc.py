@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import psutil
 
 from harnessrl.adapters.cancel import Cancel
+from harnessrl.adapters.prefork import START_TIMEOUT_S, Prefork, PreforkUnavailable, enabled, interpreter_of, server_for
 
 
 @dataclass
@@ -29,6 +30,9 @@ class HostRun:
     duration_s: float
     cancelled: bool = False
     """Killed because its episode was cancelled (see `Cancel`)."""
+    launch: str = "plain"
+    """"forked" (from a warm interpreter, see adapters/prefork.py), "plain", or "plain (why)"
+    when a pre-forked launch was asked for and could not be had."""
 
 
 def kill_tree(pid: int, wait_s: float = 10.0) -> list[int]:
@@ -73,14 +77,16 @@ def _quietly(fn) -> None:
         pass
 
 
-def run_host(argv: list[str], env: dict[str, str], cwd: str, timeout: float, cancel: Cancel | None = None) -> HostRun:
+def run_host(argv: list[str], env: dict[str, str], cwd: str, timeout: float, cancel: Cancel | None = None,
+             prefork: Prefork | None = None) -> HostRun:
     """Run argv to its end (or `timeout`, or `cancel`); then whatever it left running in its
     process group is killed too. Its streams go to files, not pipes, so a descendant that
-    keeps them open cannot hold the run past its end."""
+    keeps them open cannot hold the run past its end. `prefork`: argv[0] is a Python console
+    script that may start from a warm fork server (adapters/prefork.py); else, or when none
+    can serve, a plain process."""
     t0 = time.monotonic()
     with tempfile.TemporaryFile() as out_f, tempfile.TemporaryFile() as err_f:
-        proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out_f, stderr=err_f,
-                                start_new_session=True)
+        proc, how = _start(argv, env, cwd, out_f, err_f, prefork, timeout)
 
         def release() -> None:
             if proc.poll() is None:  # not reaped yet, so its pid is still its own
@@ -107,7 +113,20 @@ def run_host(argv: list[str], env: dict[str, str], cwd: str, timeout: float, can
         out, err = _read(out_f), _read(err_f)
     cancelled = cancel is not None and cancel.is_set() and not timed_out
     return HostRun(None if (timed_out or cancelled) else proc.returncode, out, err, timed_out,
-                   time.monotonic() - t0, cancelled)
+                   time.monotonic() - t0, cancelled, how)
+
+
+def _start(argv, env, cwd, out_f, err_f, prefork: Prefork | None, timeout: float):
+    if prefork is not None and enabled():
+        try:
+            server = server_for(interpreter_of(argv[0]), prefork, env)
+            return server.spawn(argv, env, cwd, out_f.fileno(), err_f.fileno(), min(timeout, START_TIMEOUT_S)), "forked"
+        except PreforkUnavailable as e:
+            how = f"plain ({e})"
+    else:
+        how = "plain"
+    return subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out_f, stderr=err_f,
+                            start_new_session=True), how
 
 
 def _read(f) -> str:

@@ -1,0 +1,212 @@
+"""The fork server's own side: run by a harness's interpreter, stdlib only (it imports nothing
+of harnessrl, whose venv it is not in). See adapters/prefork.py for the contract.
+
+    python prefork_server.py '{"socket": PATH, "preload": [...], "late": [...]}'
+
+Start-up: import the preload modules while recording which `late` environment keys they read
+(and from which module), then refuse (one JSON line on stdout, `ok: false` and the reason)
+if a late key was read outside `ALLOWED_READERS`, a thread was started or an import failed;
+else freeze the heap, listen and say `{"ok": true, "pid": N}`.
+
+Each connection sends an 8-byte length with three fds (stdin, stdout, stderr), then a JSON
+`{"argv", "env", "cwd"}`; argv[0] is the console script. The server forks; the child leads a
+new session, takes the fds, the whole environment, the cwd and `sys.path` a plain
+`python argv[0]` would have, and runs the script as `__main__`, so the interpreter exits as
+it would (atexit, thread joins, flushes). The server answers `{"pid": N}` and, when it has
+reaped the child, `{"returncode": rc}` (negative: killed by that signal). EOF on its stdin
+(its owner is gone) kills every child's process group and ends the server.
+"""
+import gc
+import json
+import os
+import selectors
+import signal
+import socket
+import struct
+import sys
+import threading
+
+#: Who may read a late key at import: the stdlib computing the user site from HOME (a venv
+#: disables user site; the child drops those caches so they are recomputed from its HOME).
+ALLOWED_READERS = {"HOME": {"sysconfig", "site"}}
+_PLUMBING = ("os", "posixpath", "genericpath", "ntpath", "_collections_abc", "collections", "importlib", "__main__")
+
+
+def _record_reads(late):
+    """Swap os.environ for a copy that records reads of `late` keys; returns (restore, reads)."""
+    base, reads = type(os.environ), {}
+
+    def note(key):
+        if key in late:
+            f = sys._getframe(2)
+            while f is not None and f.f_globals.get("__name__", "").split(".")[0] in _PLUMBING:
+                f = f.f_back
+            reads.setdefault(key, set()).add(f.f_globals.get("__name__", "?") if f is not None else "?")
+
+    class Recording(base):
+        def __getitem__(self, key):
+            note(key)
+            return base.__getitem__(self, key)
+
+        def __contains__(self, key):
+            note(key)
+            return base.__contains__(self, key)
+
+    original = os.environ
+    rec = object.__new__(Recording)
+    rec.__dict__.update(original.__dict__)
+    os.environ = rec
+
+    def restore():
+        os.environ = original
+    return restore, reads
+
+
+def _prepare(spec):
+    late = set(spec["late"])
+    restore, reads = _record_reads(late)
+    try:
+        for name in spec["preload"]:
+            __import__(name)
+    except BaseException as e:  # noqa: BLE001 - any import failure means: launch plainly
+        return f"preload {name!r} failed: {type(e).__name__}: {e}"
+    finally:
+        restore()
+    bad = sorted(f"{k} read by {m}" for k, mods in reads.items() for m in mods - ALLOWED_READERS.get(k, set()))
+    if bad:
+        return "late keys read at import: " + ", ".join(bad)
+    threads = len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else threading.active_count()
+    if threads != 1 or threading.active_count() != 1:
+        return f"the preload started threads ({threads}): forking would be unsafe"
+    return None
+
+
+def _recv_exact(conn, n):
+    buf = b""
+    while len(buf) < n:
+        got = conn.recv(n - len(buf))
+        if not got:
+            raise ConnectionError("short request")
+        buf += got
+    return buf
+
+
+def _serve(spec, zygote_pp):
+    """The server loop; returns (request, fds) in a forked child, never in the server."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(spec["socket"])
+    listener.listen(64)
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    sel = selectors.DefaultSelector()
+    sel.register(listener, selectors.EVENT_READ, "accept")
+    sel.register(sys.stdin, selectors.EVENT_READ, "owner")
+    sel.register(wake_r, selectors.EVENT_READ, "child")
+    live = {}  # pid -> conn
+    print(json.dumps({"ok": True, "pid": os.getpid()}), flush=True)
+    while True:
+        for key, _ in sel.select():
+            if key.data == "owner":
+                if os.read(sys.stdin.fileno(), 4096):
+                    continue
+                for pid in live:
+                    _quiet(os.killpg, pid, signal.SIGKILL)
+                os._exit(0)
+            if key.data == "child":
+                while os.read(wake_r, 4096) == 4096:
+                    pass
+                _reap(live)
+                continue
+            conn, _ = listener.accept()
+            try:
+                conn.settimeout(10)
+                msg, fds, _, _ = socket.recv_fds(conn, 8, 3)
+                if len(msg) != 8 or len(fds) != 3:
+                    raise ConnectionError("want an 8-byte length and three fds")
+                request = json.loads(_recv_exact(conn, struct.unpack("!Q", msg)[0]))
+            except (OSError, ValueError) as e:
+                _quiet(conn.sendall, (json.dumps({"error": f"{type(e).__name__}: {e}"}) + "\n").encode())
+                conn.close()
+                continue
+            pid = os.fork()
+            if pid == 0:
+                signal.set_wakeup_fd(-1)
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                for c in [listener, conn, *live.values()]:
+                    c.close()
+                sel.close()
+                os.close(wake_r)
+                os.close(wake_w)
+                return request, fds, zygote_pp
+            for fd in fds:
+                os.close(fd)
+            conn.sendall((json.dumps({"pid": pid}) + "\n").encode())
+            live[pid] = conn
+
+
+def _reap(live):
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        conn = live.pop(pid, None)
+        if conn is not None:
+            _quiet(conn.sendall, (json.dumps({"returncode": os.waitstatus_to_exitcode(status)}) + "\n").encode())
+            conn.close()
+
+
+def _quiet(fn, *args):
+    try:
+        fn(*args)
+    except OSError:
+        pass
+
+
+def _become(request, fds, zygote_pp):
+    """In the child: be what `python argv[0]` with this env in this cwd would be."""
+    os.setsid()
+    for target, fd in zip((0, 1, 2), fds):
+        os.dup2(fd, target)
+        os.close(fd)
+    env, argv = request["env"], request["argv"]
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(request["cwd"])
+    import site
+    import sysconfig
+    import tempfile
+    site.USER_BASE = site.USER_SITE = None  # recomputed from the child's HOME when asked for
+    if hasattr(sysconfig, "_CONFIG_VARS"):
+        sysconfig._CONFIG_VARS = None
+    tempfile.tempdir = None
+    own_pp = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    rest = sys.path[1 + len(zygote_pp):]
+    sys.path[:] = [os.path.dirname(os.path.realpath(argv[0])), *own_pp, *rest]
+    sys.argv = list(argv)
+
+
+def main():
+    spec = json.loads(sys.argv[1])
+    zygote_pp = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    refusal = _prepare(spec)
+    if refusal:
+        print(json.dumps({"ok": False, "reason": refusal}), flush=True)
+        return None
+    gc.collect()
+    gc.freeze()  # children share the preloaded heap instead of copying it page by page on gc
+    return _serve(spec, zygote_pp)
+
+
+if __name__ == "__main__":
+    job = main()
+    if job is None:
+        sys.exit(0)
+    _become(*job)
+    del job
+    import runpy
+    runpy.run_path(sys.argv[0], run_name="__main__")

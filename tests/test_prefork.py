@@ -1,0 +1,220 @@
+"""Pre-forked harness launches (adapters/prefork.py): a forked harness sees exactly what a plain
+launch gives it, dies as a plain one does, and any doubt about import-time state sends the
+launch back to a plain process, with the reason recorded."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from harnessrl.adapters import prefork
+from harnessrl.adapters.cancel import Cancel
+from harnessrl.adapters.prefork import Prefork
+from harnessrl.adapters.proc import clean_env, run_host
+
+PROBE = """
+import json, os, sys
+before = sorted(m for m in ("warm_dep", "bad_dep", "json") if m in sys.modules)
+import warm_dep
+import atexit
+atexit.register(lambda: print("atexit ran", file=sys.stderr, flush=True))
+print(json.dumps({"argv": sys.argv, "path": sys.path, "cwd": os.getcwd(), "env": dict(os.environ),
+                  "stdin": os.readlink("/proc/self/fd/0"), "leader": os.getsid(0) == os.getpid(),
+                  "preloaded": "warm_dep" in before, "key": os.environ.get("KEY"), "ppid": os.getppid(),
+                  "home": os.path.expanduser("~")}))
+sys.exit(int(os.environ.get("CODE", "3")))
+"""
+
+
+@pytest.fixture
+def world(tmp_path, monkeypatch):
+    """A console script on this interpreter, a preloadable module that counts its imports, and
+    a fresh server registry (closed after the test)."""
+    monkeypatch.setenv("HARNESSRL_PREFORK", "1")
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "warm_dep.py").write_text(f"open({str(tmp_path / 'imports')!r}, 'a').write('x')\n")
+    script = tmp_path / "probe"
+    script.write_text(f"#!{sys.executable}\n{PROBE}")
+    script.chmod(0o755)
+    yield tmp_path, script, lambda **kw: clean_env({"PYTHONPATH": str(lib), "HOME": str(tmp_path / "h1"), **kw})
+    prefork.close_all()
+
+
+WARM = Prefork(preload=("warm_dep",), late=("KEY", "HOME", "CODE"))
+
+
+def _probe(run) -> dict:
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def test_a_forked_launch_sees_exactly_what_a_plain_one_does(world):
+    tmp, script, env = world
+    plain = run_host([str(script), "a b", "--c"], env(KEY="k0"), str(tmp), 60)
+    first = run_host([str(script), "a b", "--c"], env(KEY="k1", HOME=str(tmp / "h2")), str(tmp), 60, prefork=WARM)
+    second = run_host([str(script), "a b", "--c"], env(KEY="k2", CODE="0"), str(tmp), 60, prefork=WARM)
+    assert (plain.launch, first.launch, second.launch) == ("plain", "forked", "forked")
+    assert (plain.exit_code, first.exit_code, second.exit_code) == (3, 3, 0)
+    p, f1, f2 = _probe(plain), _probe(first), _probe(second)
+    for f in (f1, f2):
+        for field in ("argv", "path", "cwd", "stdin", "leader"):
+            assert f[field] == p[field], field
+        assert f["preloaded"] and not p["preloaded"]
+    assert p["stdin"] == "/dev/null" and p["leader"] and p["path"][0] == str(tmp)
+    # The whole environment is the episode's, late keys included, and nothing of the server's.
+    assert f1["env"] == dict(env(KEY="k1", HOME=str(tmp / "h2"))) and f1["home"] == str(tmp / "h2")
+    assert f2["env"] == dict(env(KEY="k2", CODE="0")) and p["env"] == dict(env(KEY="k0"))
+    assert f1["ppid"] == f2["ppid"] != os.getpid()  # one warm server made both
+    assert (tmp / "imports").read_text() == "xx"  # the plain launch's import + the server's one
+    assert all("atexit ran" in r.stderr for r in (plain, first, second))
+
+
+def test_exit_codes_signals_and_crashes_read_as_for_a_plain_process(world):
+    tmp, _, env = world
+    cases = {"raise ValueError('boom')": 1, "import os, signal; os.kill(os.getpid(), signal.SIGTERM)": -15,
+             "import sys; sys.exit('bye')": 1, "pass": 0}
+    for i, (body, code) in enumerate(cases.items()):
+        script = tmp / f"s{i}"
+        script.write_text(f"#!{sys.executable}\nimport warm_dep\n{body}\n")
+        script.chmod(0o755)
+        plain = run_host([str(script)], env(), str(tmp), 60)
+        forked = run_host([str(script)], env(), str(tmp), 60, prefork=WARM)
+        assert forked.launch == "forked"
+        assert forked.exit_code == plain.exit_code == code, body
+        assert forked.stderr.splitlines()[-1:] == plain.stderr.splitlines()[-1:]
+    assert "ValueError: boom" in run_host([str(tmp / "s0")], env(), str(tmp), 60, prefork=WARM).stderr
+
+
+TREE = """
+import os, subprocess, sys, time
+a = subprocess.Popen(["sleep", "86400"])
+b = subprocess.Popen(["setsid", "sleep", "86400"])
+open(sys.argv[1], "w").write(f"{os.getpid()} {a.pid} {b.pid}")
+print("started", flush=True)
+time.sleep(86400)
+"""
+
+
+@pytest.mark.parametrize("how", ["timeout", "cancel"])
+def test_timeout_and_cancel_kill_the_whole_forked_tree(world, how):
+    tmp, _, env = world
+    script, pids = tmp / "tree", tmp / "pids"
+    script.write_text(f"#!{sys.executable}\n{TREE}")
+    script.chmod(0o755)
+    cancel = Cancel()
+    if how == "cancel":
+        def later():
+            while not pids.exists() or len(pids.read_text().split()) < 3:
+                time.sleep(0.05)
+            cancel.set("scheduler timeout")
+        threading.Thread(target=later, daemon=True).start()
+    run = run_host([str(script), str(pids)], env(), str(tmp), 4 if how == "timeout" else 3600, cancel, WARM)
+    assert run.launch == "forked" and run.exit_code is None and "started" in run.stdout
+    assert (run.timed_out, run.cancelled) == ((True, False) if how == "timeout" else (False, True))
+    for pid in map(int, pids.read_text().split()):
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def _refusal(tmp, script, env, module_src: str) -> str:
+    prefork.close_all()  # a fresh server for each version of the module
+    (tmp / "lib" / "bad_dep.py").write_text(module_src)
+    run = run_host([str(script)], env(KEY="k"), str(tmp), 60, prefork=Prefork(("bad_dep",), ("KEY", "HOME")))
+    assert run.exit_code == 3 and _probe(run)["key"] == "k"  # it still ran, plainly
+    return run.launch
+
+
+def test_doubtful_import_time_state_sends_the_launch_back_to_plain(world, monkeypatch):
+    tmp, script, env = world
+    assert _refusal(tmp, script, env, "import os\nKEY = os.environ.get('KEY')\n") == \
+        "plain (late keys read at import: KEY read by bad_dep)"
+    assert _refusal(tmp, script, env, "import os\nCFG = os.path.expanduser('~/.cfg')\n") == \
+        "plain (late keys read at import: HOME read by bad_dep)"
+    assert _refusal(tmp, script, env, "import threading, time\n"
+                    "threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n") == \
+        "plain (the preload started threads (2): forking would be unsafe)"
+    assert _refusal(tmp, script, env, "raise ImportError('no such thing')\n") == \
+        "plain (preload 'bad_dep' failed: ImportError: no such thing)"
+    # The stdlib's user-site lookup from HOME is the one read allowed (and redone in the child).
+    assert _refusal(tmp, script, env, "import site\nsite.getuserbase()\n") == "forked"
+    other = tmp / "other"
+    other.write_text("#!/usr/bin/env python3\nprint('hi')\n")
+    other.chmod(0o755)
+    r = run_host([str(other)], env(), str(tmp), 60, prefork=WARM)
+    assert r.exit_code == 0 and r.launch.startswith("plain (") and "#!/abs/path/python" in r.launch
+    monkeypatch.setenv("HARNESSRL_PREFORK", "0")
+    assert run_host([str(script)], env(), str(tmp), 60, prefork=WARM).launch == "plain"
+
+
+def test_concurrent_launches_each_get_their_own_environment_and_servers_split_by_env(world):
+    tmp, script, env = world
+    runs: dict[int, object] = {}
+
+    def one(i):
+        runs[i] = run_host([str(script), str(i)], env(KEY=f"k{i}"), str(tmp), 120, prefork=WARM)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    got = {i: _probe(r) for i, r in runs.items()}
+    assert all(runs[i].launch == "forked" and got[i]["key"] == f"k{i}" and got[i]["argv"][1] == str(i) for i in got)
+    assert len({g["ppid"] for g in got.values()}) == 1
+    # A non-late key that differs (it could shape import-time state) gets a server of its own.
+    other = run_host([str(script)], env(KEY="k", LANG="C"), str(tmp), 60, prefork=WARM)
+    assert other.launch == "forked" and _probe(other)["ppid"] != got[0]["ppid"]
+
+
+def test_the_server_and_its_children_die_with_their_owner(world):
+    tmp, script, env = world
+    sleeper = tmp / "sleeper"
+    sleeper.write_text(f"#!{sys.executable}\nimport os, time\nprint(os.getpid(), flush=True)\ntime.sleep(86400)\n")
+    sleeper.chmod(0o755)
+    owner = textwrap.dedent(f"""
+        import json, os, sys
+        from harnessrl.adapters.prefork import Prefork, server_for
+        env = {dict(env())!r}
+        s = server_for({sys.executable!r}, Prefork(("warm_dep",)), env)
+        child = s.spawn([{str(sleeper)!r}], env, {str(tmp)!r}, sys.stdout.fileno(), sys.stderr.fileno())
+        print(json.dumps([s.pid, child.pid]), flush=True)
+        os._exit(0)
+    """)
+    out = subprocess.run([sys.executable, "-c", owner], capture_output=True, text=True, timeout=120)
+    server_pid, child_pid = json.loads(out.stdout.strip().splitlines()[-1])
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and any(_alive(p) for p in (server_pid, child_pid)):
+        time.sleep(0.1)
+    assert not _alive(server_pid) and not _alive(child_pid)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_mini_swe_agent_preloads_litellm_without_a_refusal():
+    """The real harness's preload passes the server's checks (a refusal would make every
+    episode pay litellm's import again, silently)."""
+    from harnessrl.adapters.mini_swe_agent import PREFORK
+    from harnessrl.adapters.toolchain import installed_spec, toolchain_root
+
+    venv = toolchain_root() / "venvs" / "mini-swe-agent"
+    if installed_spec("venvs", "mini-swe-agent") is None:
+        pytest.skip("mini-swe-agent is not installed (scripts/install_harnesses.sh)")
+    env = clean_env({"LITELLM_LOCAL_MODEL_COST_MAP": "True", "MSWEA_CONFIGURED": "true"})
+    try:
+        server = prefork.server_for(prefork.interpreter_of(str(venv / "bin" / "mini")), PREFORK, env)
+        server.wait_ready()
+        assert server.refusal is None
+    finally:
+        prefork.close_all()
