@@ -18,11 +18,15 @@ from pathlib import Path
 from typing import ClassVar
 
 from harnessrl.adapters.base import Endpoint, HarnessResult, Launch, Mount, classify_exit, tail
+from harnessrl.adapters.prefork import Prefork
 from harnessrl.adapters.proc import clean_env, run_host
 from harnessrl.adapters.toolchain import require
 
 MAX_FILES = 40
 """aider is given every tracked file of a small repo (up to this many) so the model sees code."""
+PREFORK = Prefork(preload=("litellm",), late=("HOME", "OPENAI_API_KEY", "OPENAI_API_BASE"))
+"""aider imports litellm lazily, on its first model call; a warm interpreter has it already
+(adapters/prefork.py)."""
 
 
 class AiderAdapter:
@@ -52,7 +56,7 @@ class AiderAdapter:
                 "--message", launch.problem_statement, "--yes-always", "--no-check-update", "--no-analytics",
                 "--no-show-model-warnings", "--no-gitignore", "--no-pretty", "--no-fancy-input",
                 "--no-show-release-notes", "--no-auto-commits", "--map-tokens", "0", *files]
-        run = run_host(argv, env, str(repo), launch.limits.wall_time_s, launch.cancel)
+        run = run_host(argv, env, str(repo), launch.limits.wall_time_s, launch.cancel, PREFORK)
         patch = _host_patch(repo)
         if patch:
             launch.sandbox.write_file("/tmp/harnessrl/aider.patch", patch.encode())
@@ -60,7 +64,8 @@ class AiderAdapter:
             if res.exit_code != 0:
                 raise RuntimeError(f"aider's patch did not apply in the sandbox: {res.output[-500:]}")
         return HarnessResult(classify_exit(run.exit_code, run.timed_out), run.exit_code, None,
-                             tail(run.stdout), tail(run.stderr), run.duration_s, {"patch_bytes": len(patch)})
+                             tail(run.stdout), tail(run.stderr), run.duration_s,
+                             {"patch_bytes": len(patch), "launch": run.launch})
 
 
 def _git(repo: Path, *args: str) -> str:
