@@ -38,7 +38,10 @@ class ExecBridge:
                     reply = bridge._run(req)
                 except (ValueError, KeyError, TypeError) as e:
                     reply = {"error": f"bad exec request: {e}"}
-                self.wfile.write(json.dumps(reply).encode() + b"\n")
+                try:
+                    self.wfile.write(json.dumps(reply).encode() + b"\n")
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the harness went away (killed on a timeout or cancel) before the reply
 
         if os.path.exists(socket_path):
             os.unlink(socket_path)
