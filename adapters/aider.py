@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from harnessrl.adapters.base import Endpoint, HarnessResult, Launch, Mount, classify_exit, tail
-from harnessrl.adapters.prefork import Prefork
+from harnessrl.adapters.prefork import ForkServer, Prefork, warm
 from harnessrl.adapters.proc import clean_env, run_host
 from harnessrl.adapters.toolchain import require
 
@@ -27,6 +27,7 @@ MAX_FILES = 40
 PREFORK = Prefork(preload=("litellm",), late=("HOME", "OPENAI_API_KEY", "OPENAI_API_BASE"))
 """aider imports litellm lazily, on its first model call; a warm interpreter has it already
 (adapters/prefork.py)."""
+BASE_ENV = {"LITELLM_LOCAL_MODEL_COST_MAP": "True"}
 
 
 class AiderAdapter:
@@ -42,6 +43,11 @@ class AiderAdapter:
     def mounts(self, endpoint: Endpoint, toolchain: Path | None = None) -> list[Mount]:
         return []
 
+    def warm(self, toolchain: Path | None = None) -> ForkServer | None:
+        """Start the fork server now, in the background (see adapters/prefork.py)."""
+        venv = require("venvs", self.name, self.install.split(":", 1)[1], toolchain)
+        return warm(str(venv / "bin" / "aider"), PREFORK, clean_env(BASE_ENV))
+
     def launch(self, launch: Launch) -> HarnessResult:
         venv = require("venvs", self.name, self.install.split(":", 1)[1], launch.toolchain)
         scratch = Path(launch.scratch_dir)
@@ -50,8 +56,8 @@ class AiderAdapter:
         _seed_model_prices(home, launch.endpoint.model)
         files = _git(repo, "ls-files").split()[:MAX_FILES]
         ep = launch.endpoint
-        env = clean_env({"HOME": str(home), "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-                         "OPENAI_API_BASE": f"{ep.base_url}/v1", "OPENAI_API_KEY": ep.api_key})
+        env = clean_env({**BASE_ENV, "HOME": str(home), "OPENAI_API_BASE": f"{ep.base_url}/v1",
+                         "OPENAI_API_KEY": ep.api_key})
         argv = [str(venv / "bin" / "aider"), "--model", f"openai/{ep.model}", "--edit-format", "diff",
                 "--message", launch.problem_statement, "--yes-always", "--no-check-update", "--no-analytics",
                 "--no-show-model-warnings", "--no-gitignore", "--no-pretty", "--no-fancy-input",

@@ -15,7 +15,7 @@ from typing import ClassVar
 
 from harnessrl.adapters.base import Endpoint, HarnessResult, Launch, Mount, tail
 from harnessrl.adapters.exec_bridge import ExecBridge
-from harnessrl.adapters.prefork import Prefork
+from harnessrl.adapters.prefork import ForkServer, Prefork, warm
 from harnessrl.adapters.proc import clean_env, run_host
 from harnessrl.adapters.toolchain import require
 
@@ -42,6 +42,13 @@ class MiniSweAgentAdapter:
     def mounts(self, endpoint: Endpoint, toolchain: Path | None = None) -> list[Mount]:
         return []
 
+    def warm(self, toolchain: Path | None = None) -> ForkServer | None:
+        """Start the fork server now (it imports in the background), so the first episodes
+        need not wait for it; the launch uses the same server (same environment but the
+        per-episode keys)."""
+        venv = require("venvs", self.name, self.install.split(":", 1)[1], toolchain)
+        return warm(str(venv / "bin" / "mini"), PREFORK, _env(Path("/nonexistent"), ""))
+
     def launch(self, launch: Launch) -> HarnessResult:
         venv = require("venvs", self.name, self.install.split(":", 1)[1], launch.toolchain)
         scratch = Path(launch.scratch_dir)
@@ -50,14 +57,7 @@ class MiniSweAgentAdapter:
         traj = scratch / "mini.traj.json"
         sock = str(scratch / "exec.sock")
         ep = launch.endpoint
-        env = clean_env({
-            "MSWEA_CONFIGURED": "true", "MSWEA_COST_TRACKING": "ignore_errors", "MSWEA_SILENT_STARTUP": "1",
-            "LITELLM_LOCAL_MODEL_COST_MAP": "True", "MSWEA_GLOBAL_CONFIG_DIR": str(scratch / "mini-cfg"),
-            "OPENAI_API_KEY": ep.api_key,
-            # One retry: mini's default (10 with backoff up to a minute) would turn an engine
-            # failure into a wall-clock timeout.
-            "MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT": "2", "PYTHONPATH": str(scratch), "HOME": str(scratch),
-        })
+        env = _env(scratch, ep.api_key)
         argv = [str(venv / "bin" / "mini"), "-m", f"openai/{ep.model}", "-t", launch.problem_statement,
                 "-y", "--exit-immediately", "-o", str(traj),
                 "--environment-class", "harnessrl_mini_env.SandboxEnvironment",
@@ -80,6 +80,17 @@ class MiniSweAgentAdapter:
         else:  # mini stopped on an error of its own (e.g. the proxy refused a call)
             reason = "harness_exited"
         return HarnessResult(reason, run.exit_code, status, tail(run.stdout), tail(run.stderr), run.duration_s, details)
+
+
+def _env(scratch: Path, api_key: str) -> dict[str, str]:
+    return clean_env({
+        "MSWEA_CONFIGURED": "true", "MSWEA_COST_TRACKING": "ignore_errors", "MSWEA_SILENT_STARTUP": "1",
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True", "MSWEA_GLOBAL_CONFIG_DIR": str(scratch / "mini-cfg"),
+        "OPENAI_API_KEY": api_key,
+        # One retry: mini's default (10 with backoff up to a minute) would turn an engine
+        # failure into a wall-clock timeout.
+        "MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT": "2", "PYTHONPATH": str(scratch), "HOME": str(scratch),
+    })
 
 
 def _exit_status(traj: Path) -> str | None:

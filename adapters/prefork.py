@@ -217,6 +217,17 @@ def server_for(python: str, prefork: Prefork, env: dict[str, str]) -> ForkServer
     return server
 
 
+def warm(script: str, prefork: Prefork, env: dict[str, str]) -> ForkServer | None:
+    """Start the server a launch of `script` with `env` would use, without waiting for it (a
+    server that will refuse, or prefork turned off, costs nothing more here)."""
+    if enabled():
+        try:
+            return server_for(interpreter_of(script), prefork, env)
+        except PreforkUnavailable:
+            pass
+    return None
+
+
 def close_all() -> None:
     with _lock:
         servers = list(_servers.values())

@@ -164,6 +164,11 @@ def main() -> int:
         urls = {"cache": hot.url, "no_cache": cold.url}
         scheds = {"cache": hot.state.scheduler, "no_cache": cold.state.scheduler}
         sessions = asyncio.run(_session(urls, tok, args.turns, args.grow))
+        if args.episodes:  # mini-swe-agent's fork server up before timing, so neither arm pays its start
+            from harnessrl.adapters import get_adapter
+            server = get_adapter("mini-swe-agent").warm()
+            if server is not None:
+                server.wait_ready()
         for i in range(args.episodes):  # episode by episode, alternating engines
             for mode, url in urls.items():
                 one = _episodes(url, 1, scheds[mode])

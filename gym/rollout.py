@@ -23,6 +23,7 @@ from typing import Any, Callable, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from harnessrl.adapters.cancel import Cancel
+from harnessrl.adapters.toolchain import HarnessNotInstalled
 from harnessrl.gym.episode import EpisodeConfig, ProxyHandle, run_episode
 from harnessrl.gym.trajectory import Trajectory
 
@@ -162,6 +163,12 @@ class Rollout:
 
     def __enter__(self) -> "Rollout":
         self.proxy.start()
+        warm = getattr(self.adapter, "warm", None)  # e.g. a beside harness's fork server
+        if warm is not None:
+            try:
+                warm()
+            except HarnessNotInstalled:
+                pass  # each episode records that, with the command that installs it
         self._file = open(self.out_dir / "trajectories.jsonl", "a")
         return self
 

@@ -202,19 +202,35 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_mini_swe_agent_preloads_litellm_without_a_refusal():
-    """The real harness's preload passes the server's checks (a refusal would make every
-    episode pay litellm's import again, silently)."""
-    from harnessrl.adapters.mini_swe_agent import PREFORK
+@pytest.mark.parametrize("name", ["mini-swe-agent", "aider"])
+def test_real_harnesses_warm_the_server_their_launches_use_and_it_accepts_their_preload(name):
+    """`warm()` (called when a rollout starts) starts the very server a launch will pick (same
+    key), and the real harness's preload passes the server's checks: a refusal would make
+    every episode pay litellm's import again, silently."""
+    from harnessrl.adapters import aider, get_adapter, mini_swe_agent
     from harnessrl.adapters.toolchain import installed_spec, toolchain_root
 
-    venv = toolchain_root() / "venvs" / "mini-swe-agent"
-    if installed_spec("venvs", "mini-swe-agent") is None:
-        pytest.skip("mini-swe-agent is not installed (scripts/install_harnesses.sh)")
-    env = clean_env({"LITELLM_LOCAL_MODEL_COST_MAP": "True", "MSWEA_CONFIGURED": "true"})
+    adapter = get_adapter(name)
+    if installed_spec("venvs", name) != adapter.install.split(":", 1)[1]:
+        pytest.skip(f"{name} is not installed (scripts/install_harnesses.sh)")
+    script = str(toolchain_root() / "venvs" / name / "bin" / ("mini" if name == "mini-swe-agent" else "aider"))
+    if name == "mini-swe-agent":
+        launch_env = mini_swe_agent._env(Path("/tmp/some-episode"), "episode-key")
+    else:
+        launch_env = clean_env({**aider.BASE_ENV, "HOME": "/tmp/h", "OPENAI_API_BASE": "http://x/v1",
+                                "OPENAI_API_KEY": "episode-key"})
+    prefork.close_all()
     try:
-        server = prefork.server_for(prefork.interpreter_of(str(venv / "bin" / "mini")), PREFORK, env)
-        server.wait_ready()
-        assert server.refusal is None
+        adapter.warm()
+        assert len(prefork._servers) == 1
+        warmed = next(iter(prefork._servers.values()))
+        assert prefork.server_for(prefork.interpreter_of(script), adapter_prefork(adapter), launch_env) is warmed
+        warmed.wait_ready()
+        assert warmed.refusal is None
     finally:
         prefork.close_all()
+
+
+def adapter_prefork(adapter) -> Prefork:
+    import importlib
+    return importlib.import_module(type(adapter).__module__).PREFORK
