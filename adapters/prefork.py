@@ -212,6 +212,9 @@ def server_for(python: str, prefork: Prefork, env: dict[str, str]) -> ForkServer
     key = (python, prefork, tuple(sorted(base.items())))
     with _lock:
         server = _servers.get(key)
+        if server is not None and server.refusal is None and server._proc.poll() is not None:
+            server.close()  # it died (killed, out of memory): start another
+            server = None
         if server is None:
             server = _servers[key] = ForkServer(python, prefork, base)
     return server

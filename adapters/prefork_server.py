@@ -115,8 +115,7 @@ def _serve(spec, zygote_pp):
                     _quiet(os.killpg, pid, signal.SIGKILL)
                 os._exit(0)
             if key.data == "child":
-                while os.read(wake_r, 4096) == 4096:
-                    pass
+                os.read(wake_r, 4096)  # the wake-up bytes; select fires again if more are left
                 _reap(live)
                 continue
             conn, _ = listener.accept()

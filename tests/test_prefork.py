@@ -168,6 +168,11 @@ def test_concurrent_launches_each_get_their_own_environment_and_servers_split_by
     got = {i: _probe(r) for i, r in runs.items()}
     assert all(runs[i].launch == "forked" and got[i]["key"] == f"k{i}" and got[i]["argv"][1] == str(i) for i in got)
     assert len({g["ppid"] for g in got.values()}) == 1
+    # A server that died is replaced by a fresh one, not left to fail every launch.
+    os.kill(got[0]["ppid"], 9)
+    psutil.Process(got[0]["ppid"]).wait(10)
+    again = run_host([str(script)], env(KEY="k"), str(tmp), 60, prefork=WARM)
+    assert again.launch == "forked" and _probe(again)["ppid"] != got[0]["ppid"]
     # A non-late key that differs (it could shape import-time state) gets a server of its own.
     other = run_host([str(script)], env(KEY="k", LANG="C"), str(tmp), 60, prefork=WARM)
     assert other.launch == "forked" and _probe(other)["ppid"] != got[0]["ppid"]
