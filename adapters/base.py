@@ -143,7 +143,9 @@ class HarnessResult:
 
 @runtime_checkable
 class HarnessAdapter(Protocol):
-    """One real agent harness, run unmodified."""
+    """One real agent harness, run unmodified. Optional, outside the protocol: `warm(toolchain=
+    None)`, which `Rollout` calls when it starts, to begin slow set-up ahead of the first
+    episode (the beside Python harnesses start their fork server, adapters/prefork.py)."""
 
     name: ClassVar[str]
     """Registry name (e.g. "codex")."""

@@ -82,11 +82,9 @@ class ForkServer:
         self._ready = threading.Event()
         self.refusal: str | None = None
         """Why it will not serve (None while it does, or has not answered yet)."""
-        self.started_s: float | None = None
-        t0 = time.monotonic()
-        threading.Thread(target=self._handshake, args=(t0,), daemon=True, name="prefork-handshake").start()
+        threading.Thread(target=self._handshake, daemon=True, name="prefork-handshake").start()
 
-    def _handshake(self, t0: float) -> None:
+    def _handshake(self) -> None:
         line = self._proc.stdout.readline()
         try:
             hello = json.loads(line)
@@ -94,7 +92,6 @@ class ForkServer:
             hello = {"ok": False, "reason": f"server exited before it was ready: {self._log_tail()}"}
         if not hello.get("ok"):
             self.refusal = hello.get("reason") or "server refused"
-        self.started_s = time.monotonic() - t0
         self._ready.set()
 
     def _log_tail(self) -> str:

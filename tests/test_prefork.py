@@ -229,13 +229,10 @@ def test_real_harnesses_warm_the_server_their_launches_use_and_it_accepts_their_
         adapter.warm()
         assert len(prefork._servers) == 1
         warmed = next(iter(prefork._servers.values()))
-        assert prefork.server_for(prefork.interpreter_of(script), adapter_prefork(adapter), launch_env) is warmed
+        own = (mini_swe_agent if name == "mini-swe-agent" else aider).PREFORK
+        assert prefork.server_for(prefork.interpreter_of(script), own, launch_env) is warmed
         warmed.wait_ready()
         assert warmed.refusal is None
     finally:
         prefork.close_all()
 
-
-def adapter_prefork(adapter) -> Prefork:
-    import importlib
-    return importlib.import_module(type(adapter).__module__).PREFORK
