@@ -92,7 +92,7 @@ def _recv_exact(conn, n):
 
 
 def _serve(spec, zygote_pp):
-    """The server loop; returns (request, fds) in a forked child, never in the server."""
+    """The server loop; returns (request, fds, zygote_pp) in a forked child, never in the server."""
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(spec["socket"])
     listener.listen(64)
@@ -119,6 +119,7 @@ def _serve(spec, zygote_pp):
                 _reap(live)
                 continue
             conn, _ = listener.accept()
+            fds = []
             try:
                 conn.settimeout(10)
                 msg, fds, _, _ = socket.recv_fds(conn, 8, 3)
@@ -128,6 +129,8 @@ def _serve(spec, zygote_pp):
             except (OSError, ValueError) as e:
                 _quiet(conn.sendall, (json.dumps({"error": f"{type(e).__name__}: {e}"}) + "\n").encode())
                 conn.close()
+                for fd in fds:
+                    os.close(fd)
                 continue
             pid = os.fork()
             if pid == 0:
@@ -141,7 +144,8 @@ def _serve(spec, zygote_pp):
                 return request, fds, zygote_pp
             for fd in fds:
                 os.close(fd)
-            conn.sendall((json.dumps({"pid": pid}) + "\n").encode())
+            # a launcher gone already still gets its child reaped; its broken pipe must not end the server
+            _quiet(conn.sendall, (json.dumps({"pid": pid}) + "\n").encode())
             live[pid] = conn
 
 

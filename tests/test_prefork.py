@@ -178,6 +178,31 @@ def test_concurrent_launches_each_get_their_own_environment_and_servers_split_by
     assert other.launch == "forked" and _probe(other)["ppid"] != got[0]["ppid"]
 
 
+def test_launchers_that_vanish_or_send_garbage_do_not_take_the_server_down(world):
+    import socket
+    import struct
+    tmp, script, env = world
+    first = run_host([str(script)], env(KEY="a"), str(tmp), 60, prefork=WARM)
+    server = next(iter(prefork._servers.values()))
+    payload = json.dumps({"argv": [str(script)], "env": dict(env(KEY="gone")), "cwd": str(tmp)}).encode()
+    for _ in range(3):  # a launch whose launcher is gone before the pid comes back
+        c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        c.connect(server.socket_path)
+        out = os.open(os.devnull, os.O_WRONLY)
+        socket.send_fds(c, [struct.pack("!Q", len(payload))], [out, out, out])
+        c.sendall(payload)
+        os.close(out)
+        c.close()
+    for junk in (b"nonsense", struct.pack("!Q", 5) + b"{bad"):  # no fds, then a broken request
+        c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        c.connect(server.socket_path)
+        c.sendall(junk)
+        assert b"error" in c.recv(4096)
+        c.close()
+    again = run_host([str(script)], env(KEY="b"), str(tmp), 60, prefork=WARM)
+    assert again.launch == "forked" and _probe(again)["ppid"] == _probe(first)["ppid"] == server.pid
+
+
 def test_the_server_and_its_children_die_with_their_owner(world):
     tmp, script, env = world
     sleeper = tmp / "sleeper"
