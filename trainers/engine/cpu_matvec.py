@@ -8,7 +8,7 @@ be read. Two things kept `fast_decode`'s Python step well below that on the 2-co
   where the CPU has it) reads them at 14.6-17.0 GB/s in interleaved runs on the 121 products
   of a SmolLM2-135M step (32-37 ms vs 42-53 ms; the VM's bandwidth moves between runs);
 - around the products, ~40 small torch ops a layer (norms, rope, attention, MLP glue, the KV
-  write) cost ~16 ms of a ~56 ms step. `harnessrl_decode_step` does the whole step (every
+  write) cost ~16 ms of a ~56 ms step. `harnessrl_decode_rows` does the whole step (every
   layer, the final norm and the head) in one call: the step is then the products + ~2 ms.
 `bench/engine_throughput.py` prints the step with and without them ("new" vs "new-mkl").
 
@@ -82,6 +82,57 @@ void harnessrl_matvec(const float *x, const float *w, float *y, float *acc, long
 
 static long chunk_of(long k) { return k % 64 == 0 ? 64 : k; }  /* fast_decode._chunked's rows per chunk */
 
+#define TILE 256  /* output columns of a multi-row product kept hot while every row uses them */
+
+/* Y[r, :] = harnessrl_matvec(X[r, :], w) for each of the rows, each output summed in exactly that
+   function's order (same chunks, same eight/four/one-row groups, same expression), so a row's
+   result does not depend on how many rows are multiplied with it; w is read from memory once
+   (by tiles of TILE columns). acc: rows * n floats. */
+static void matvec_rows(const float *X, const float *w, float *Y, float *acc, long rows, long k, long n,
+                        long chunk) {
+    if (rows == 1) { harnessrl_matvec(X, w, Y, acc, k, n, chunk); return; }
+    for (long j = 0; j < rows * n; j++) Y[j] = 0.f;
+    for (long c0 = 0; c0 < k; c0 += chunk) {
+        long c1 = c0 + chunk < k ? c0 + chunk : k;
+        for (long j = 0; j < rows * n; j++) acc[j] = 0.f;
+        for (long j0 = 0; j0 < n; j0 += TILE) {
+            const long j1 = j0 + TILE < n ? j0 + TILE : n;
+            long i = c0;
+            for (; i + 8 <= c1; i += 8) {
+                const float *w0 = w + i * n, *w1 = w0 + n, *w2 = w1 + n, *w3 = w2 + n,
+                            *w4 = w3 + n, *w5 = w4 + n, *w6 = w5 + n, *w7 = w6 + n;
+                for (long r = 0; r < rows; r++) {
+                    const float *x = X + r * k;
+                    float *a = acc + r * n;
+                    const float a0 = x[i], a1 = x[i + 1], a2 = x[i + 2], a3 = x[i + 3],
+                                a4 = x[i + 4], a5 = x[i + 5], a6 = x[i + 6], a7 = x[i + 7];
+                    for (long j = j0; j < j1; j++)
+                        a[j] += ((a0 * w0[j] + a1 * w1[j]) + (a2 * w2[j] + a3 * w3[j]))
+                                + ((a4 * w4[j] + a5 * w5[j]) + (a6 * w6[j] + a7 * w7[j]));
+                }
+            }
+            for (; i + 4 <= c1; i += 4) {
+                const float *w0 = w + i * n, *w1 = w0 + n, *w2 = w1 + n, *w3 = w2 + n;
+                for (long r = 0; r < rows; r++) {
+                    const float *x = X + r * k;
+                    float *a = acc + r * n;
+                    const float a0 = x[i], a1 = x[i + 1], a2 = x[i + 2], a3 = x[i + 3];
+                    for (long j = j0; j < j1; j++) a[j] += a0 * w0[j] + a1 * w1[j] + a2 * w2[j] + a3 * w3[j];
+                }
+            }
+            for (; i < c1; i++) {
+                const float *w0 = w + i * n;
+                for (long r = 0; r < rows; r++) {
+                    const float a0 = X[r * k + i];
+                    float *a = acc + r * n;
+                    for (long j = j0; j < j1; j++) a[j] += a0 * w0[j];
+                }
+            }
+        }
+        for (long j = 0; j < rows * n; j++) Y[j] += acc[j];
+    }
+}
+
 /* HF's LlamaRMSNorm in float32: w * (x * rsqrt(mean(x^2) + eps)) */
 static void rms_norm(const float *x, const float *w, float *out, long n, float eps) {
     float ss = 0.f;
@@ -100,61 +151,138 @@ static void rope(float *x, const float *cos, const float *sin, long d) {
     }
 }
 
-/* One batch-1 decode step of a Llama-style model (no biases, SiLU MLP), fast_decode.FastDecoder's
-   operations in the same order: h [hidden] (the token's embedding) is overwritten; the new key
-   and value of every layer are written at column pos of kbuf/vbuf [n_kv, cap, d]; the model's
-   logits go to logits [vocab]. Weights are fast_decode's transposed copies: wqkv [hidden, q+k+v],
-   wo [q, hidden], wgu [hidden, 2*inter], wd [inter, hidden], head [hidden, vocab]. scratch holds
-   at least hidden + (n_q + 2 n_kv) d + n_q d + 2 inter + inter + cap floats, then the matvec scratch:
-   as many as the widest product's output, max(vocab, 2 inter, (n_q + 2 n_kv) d, hidden). */
-void harnessrl_decode_step(long n_layers, float *h, const float *cos, const float *sin,
+#define LANES 16  /* partial sums of a dot product (one vector register of AVX-512) */
+
+/* a . b over d values: when d is a multiple of LANES, LANES partial sums (lane l takes j = l mod
+   LANES) added pairwise at the end; a serial sum otherwise. Vectorized without reassociating: the
+   order is written out, so every build rounds the same way. */
+static inline float dot(const float *a, const float *b, long d) {
+    if (d % LANES != 0) {
+        float s = 0.f;
+        for (long j = 0; j < d; j++) s += a[j] * b[j];
+        return s;
+    }
+    float s[LANES];
+    for (int l = 0; l < LANES; l++) s[l] = a[l] * b[l];
+    for (long j = LANES; j < d; j += LANES)
+        for (int l = 0; l < LANES; l++) s[l] += a[j + l] * b[j + l];
+    for (int w = LANES / 2; w > 0; w /= 2)
+        for (int l = 0; l < w; l++) s[l] += s[l + w];
+    return s[0];
+}
+
+/* exp(x) for x <= 0 (a softmax's shifted scores), Cephes' expf in plain arithmetic so that loops
+   over it vectorize: x = n ln2 + r, |r| <= ln2 / 2, exp(r) by its degree-7 polynomial, times 2^n
+   built in the exponent bits. Within 2 ulp of exp; below -87 it returns exp(-87) ~ 1.6e-38, which
+   no softmax sum of at least 1 can see. */
+static inline float exp_le0(float x) {
+    x = x < -87.f ? -87.f : x;
+    const float n = (x * 1.44269504088896341f + 12582912.f) - 12582912.f;  /* round to nearest */
+    float r = x - n * 0.693359375f;
+    r = r - n * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.f;
+    const int e = ((int)n + 127) << 23;
+    float s;
+    __builtin_memcpy(&s, &e, sizeof s);
+    return p * s;
+}
+
+/* Softmax attention of the group query heads q [group, d] (one kv head's) over positions 0..last
+   of K, V [cap, d]: out [group, d]. Each position's key and value are read once for the group.
+   scores: group * (last + 1) floats. */
+static void attend(const float *q, const float *K, const float *V, float *out, float *scores, long group,
+                   long last, long d, float scale) {
+    const long n = last + 1;
+    for (long t = 0; t < n; t++)
+        for (long i = 0; i < group; i++) scores[i * n + t] = dot(q + i * d, K + t * d, d) * scale;
+    for (long i = 0; i < group; i++) {
+        float *s = scores + i * n;
+        float mx[LANES], sm[LANES];
+        for (int l = 0; l < LANES; l++) mx[l] = -INFINITY;
+        long t = 0;
+        for (; t + LANES <= n; t += LANES)
+            for (int l = 0; l < LANES; l++) mx[l] = s[t + l] > mx[l] ? s[t + l] : mx[l];
+        float m = -INFINITY;
+        for (int l = 0; l < LANES; l++) m = mx[l] > m ? mx[l] : m;
+        for (; t < n; t++) m = s[t] > m ? s[t] : m;
+        for (long u = 0; u < n; u++) s[u] = exp_le0(s[u] - m);
+        for (int l = 0; l < LANES; l++) sm[l] = 0.f;
+        for (t = 0; t + LANES <= n; t += LANES)
+            for (int l = 0; l < LANES; l++) sm[l] += s[t + l];
+        for (int w = LANES / 2; w > 0; w /= 2)
+            for (int l = 0; l < w; l++) sm[l] += sm[l + w];
+        float sum = sm[0];
+        for (; t < n; t++) sum += s[t];
+        for (long u = 0; u < n; u++) s[u] /= sum;
+        float *o = out + i * d;
+        for (long j = 0; j < d; j++) o[j] = 0.f;
+    }
+    for (long t = 0; t < n; t++) {
+        const float *v = V + t * d;
+        for (long i = 0; i < group; i++) {
+            const float p = scores[i * n + t];
+            float *o = out + i * d;
+            for (long j = 0; j < d; j++) o[j] += p * v[j];
+        }
+    }
+}
+
+/* A decode step of a Llama-style model (no biases, SiLU MLP) for `rows` consecutive tokens of one
+   sequence, fast_decode.FastDecoder's operations in the same order: h [rows, hidden] (the tokens'
+   embeddings) is overwritten; row r is at position pos + r, its cos/sin are row r of cos, sin
+   [rows, d], its new key and value of every layer are written at column pos + r of kbuf/vbuf
+   [n_kv, cap, d], and it attends over columns 0..pos + r (causal); the model's logits go to
+   logits [rows, vocab]. Every row's numbers are computed exactly as in a one-row step at its
+   position (`matvec_rows`, and per-row norms, rope and attention): a speculative verify of rows
+   tokens gives the logits the one-row steps would, bit for bit. Weights are fast_decode's
+   transposed copies: wqkv [hidden, q+k+v], wo [q, hidden], wgu [hidden, 2*inter], wd [inter,
+   hidden], head [hidden, vocab]. scratch: see cpu_matvec.DecodeStep.__call__. */
+void harnessrl_decode_rows(long rows, long n_layers, float *h, const float *cos, const float *sin,
                            const float *const *wqkv, const float *const *wo, const float *const *wgu,
                            const float *const *wd, const float *const *ln1, const float *const *ln2,
                            const float *fnorm, const float *head, float *const *kbuf, float *const *vbuf,
                            long cap, long pos, long n_q, long n_kv, long d, long hidden, long inter, long vocab,
                            float eps, float scale, float *logits, float *scratch) {
-    const long nq = n_q * d, nkv = n_kv * d, group = n_q / n_kv;
-    float *x = scratch, *qkv = x + hidden, *att = qkv + nq + 2 * nkv, *gu = att + nq, *act = gu + 2 * inter,
-          *scores = act + inter, *acc = scores + cap;
+    const long nq = n_q * d, nkv = n_kv * d, group = n_q / n_kv, nqkv = nq + 2 * nkv;
+    float *x = scratch, *qkv = x + rows * hidden, *att = qkv + rows * nqkv, *gu = att + rows * nq,
+          *act = gu + rows * 2 * inter, *scores = act + rows * inter, *acc = scores + group * (pos + rows);
     for (long l = 0; l < n_layers; l++) {
-        rms_norm(h, ln1[l], x, hidden, eps);
-        harnessrl_matvec(x, wqkv[l], qkv, acc, hidden, nq + 2 * nkv, chunk_of(hidden));
-        float *q = qkv, *k = qkv + nq, *v = qkv + nq + nkv;
-        for (long i = 0; i < n_q; i++) rope(q + i * d, cos, sin, d);
-        for (long g = 0; g < n_kv; g++) {
-            rope(k + g * d, cos, sin, d);
-            float *kc = kbuf[l] + (g * cap + pos) * d, *vc = vbuf[l] + (g * cap + pos) * d;
-            for (long j = 0; j < d; j++) { kc[j] = k[g * d + j]; vc[j] = v[g * d + j]; }
-        }
-        for (long i = 0; i < n_q; i++) {
-            const long g = i / group;
-            const float *qi = q + i * d, *K = kbuf[l] + g * cap * d, *V = vbuf[l] + g * cap * d;
-            float m = -INFINITY;
-            for (long t = 0; t <= pos; t++) {
-                float dot = 0.f;
-                for (long j = 0; j < d; j++) dot += qi[j] * K[t * d + j];
-                scores[t] = dot * scale;
-                if (scores[t] > m) m = scores[t];
-            }
-            float sum = 0.f;
-            for (long t = 0; t <= pos; t++) { scores[t] = expf(scores[t] - m); sum += scores[t]; }
-            float *o = att + i * d;
-            for (long j = 0; j < d; j++) o[j] = 0.f;
-            for (long t = 0; t <= pos; t++) {
-                const float p = scores[t] / sum;
-                for (long j = 0; j < d; j++) o[j] += p * V[t * d + j];
+        for (long r = 0; r < rows; r++) rms_norm(h + r * hidden, ln1[l], x + r * hidden, hidden, eps);
+        matvec_rows(x, wqkv[l], qkv, acc, rows, hidden, nqkv, chunk_of(hidden));
+        for (long r = 0; r < rows; r++) {
+            float *q = qkv + r * nqkv, *k = q + nq, *v = q + nq + nkv;
+            const float *c = cos + r * d, *s = sin + r * d;
+            for (long i = 0; i < n_q; i++) rope(q + i * d, c, s, d);
+            for (long g = 0; g < n_kv; g++) {
+                rope(k + g * d, c, s, d);
+                float *kc = kbuf[l] + (g * cap + pos + r) * d, *vc = vbuf[l] + (g * cap + pos + r) * d;
+                for (long j = 0; j < d; j++) { kc[j] = k[g * d + j]; vc[j] = v[g * d + j]; }
             }
         }
-        harnessrl_matvec(att, wo[l], x, acc, nq, hidden, chunk_of(nq));
-        for (long j = 0; j < hidden; j++) h[j] += x[j];
-        rms_norm(h, ln2[l], x, hidden, eps);
-        harnessrl_matvec(x, wgu[l], gu, acc, hidden, 2 * inter, chunk_of(hidden));
-        for (long j = 0; j < inter; j++) { const float a = gu[j]; act[j] = a / (1.f + expf(-a)) * gu[inter + j]; }
-        harnessrl_matvec(act, wd[l], x, acc, inter, hidden, chunk_of(inter));
-        for (long j = 0; j < hidden; j++) h[j] += x[j];
+        for (long r = 0; r < rows; r++)
+            for (long g = 0; g < n_kv; g++)
+                attend(qkv + r * nqkv + g * group * d, kbuf[l] + g * cap * d, vbuf[l] + g * cap * d,
+                       att + r * nq + g * group * d, scores, group, pos + r, d, scale);
+        matvec_rows(att, wo[l], x, acc, rows, nq, hidden, chunk_of(nq));
+        for (long j = 0; j < rows * hidden; j++) h[j] += x[j];
+        for (long r = 0; r < rows; r++) rms_norm(h + r * hidden, ln2[l], x + r * hidden, hidden, eps);
+        matvec_rows(x, wgu[l], gu, acc, rows, hidden, 2 * inter, chunk_of(hidden));
+        for (long r = 0; r < rows; r++) {
+            const float *g = gu + r * 2 * inter;
+            float *a = act + r * inter;
+            for (long j = 0; j < inter; j++) { const float z = g[j]; a[j] = z / (1.f + expf(-z)) * g[inter + j]; }
+        }
+        matvec_rows(act, wd[l], x, acc, rows, inter, hidden, chunk_of(inter));
+        for (long j = 0; j < rows * hidden; j++) h[j] += x[j];
     }
-    rms_norm(h, fnorm, x, hidden, eps);
-    harnessrl_matvec(x, head, logits, acc, hidden, vocab, chunk_of(hidden));
+    for (long r = 0; r < rows; r++) rms_norm(h + r * hidden, fnorm, x + r * hidden, hidden, eps);
+    matvec_rows(x, head, logits, acc, rows, hidden, vocab, chunk_of(hidden));
 }
 """
 
@@ -192,7 +320,7 @@ def _build(cc: str, flags: list[str], out: Path) -> None:
 
 @lru_cache(maxsize=1)
 def load():
-    """The compiled library (ctypes; `harnessrl_matvec`, `harnessrl_decode_step`), or None when it
+    """The compiled library (ctypes; `harnessrl_matvec`, `harnessrl_decode_rows`), or None when it
     cannot be had here."""
     if os.environ.get("HARNESSRL_CPU_MATVEC", "1") == "0":
         return None
@@ -213,12 +341,12 @@ def load():
             if not path.is_file():
                 _build(cc, flags, path)
             lib = ctypes.CDLL(str(path))
-            mv, step = lib.harnessrl_matvec, lib.harnessrl_decode_step
+            mv, step = lib.harnessrl_matvec, lib.harnessrl_decode_rows
         except (OSError, AttributeError, subprocess.SubprocessError) as e:
             errors.append(f"{' '.join(flags)}: {getattr(e, 'stderr', None) or e}")
             continue
         mv.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 3
-        step.argtypes = [ctypes.c_long] + [ctypes.c_void_p] * 13 + [ctypes.c_long] * 8 + [ctypes.c_float] * 2 \
+        step.argtypes = [ctypes.c_long] * 2 + [ctypes.c_void_p] * 13 + [ctypes.c_long] * 8 + [ctypes.c_float] * 2 \
             + [ctypes.c_void_p] * 2
         mv.restype = step.restype = None
         return lib
@@ -259,14 +387,17 @@ def _ptrs(tensors) -> ctypes.Array:
 
 
 class DecodeStep:
-    """A whole batch-1 decode step in C (`harnessrl_decode_step`): the layers' norms, products,
-    rope, attention over the KV buffers and MLP in one call, where Python would issue ~40 small
-    torch ops a layer (~16 ms of a ~56 ms SmolLM2 step). Built from a `FastDecoder`'s copies
-    (`bind` after every `refresh`); `__call__` takes the token's embedding, cos/sin and the
-    layers' KV buffers [1, n_kv, cap, d] and the position to write, and returns the logits."""
+    """A whole decode step in C (`harnessrl_decode_rows`): the layers' norms, products, rope,
+    attention over the KV buffers and MLP in one call, where Python would issue ~40 small torch
+    ops a layer (~16 ms of a ~56 ms SmolLM2 step). Built from a `FastDecoder`'s copies (`bind`
+    after every `refresh`); `__call__` takes the embeddings [rows, hidden] of `rows` consecutive
+    tokens of one sequence, their cos/sin [rows, d], the layers' KV buffers [1, n_kv, cap, d] and
+    the first token's position, writes their keys and values there, and returns their logits
+    [rows, vocab]: one token is a plain decode step, more a speculative verify whose every row
+    equals the one-row step's logits bit for bit (the kernel's contract)."""
 
     def __init__(self, lib, dec):
-        self.fn = lib.harnessrl_decode_step
+        self.fn = lib.harnessrl_decode_rows
         self.dec = dec
         self._key = None
         self._scratch = torch.empty(0)
@@ -289,17 +420,21 @@ class DecodeStep:
                  vbufs: list[torch.Tensor], pos: int) -> torch.Tensor:
         dec = self.dec
         hidden, inter, d = h.shape[-1], dec.inter, dec.head_dim
+        rows = h.numel() // hidden
         n_q, n_kv = dec.n_q // d, dec.n_kv // d
         vocab, cap = self._head.shape[-1], kbufs[0].shape[-2]
-        # x, qkv, att, gu, act, scores, then acc: as wide as the widest product's output
-        need = hidden + dec.n_q + 2 * dec.n_kv + dec.n_q + 3 * inter + cap \
-            + max(vocab, 2 * inter, dec.n_q + 2 * dec.n_kv, hidden)
+        if pos + rows > cap or cos.numel() != rows * d or sin.numel() != rows * d:
+            raise ValueError(f"decode step of {rows} rows at {pos}: cap {cap}, cos/sin {cos.numel()}/{sin.numel()}")
+        # x, qkv, att, gu, act (rows each), scores (group * (pos + rows)), then the products'
+        # scratch: rows times the widest product's output
+        need = rows * (hidden + dec.n_q + 2 * dec.n_kv + dec.n_q + 3 * inter) + (n_q // n_kv) * (pos + rows) \
+            + rows * max(vocab, 2 * inter, dec.n_q + 2 * dec.n_kv, hidden)
         if self._scratch.numel() < need:
             self._scratch = torch.empty(need + 4096)
         h = h.reshape(-1).contiguous().clone()
         cos, sin = cos.reshape(-1).contiguous(), sin.reshape(-1).contiguous()
-        logits = torch.empty(1, vocab)
-        self.fn(len(kbufs), h.data_ptr(), cos.data_ptr(), sin.data_ptr(), *self._w, self._ln1, self._ln2,
+        logits = torch.empty(rows, vocab)
+        self.fn(rows, len(kbufs), h.data_ptr(), cos.data_ptr(), sin.data_ptr(), *self._w, self._ln1, self._ln2,
                 self._fnorm.data_ptr(), self._head.data_ptr(), _ptrs(kbufs), _ptrs(vbufs), cap, pos, n_q, n_kv, d,
                 hidden, inter, vocab, self.eps, float(dec.scaling), logits.data_ptr(), self._scratch.data_ptr())
         return logits
