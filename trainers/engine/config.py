@@ -77,6 +77,14 @@ class EngineConfig(BaseModel):
     products read the weights ~1.3x faster than MKL's on one thread, and no per-op Python):
     "auto" where the engine runs on one thread (`num_threads` 1), "on" always, "off" never."""
 
+    prompt_lookup_ngram: int = Field(6, ge=0)
+    """Speculative decoding by prompt lookup (`engine.speculate`) when one request is decoding
+    with the C step: draft the tokens that followed the longest earlier match (2 to this many
+    tokens) of the sequence's tail, verify them in one pass. Outputs are identical to plain
+    decoding, greedy or sampled (the verify pass computes each position bit for bit as a
+    one-token step, and tokens are drawn with the request's own sampler); only tokens per pass
+    change. 0 (or 1) turns it off."""
+
     @field_validator("device")
     @classmethod
     def _device(cls, v: str) -> str:

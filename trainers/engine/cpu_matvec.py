@@ -193,43 +193,53 @@ static inline float exp_le0(float x) {
     return p * s;
 }
 
-/* Softmax attention of the group query heads q [group, d] (one kv head's) over positions 0..last
-   of K, V [cap, d]: out [group, d]. Each position's key and value are read once for the group.
-   scores: group * (last + 1) floats. */
-static void attend(const float *q, const float *K, const float *V, float *out, float *scores, long group,
-                   long last, long d, float scale) {
-    const long n = last + 1;
-    for (long t = 0; t < n; t++)
-        for (long i = 0; i < group; i++) scores[i * n + t] = dot(q + i * d, K + t * d, d) * scale;
-    for (long i = 0; i < group; i++) {
-        float *s = scores + i * n;
-        float mx[LANES], sm[LANES];
-        for (int l = 0; l < LANES; l++) mx[l] = -INFINITY;
-        long t = 0;
-        for (; t + LANES <= n; t += LANES)
-            for (int l = 0; l < LANES; l++) mx[l] = s[t + l] > mx[l] ? s[t + l] : mx[l];
-        float m = -INFINITY;
-        for (int l = 0; l < LANES; l++) m = mx[l] > m ? mx[l] : m;
-        for (; t < n; t++) m = s[t] > m ? s[t] : m;
-        for (long u = 0; u < n; u++) s[u] = exp_le0(s[u] - m);
-        for (int l = 0; l < LANES; l++) sm[l] = 0.f;
-        for (t = 0; t + LANES <= n; t += LANES)
-            for (int l = 0; l < LANES; l++) sm[l] += s[t + l];
-        for (int w = LANES / 2; w > 0; w /= 2)
-            for (int l = 0; l < w; l++) sm[l] += sm[l + w];
-        float sum = sm[0];
-        for (; t < n; t++) sum += s[t];
-        for (long u = 0; u < n; u++) s[u] /= sum;
-        float *o = out + i * d;
-        for (long j = 0; j < d; j++) o[j] = 0.f;
+/* Causal softmax attention of `rows` consecutive tokens of one sequence for one kv head: row r's
+   group query heads (q + r * q_stride: [group, d]) attend over positions 0..pos + r of K, V
+   [cap, d], into out + r * out_stride ([group, d]). Each position's key and value are read once
+   for every row and head that sees it; each query's scores, softmax and weighted sum are the
+   same operations in the same order whatever `rows` is. scores: rows * group * (pos + rows). */
+static void attend(const float *q, long q_stride, const float *K, const float *V, float *out, long out_stride,
+                   float *scores, long rows, long group, long pos, long d, float scale) {
+    const long span = pos + rows;  /* scores of query (r, i) at scores + (r * group + i) * span */
+    for (long t = 0; t < span; t++) {
+        const long r0 = t > pos ? t - pos : 0;  /* the first row that sees position t */
+        for (long r = r0; r < rows; r++)
+            for (long i = 0; i < group; i++)
+                scores[(r * group + i) * span + t] = dot(q + r * q_stride + i * d, K + t * d, d) * scale;
     }
-    for (long t = 0; t < n; t++) {
-        const float *v = V + t * d;
+    for (long r = 0; r < rows; r++)
         for (long i = 0; i < group; i++) {
-            const float p = scores[i * n + t];
-            float *o = out + i * d;
-            for (long j = 0; j < d; j++) o[j] += p * v[j];
+            const long n = pos + r + 1;
+            float *s = scores + (r * group + i) * span;
+            float mx[LANES], sm[LANES];
+            for (int l = 0; l < LANES; l++) mx[l] = -INFINITY;
+            long t = 0;
+            for (; t + LANES <= n; t += LANES)
+                for (int l = 0; l < LANES; l++) mx[l] = s[t + l] > mx[l] ? s[t + l] : mx[l];
+            float m = -INFINITY;
+            for (int l = 0; l < LANES; l++) m = mx[l] > m ? mx[l] : m;
+            for (; t < n; t++) m = s[t] > m ? s[t] : m;
+            for (long u = 0; u < n; u++) s[u] = exp_le0(s[u] - m);
+            for (int l = 0; l < LANES; l++) sm[l] = 0.f;
+            for (t = 0; t + LANES <= n; t += LANES)
+                for (int l = 0; l < LANES; l++) sm[l] += s[t + l];
+            for (int w = LANES / 2; w > 0; w /= 2)
+                for (int l = 0; l < w; l++) sm[l] += sm[l + w];
+            float sum = sm[0];
+            for (; t < n; t++) sum += s[t];
+            for (long u = 0; u < n; u++) s[u] /= sum;
+            float *o = out + r * out_stride + i * d;
+            for (long j = 0; j < d; j++) o[j] = 0.f;
         }
+    for (long t = 0; t < span; t++) {
+        const float *v = V + t * d;
+        const long r0 = t > pos ? t - pos : 0;
+        for (long r = r0; r < rows; r++)
+            for (long i = 0; i < group; i++) {
+                const float p = scores[(r * group + i) * span + t];
+                float *o = out + r * out_stride + i * d;
+                for (long j = 0; j < d; j++) o[j] += p * v[j];
+            }
     }
 }
 
@@ -251,7 +261,7 @@ void harnessrl_decode_rows(long rows, long n_layers, float *h, const float *cos,
                            float eps, float scale, float *logits, float *scratch) {
     const long nq = n_q * d, nkv = n_kv * d, group = n_q / n_kv, nqkv = nq + 2 * nkv;
     float *x = scratch, *qkv = x + rows * hidden, *att = qkv + rows * nqkv, *gu = att + rows * nq,
-          *act = gu + rows * 2 * inter, *scores = act + rows * inter, *acc = scores + group * (pos + rows);
+          *act = gu + rows * 2 * inter, *scores = act + rows * inter, *acc = scores + rows * group * (pos + rows);
     for (long l = 0; l < n_layers; l++) {
         for (long r = 0; r < rows; r++) rms_norm(h + r * hidden, ln1[l], x + r * hidden, hidden, eps);
         matvec_rows(x, wqkv[l], qkv, acc, rows, hidden, nqkv, chunk_of(hidden));
@@ -265,10 +275,9 @@ void harnessrl_decode_rows(long rows, long n_layers, float *h, const float *cos,
                 for (long j = 0; j < d; j++) { kc[j] = k[g * d + j]; vc[j] = v[g * d + j]; }
             }
         }
-        for (long r = 0; r < rows; r++)
-            for (long g = 0; g < n_kv; g++)
-                attend(qkv + r * nqkv + g * group * d, kbuf[l] + g * cap * d, vbuf[l] + g * cap * d,
-                       att + r * nq + g * group * d, scores, group, pos + r, d, scale);
+        for (long g = 0; g < n_kv; g++)
+            attend(qkv + g * group * d, nqkv, kbuf[l] + g * cap * d, vbuf[l] + g * cap * d, att + g * group * d, nq,
+                   scores, rows, group, pos, d, scale);
         matvec_rows(att, wo[l], x, acc, rows, nq, hidden, chunk_of(nq));
         for (long j = 0; j < rows * hidden; j++) h[j] += x[j];
         for (long r = 0; r < rows; r++) rms_norm(h + r * hidden, ln2[l], x + r * hidden, hidden, eps);
@@ -425,9 +434,9 @@ class DecodeStep:
         vocab, cap = self._head.shape[-1], kbufs[0].shape[-2]
         if pos + rows > cap or cos.numel() != rows * d or sin.numel() != rows * d:
             raise ValueError(f"decode step of {rows} rows at {pos}: cap {cap}, cos/sin {cos.numel()}/{sin.numel()}")
-        # x, qkv, att, gu, act (rows each), scores (group * (pos + rows)), then the products'
-        # scratch: rows times the widest product's output
-        need = rows * (hidden + dec.n_q + 2 * dec.n_kv + dec.n_q + 3 * inter) + (n_q // n_kv) * (pos + rows) \
+        # x, qkv, att, gu, act (rows each), scores (rows * group * (pos + rows)), then the
+        # products' scratch: rows times the widest product's output
+        need = rows * (hidden + dec.n_q + 2 * dec.n_kv + dec.n_q + 3 * inter) + rows * (n_q // n_kv) * (pos + rows) \
             + rows * max(vocab, 2 * inter, dec.n_q + 2 * dec.n_kv, hidden)
         if self._scratch.numel() < need:
             self._scratch = torch.empty(need + 4096)

@@ -144,6 +144,38 @@ class FastDecoder:
         self.c_steps += 1
         return logits
 
+    def can_verify(self, kv) -> bool:
+        """Whether `verify` can run on `kv` now: one unpadded row in slabs, and the C step on."""
+        return (kv.size == 1 and not kv._padded and self.uses_c_step(1)
+                and all(isinstance(layer, _SlabLayer) for layer in kv.cache.layers))
+
+    @torch.no_grad()
+    def verify(self, tokens: list[int], kv) -> torch.Tensor:
+        """Feed `tokens` at the next len(tokens) positions of `kv`'s one row in one pass of the C
+        step; returns their logits [T, vocab], row t being bit for bit what a one-row `step` of
+        tokens[t] after tokens[:t] returns (the kernel computes every row as a one-row step, and
+        each row's embedding and cos/sin are taken here exactly as `step` takes them). All T
+        columns are written; the caller drops the ones it rejects (`kv.truncate`)."""
+        T = len(tokens)
+        inputs = kv.step_inputs(T)
+        positions = inputs["position_ids"][0].tolist()
+        cache = inputs["past_key_values"]
+        self.refresh()
+        inner = self.model.model
+        h = inner.embed_tokens(torch.tensor([tokens]))  # [1, T, H]
+        cs = [inner.rotary_emb(h[:, t:t + 1], torch.tensor([[p]])) for t, p in enumerate(positions)]
+        cos, sin = torch.cat([c for c, _ in cs], dim=1), torch.cat([s for _, s in cs], dim=1)
+        layers = cache.layers
+        for layer in layers:
+            layer.reserve(T)
+        self._c_step.bind()
+        logits = self._c_step(h, cos, sin, [layer.k_buf for layer in layers], [layer.v_buf for layer in layers],
+                              layers[0].n)
+        for layer in layers:
+            layer.advance(T)
+        self.c_steps += 1
+        return logits
+
     @staticmethod
     def _norm(x: torch.Tensor, norm) -> torch.Tensor:
         # HF's LlamaRMSNorm, operation for operation

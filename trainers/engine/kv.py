@@ -225,28 +225,43 @@ class BatchKV:
         kept = [(layer.keys.index_select(0, idx), layer.values.index_select(0, idx)) for layer in self.cache.layers]
         self._build([(kept, int(lengths.max()))], lengths)
 
-    def step_inputs(self) -> dict:
-        """Forward kwargs for one decode step (the caller adds input_ids [B, 1])."""
+    def step_inputs(self, q: int = 1) -> dict:
+        """Forward kwargs for one decode step of q tokens a row (the caller adds input_ids [B, q]);
+        q > 1 only for a speculative verify, whose unaccepted columns `truncate` drops after."""
         assert self.cache is not None and self.mask is not None and self.lengths is not None
-        L = self.mask.shape[1]  # used columns; this step writes column L
-        if L + 1 > self._mask_buf.shape[1]:
-            cap = _room(L + 1)
+        L = self.mask.shape[1]  # used columns; this step writes columns L..L + q - 1
+        if L + q > self._mask_buf.shape[1]:
+            cap = _room(L + q)
             for layer in self.cache.layers:
                 layer.grow(cap)
             self._mask_buf = F.pad(self._mask_buf, (0, cap - self._mask_buf.shape[1]), value=1)
             self._add_buf = F.pad(self._add_buf, (0, cap - self._add_buf.shape[3]), value=0.0)
-        self.mask = self._mask_buf[:, :L + 1]
-        position_ids = self.lengths.unsqueeze(1).clone()
-        self.lengths = self.lengths + 1
+        self.mask = self._mask_buf[:, :L + q]
+        position_ids = self.lengths.unsqueeze(1) + torch.arange(q, device=self.lengths.device)
+        self.lengths = self.lengths + q
         return {
             "past_key_values": self.cache,
             # no padding: the exact path of an unbatched generate step; else a ready 4D additive
             # mask [B, 1, 1, L + 1] that HF uses as is
-            "attention_mask": self._add_buf[:, :, :, :L + 1] if self._padded else None,
+            "attention_mask": self._add_buf[:, :, :, :L + q] if self._padded else None,
             "position_ids": position_ids,
-            "cache_position": torch.tensor([L], device=self.mask.device),
+            "cache_position": torch.arange(L, L + q, device=self.mask.device),
             "use_cache": True,
         }
+
+    def truncate(self, q: int) -> None:
+        """Forget the last q columns of every row (a speculative verify's rejected tokens): they are
+        written over by the next step."""
+        if q <= 0:
+            return
+        L = self.mask.shape[1]
+        if q >= L or bool((self.lengths <= q).any()):
+            raise ValueError(f"cannot drop {q} of {L} columns")
+        self.mask = self._mask_buf[:, :L - q]
+        self.lengths = self.lengths - q
+        for layer in self.cache.layers:
+            layer.n -= q
+            layer._view()
 
     def clear(self) -> None:
         self.cache = self.mask = self.lengths = self._mask_buf = self._add_buf = None

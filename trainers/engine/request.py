@@ -8,6 +8,7 @@ import torch
 
 from harnessrl.trainers.engine.protocol import SamplingParams
 from harnessrl.trainers.engine.sampling import RowParams
+from harnessrl.trainers.engine.speculate import PromptLookup
 
 
 @dataclass
@@ -47,6 +48,8 @@ class Req:
     epoch: int = -1
     """The weights epoch its KV was computed in (set at prefill)."""
     cached_tokens: int = 0
+    lookup: PromptLookup | None = None
+    """Its n-gram index for speculative drafts (made at its first speculative step)."""
 
     def row(self) -> RowParams:
         p = self.params

@@ -78,6 +78,7 @@ def build_state(config: EngineConfig):
         kv_preallocate=config.kv_preallocate,
         fast_decode=config.fast_decode,
         cpu_matvec=config.cpu_matvec,
+        prompt_lookup_ngram=config.prompt_lookup_ngram,
     )
     sched.start()
     return EngineState(config=config, scheduler=sched, tokenizer=tokenizer, model_path=str(path),

@@ -40,6 +40,7 @@ from harnessrl.trainers.engine.packed_prefill import MAX_PROMPT, MAX_TOTAL, pack
 from harnessrl.trainers.engine.prefix_cache import PrefixCache
 from harnessrl.trainers.engine.request import Delta, Req
 from harnessrl.trainers.engine.sampling import LogprobSpace, sample
+from harnessrl.trainers.engine.speculate import MIN_NGRAM, PromptLookup
 
 log = logging.getLogger("harnessrl.engine")
 
@@ -51,7 +52,7 @@ class Scheduler:
                  max_prefill_per_step: int, max_context: int, random_seed: int = 0,
                  num_threads: int | None = None, logprob_space: LogprobSpace = "sampled",
                  prefix_cache_bytes: int = 0, kv_preallocate: bool = True, fast_decode: bool = True,
-                 cpu_matvec: str = "auto"):
+                 cpu_matvec: str = "auto", prompt_lookup_ngram: int = 0):
         self.model, self.tokenizer, self.eos_ids = model, tokenizer, eos_ids
         self.weight_version = weight_version
         self.max_running, self.max_prefill = max_running, max_prefill_per_step
@@ -64,6 +65,9 @@ class Scheduler:
         # wall seconds this thread spent in prefills and in decode steps (where a call's time goes)
         self.timing = {"prefill_s": 0.0, "decode_s": 0.0}
         self.prefix_cache = PrefixCache(prefix_cache_bytes)
+        self.lookup_ngram = prompt_lookup_ngram
+        # speculative steps (`_speculative_step`): verify passes, draft tokens proposed and accepted
+        self.spec_stats = {"verify_steps": 0, "drafted": 0, "accepted": 0, "tokens": 0}
         self._cond = threading.Condition()
         self._waiting: deque[Req] = deque()
         self._running: list[Req] = []
@@ -319,6 +323,18 @@ class Scheduler:
 
     # ---- decode -------------------------------------------------------------------
     def _decode_step(self) -> None:
+        if self._fast is not None and self.lookup_ngram >= MIN_NGRAM and len(self._running) == 1 \
+                and self._fast.can_verify(self._kv):
+            r = self._running[0]
+            if r.lookup is None:
+                r.lookup = PromptLookup(self.lookup_ngram)
+            p = r.params
+            room = min(p.max_new_tokens - len(r.output_ids),
+                       self.max_context - len(r.input_ids) - len(r.output_ids)) - 1
+            draft = r.lookup.draft(r.input_ids + r.output_ids, room)
+            if draft:
+                self._speculative_step(r, draft)
+                return
         input_ids = torch.tensor([[r.output_ids[-1]] for r in self._running], device=self.model.device)
         if self._fast is not None:
             logits = self._fast.step(input_ids, self._kv)
@@ -335,6 +351,35 @@ class Scheduler:
             self._append(r, ids[i], lps[i], tops[i][: r.top_logprobs_num] if tops else None)
             if r.stream and r.finish is None:
                 self._emit(r)
+        self._drop_finished()
+
+    def _speculative_step(self, r: Req, draft: list[int]) -> None:
+        """One pass of the model over the last token and `draft` (the one running row, in C:
+        `FastDecoder.verify`), then the row's tokens drawn one position at a time exactly as
+        plain steps would draw them: the same `sample` call with the same generator on logits
+        equal bit for bit to a one-row step's, stopping after the first token that is not the
+        draft's (or that finishes the request). So the output (ids, logprobs, top lists and the
+        generator's state after) is that of plain decoding; the pass yields accepted + 1 tokens.
+        The rejected positions' KV is dropped (`BatchKV.truncate`)."""
+        tokens = [r.output_ids[-1]] + draft
+        logits = self._fast.verify(tokens, self._kv)
+        used = 0
+        for t in range(len(tokens)):
+            ids, lps, tops = sample(logits[t:t + 1], [r.row()], self.default_gen, r.top_logprobs_num,
+                                    self.logprob_space)
+            self._append(r, ids[0], lps[0], tops[0][: r.top_logprobs_num] if tops else None)
+            used = t + 1  # the KV of tokens[:t + 1] is what the output so far (but its last token) needs
+            if r.finish is not None or t == len(draft) or ids[0] != draft[t]:
+                break
+        self._kv.truncate(len(tokens) - used)
+        self.steps += 1
+        st = self.spec_stats
+        st["verify_steps"] += 1
+        st["drafted"] += len(draft)
+        st["accepted"] += used - 1
+        st["tokens"] += used
+        if r.stream and r.finish is None:
+            self._emit(r)
         self._drop_finished()
 
     def _drop_finished(self) -> None:

@@ -312,6 +312,7 @@ def build_app(state: EngineState) -> FastAPI:
             "max_running_requests": cfg.max_running_requests,
             "logprob_space": sched.logprob_space,
             "prefix_cache": sched.prefix_cache.report(),
+            "speculative": dict(sched.spec_stats),
             **sched.load(),
         }
 
