@@ -15,7 +15,7 @@ from harnessrl.trainers.engine.fast_decode import FastDecoder
 from harnessrl.trainers.engine.kv import BatchKV
 from harnessrl.trainers.engine.protocol import SamplingParams
 from harnessrl.trainers.engine.scheduler import Req, Scheduler
-from harnessrl.trainers.engine.speculate import PromptLookup
+from harnessrl.trainers.engine.speculate import MAX_BONUS, PromptLookup
 from harnessrl.trainers.engine.weights import apply_weights, eos_token_ids, load_model
 
 pytestmark = pytest.mark.timeout(900)
@@ -210,5 +210,16 @@ def test_prompt_lookup_drafts_from_the_latest_longest_match():
     assert p.draft([1, 2, 7, 1, 2, 8, 1, 2], 8) == [8]  # the latest occurrence wins
     assert p.draft([5, 6, 7, 8], 8) == []  # no earlier occurrence
     assert p.draft([7, 7, 7, 7], 8) == [7]  # a different sequence: the index starts over
+    # whole accepts lengthen the next drafts (by GROW, up to MAX_BONUS); a rejection resets them
+    q = PromptLookup(max_ngram=3, min_ngram=2)
+    long_seq = list(range(40)) + [0, 1, 2]
+    assert q.draft(long_seq, 30) == [3, 4]
+    q.feedback(2, 2)
+    assert q.draft(long_seq, 30) == [3, 4, 5, 6]
+    for _ in range(10):
+        q.feedback(4, 4)
+    assert q.draft(long_seq, 30) == list(range(3, 3 + 2 + MAX_BONUS))
+    q.feedback(12, 5)
+    assert q.draft(long_seq, 30) == [3, 4]
     with pytest.raises(ValueError):
         PromptLookup(max_ngram=1, min_ngram=2)

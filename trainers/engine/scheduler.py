@@ -372,6 +372,8 @@ class Scheduler:
             if r.finish is not None or t == len(draft) or ids[0] != draft[t]:
                 break
         self._kv.truncate(len(tokens) - used)
+        if r.finish is None:
+            r.lookup.feedback(len(draft), used - 1)
         self.steps += 1
         st = self.spec_stats
         st["verify_steps"] += 1

@@ -6,7 +6,10 @@ tokens that followed the same few tokens earlier in the sequence. `PromptLookup.
 the most recent earlier occurrence of the sequence's last n tokens (n from `max_ngram` down
 to `min_ngram`, the longest match wins) and proposes the tokens that followed it, as many as
 the match was long minus one (`n - 1`: a longer match predicts more; measured on recorded
-SmolLM2 mini-swe-agent completions, this policy emits the most tokens per unit of verify cost).
+SmolLM2 mini-swe-agent completions, this policy emits the most tokens per unit of verify cost),
+plus a bonus that grows by `GROW` tokens (up to `MAX_BONUS`) while every draft of the request is
+accepted whole and drops to 0 at the first rejected one (`feedback`): a copy in progress is
+drafted in longer runs, and a request that stops copying pays for short drafts only.
 
 Drafts never change what is sampled (the scheduler's `_speculative_step` verifies every draft
 token against the model's own choice with the request's own sampler, and the verify pass
@@ -20,6 +23,8 @@ from __future__ import annotations
 
 MAX_NGRAM = 6
 MIN_NGRAM = 2
+GROW = 2
+MAX_BONUS = 10
 
 
 class PromptLookup:
@@ -29,6 +34,7 @@ class PromptLookup:
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
         self.max_n, self.min_n = max_ngram, min_ngram
+        self.bonus = 0
         self._seen: list[int] = []
         # n -> {n-gram: end of its latest occurrence that has a next token}
         self._index: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in range(min_ngram, max_ngram + 1)}
@@ -56,5 +62,9 @@ class PromptLookup:
         for n in range(min(self.max_n, len(seen)), self.min_n - 1, -1):
             e = self._index[n].get(tuple(seen[-n:]))
             if e is not None:
-                return seen[e:e + min(limit, n - 1)]
+                return seen[e:e + min(limit, n - 1 + self.bonus)]
         return []
+
+    def feedback(self, drafted: int, accepted: int) -> None:
+        """How the last draft fared: all accepted grows the next drafts, any rejection resets."""
+        self.bonus = min(self.bonus + GROW, MAX_BONUS) if accepted == drafted else 0
