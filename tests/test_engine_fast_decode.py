@@ -87,8 +87,8 @@ def _scenario(tok) -> dict[int, list[Req]]:
 
 @pytest.mark.parametrize("matvec", ["on", "off"])
 def test_fast_equals_hf_forward_across_joins_leaves_aborts_retract(tiny, matvec):
-    """With the compiled kernel ("on": every single-row step, here the first six and the tail)
-    and without it (MKL's products)."""
+    """With the compiled kernel ("on": every step of up to C_ROWS rows, padded batches of rows at
+    different lengths among them) and without it (MKL's products)."""
     model, tok = tiny
     runs, sizes = {}, {}
     for fast in (True, False):
@@ -96,11 +96,13 @@ def test_fast_equals_hf_forward_across_joins_leaves_aborts_retract(tiny, matvec)
         s = _sched(model, tok, fast, matvec=matvec)
         assert (s._fast is not None) == fast
         if fast:
-            assert s._fast.uses_c_step(1) == (matvec == "on") and not s._fast.uses_c_step(2)
+            assert s._fast.uses_c_step(1) == s._fast.uses_c_step(fast_decode.C_ROWS) == (matvec == "on")
+            assert not s._fast.uses_c_step(fast_decode.C_ROWS + 1)
         sizes[fast] = _drive(s, sched, steps=130, abort=(20, "d"), retract_at=40)
         runs[fast] = {r.rid: (r.output_ids, r.logprobs, r.finish) for reqs in sched.values() for r in reqs}
-        if fast:  # the single-row steps (the first six, the tail) ran whole in C with the kernel on
-            assert (s._fast.c_steps == sizes[True].count(1)) if matvec == "on" else s._fast.c_steps == 0
+        if fast:  # the steps of up to C_ROWS rows (padded ones among them) ran whole in C with the kernel on
+            small = sum(1 for n in sizes[True] if n <= fast_decode.C_ROWS)
+            assert (s._fast.c_steps == small) if matvec == "on" else s._fast.c_steps == 0
     # the batch went above the small-batch threshold and back below it
     assert sizes[True] == sizes[False]
     assert max(sizes[True]) > fast_decode.SMALL_BATCH and min(sizes[True][-10:]) <= fast_decode.SMALL_BATCH

@@ -243,25 +243,37 @@ static void attend(const float *q, long q_stride, const float *K, const float *V
     }
 }
 
-/* A decode step of a Llama-style model (no biases, SiLU MLP) for `rows` consecutive tokens of one
-   sequence, fast_decode.FastDecoder's operations in the same order: h [rows, hidden] (the tokens'
-   embeddings) is overwritten; row r is at position pos + r, its cos/sin are row r of cos, sin
-   [rows, d], its new key and value of every layer are written at column pos + r of kbuf/vbuf
-   [n_kv, cap, d], and it attends over columns 0..pos + r (causal); the model's logits go to
-   logits [rows, vocab]. Every row's numbers are computed exactly as in a one-row step at its
-   position (`matvec_rows`, and per-row norms, rope and attention): a speculative verify of rows
-   tokens gives the logits the one-row steps would, bit for bit. Weights are fast_decode's
-   transposed copies: wqkv [hidden, q+k+v], wo [q, hidden], wgu [hidden, 2*inter], wd [inter,
-   hidden], head [hidden, vocab]. scratch: see cpu_matvec.DecodeStep.__call__. */
+/* A decode step of a Llama-style model (no biases, SiLU MLP) for `rows` tokens at once,
+   fast_decode.FastDecoder's operations in the same order: h [rows, hidden] (the tokens'
+   embeddings) is overwritten; row r's cos/sin are row r of cos, sin [rows, d]; its new key and
+   value of every layer are written at column col[r] of its KV, kbuf/vbuf + r * kv_stride
+   ([n_kv, cap, d]), and it attends over columns start[r]..col[r]; the logits go to logits
+   [rows, vocab]. Two uses:
+   - a batch of sequences, one token each: kv_stride = n_kv * cap * d (row r's own slab of a
+     left-padded batch), start[r] its first real column, col[r] the column after its last;
+   - a speculative verify of rows consecutive tokens of one sequence: kv_stride = 0, start[r] = 0,
+     col[r] = pos + r (causal); the rows share each key/value read (`attend`).
+   Every row's numbers are computed exactly as in a one-row step of its token at its position
+   (`matvec_rows`, and per-row norms, rope and attention), so a verify gives the logits the
+   one-row steps would, bit for bit. Weights are fast_decode's transposed copies: wqkv [hidden,
+   q+k+v], wo [q, hidden], wgu [hidden, 2*inter], wd [inter, hidden], head [hidden, vocab].
+   scratch: see cpu_matvec.DecodeStep.__call__. */
 void harnessrl_decode_rows(long rows, long n_layers, float *h, const float *cos, const float *sin,
                            const float *const *wqkv, const float *const *wo, const float *const *wgu,
                            const float *const *wd, const float *const *ln1, const float *const *ln2,
                            const float *fnorm, const float *head, float *const *kbuf, float *const *vbuf,
-                           long cap, long pos, long n_q, long n_kv, long d, long hidden, long inter, long vocab,
-                           float eps, float scale, float *logits, float *scratch) {
+                           long cap, const long *start, const long *col, long kv_stride, long n_q, long n_kv,
+                           long d, long hidden, long inter, long vocab, float eps, float scale, float *logits,
+                           float *scratch) {
     const long nq = n_q * d, nkv = n_kv * d, group = n_q / n_kv, nqkv = nq + 2 * nkv;
+    long span = 0;  /* the most scores one attend call holds */
+    for (long r = 0; r < rows; r++) {
+        const long n = col[r] - start[r] + 1;
+        if (n > span) span = n;
+    }
+    if (kv_stride == 0) span = rows * (col[rows - 1] + 1);
     float *x = scratch, *qkv = x + rows * hidden, *att = qkv + rows * nqkv, *gu = att + rows * nq,
-          *act = gu + rows * 2 * inter, *scores = act + rows * inter, *acc = scores + rows * group * (pos + rows);
+          *act = gu + rows * 2 * inter, *scores = act + rows * inter, *acc = scores + group * span;
     for (long l = 0; l < n_layers; l++) {
         for (long r = 0; r < rows; r++) rms_norm(h + r * hidden, ln1[l], x + r * hidden, hidden, eps);
         matvec_rows(x, wqkv[l], qkv, acc, rows, hidden, nqkv, chunk_of(hidden));
@@ -271,13 +283,23 @@ void harnessrl_decode_rows(long rows, long n_layers, float *h, const float *cos,
             for (long i = 0; i < n_q; i++) rope(q + i * d, c, s, d);
             for (long g = 0; g < n_kv; g++) {
                 rope(k + g * d, c, s, d);
-                float *kc = kbuf[l] + (g * cap + pos + r) * d, *vc = vbuf[l] + (g * cap + pos + r) * d;
+                float *kc = kbuf[l] + r * kv_stride + (g * cap + col[r]) * d,
+                      *vc = vbuf[l] + r * kv_stride + (g * cap + col[r]) * d;
                 for (long j = 0; j < d; j++) { kc[j] = k[g * d + j]; vc[j] = v[g * d + j]; }
             }
         }
-        for (long g = 0; g < n_kv; g++)
-            attend(qkv + g * group * d, nqkv, kbuf[l] + g * cap * d, vbuf[l] + g * cap * d, att + g * group * d, nq,
-                   scores, rows, group, pos, d, scale);
+        for (long g = 0; g < n_kv; g++) {
+            if (kv_stride == 0) {
+                attend(qkv + g * group * d, nqkv, kbuf[l] + g * cap * d, vbuf[l] + g * cap * d, att + g * group * d,
+                       nq, scores, rows, group, col[0], d, scale);
+            } else {
+                for (long r = 0; r < rows; r++) {
+                    const long off = r * kv_stride + (g * cap + start[r]) * d;
+                    attend(qkv + r * nqkv + g * group * d, nqkv, kbuf[l] + off, vbuf[l] + off,
+                           att + r * nq + g * group * d, nq, scores, 1, group, col[r] - start[r], d, scale);
+                }
+            }
+        }
         matvec_rows(att, wo[l], x, acc, rows, nq, hidden, chunk_of(nq));
         for (long j = 0; j < rows * hidden; j++) h[j] += x[j];
         for (long r = 0; r < rows; r++) rms_norm(h + r * hidden, ln2[l], x + r * hidden, hidden, eps);
@@ -355,8 +377,8 @@ def load():
             errors.append(f"{' '.join(flags)}: {getattr(e, 'stderr', None) or e}")
             continue
         mv.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 3
-        step.argtypes = [ctypes.c_long] * 2 + [ctypes.c_void_p] * 13 + [ctypes.c_long] * 8 + [ctypes.c_float] * 2 \
-            + [ctypes.c_void_p] * 2
+        step.argtypes = [ctypes.c_long] * 2 + [ctypes.c_void_p] * 13 + [ctypes.c_long] + [ctypes.c_void_p] * 2 \
+            + [ctypes.c_long] * 7 + [ctypes.c_float] * 2 + [ctypes.c_void_p] * 2
         mv.restype = step.restype = None
         return lib
     log.warning("cpu_matvec: could not build the kernel (%s); batch-1 decode keeps the torch step",
@@ -426,24 +448,39 @@ class DecodeStep:
         self._key = dec.generation
 
     def __call__(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kbufs: list[torch.Tensor],
-                 vbufs: list[torch.Tensor], pos: int) -> torch.Tensor:
+                 vbufs: list[torch.Tensor], start: list[int], col: list[int], one_sequence: bool) -> torch.Tensor:
+        """Logits [rows, vocab] of `rows` tokens (embeddings h [rows, hidden], cos/sin [rows, d]).
+        `one_sequence`: the rows are consecutive tokens of the one sequence in kbufs/vbufs
+        [1, n_kv, cap, d] (a verify: row r at column col[r] = col[0] + r, start 0); else row r is
+        the next token of batch row r of kbufs/vbufs [rows, n_kv, cap, d], written at col[r] and
+        attending over its columns start[r]..col[r]."""
         dec = self.dec
         hidden, inter, d = h.shape[-1], dec.inter, dec.head_dim
         rows = h.numel() // hidden
         n_q, n_kv = dec.n_q // d, dec.n_kv // d
         vocab, cap = self._head.shape[-1], kbufs[0].shape[-2]
-        if pos + rows > cap or cos.numel() != rows * d or sin.numel() != rows * d:
-            raise ValueError(f"decode step of {rows} rows at {pos}: cap {cap}, cos/sin {cos.numel()}/{sin.numel()}")
-        # x, qkv, att, gu, act (rows each), scores (rows * group * (pos + rows)), then the
-        # products' scratch: rows times the widest product's output
-        need = rows * (hidden + dec.n_q + 2 * dec.n_kv + dec.n_q + 3 * inter) + rows * (n_q // n_kv) * (pos + rows) \
+        kb = kbufs[0]
+        if (len(start) != rows or len(col) != rows or cos.numel() != rows * d or sin.numel() != rows * d
+                or max(col) >= cap or any(s < 0 or s > c for s, c in zip(start, col))
+                or kb.shape[0] != (1 if one_sequence else rows) or not kb.is_contiguous()):
+            raise ValueError(f"decode step of {rows} rows: start {start}, col {col}, cap {cap}, "
+                             f"KV {tuple(kb.shape)}, cos/sin {cos.numel()}/{sin.numel()}")
+        if one_sequence:
+            span = rows * (col[-1] + 1)
+        else:
+            span = max(c - s + 1 for s, c in zip(start, col))
+        # x, qkv, att, gu, act (rows each), scores (group * span), then the products' scratch:
+        # rows times the widest product's output
+        need = rows * (hidden + dec.n_q + 2 * dec.n_kv + dec.n_q + 3 * inter) + (n_q // n_kv) * span \
             + rows * max(vocab, 2 * inter, dec.n_q + 2 * dec.n_kv, hidden)
         if self._scratch.numel() < need:
             self._scratch = torch.empty(need + 4096)
         h = h.reshape(-1).contiguous().clone()
         cos, sin = cos.reshape(-1).contiguous(), sin.reshape(-1).contiguous()
+        starts, cols = (ctypes.c_long * rows)(*start), (ctypes.c_long * rows)(*col)
         logits = torch.empty(rows, vocab)
         self.fn(rows, len(kbufs), h.data_ptr(), cos.data_ptr(), sin.data_ptr(), *self._w, self._ln1, self._ln2,
-                self._fnorm.data_ptr(), self._head.data_ptr(), _ptrs(kbufs), _ptrs(vbufs), cap, pos, n_q, n_kv, d,
-                hidden, inter, vocab, self.eps, float(dec.scaling), logits.data_ptr(), self._scratch.data_ptr())
+                self._fnorm.data_ptr(), self._head.data_ptr(), _ptrs(kbufs), _ptrs(vbufs), cap, starts, cols,
+                0 if one_sequence else kb[0].numel(), n_q, n_kv, d, hidden, inter, vocab, self.eps,
+                float(dec.scaling), logits.data_ptr(), self._scratch.data_ptr())
         return logits
