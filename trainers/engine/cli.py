@@ -19,8 +19,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         help="report logprobs of the filtered distribution sampled from (default) or, "
                              "as SGLang does, at the temperature before top-p/top-k")
     parser.add_argument("--cpu-matvec", choices=["auto", "on", "off"], default="auto",
-                        help="batch-1 CPU decode by the compiled matrix-vector kernel: auto (on one thread, "
-                             "default), on, off (MKL)")
+                        help="CPU decode of up to 8 rows as one compiled C step: auto (on one thread, "
+                             "default), on, off (torch and MKL)")
+    parser.add_argument("--prompt-lookup-ngram", type=int, default=6,
+                        help="speculative decoding of a lone request in the C step: drafts from the longest "
+                             "earlier match of 2..N tokens, same outputs (default 6; 0 off)")
     return parser
 
 
@@ -34,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
         serve(args.model, host=args.host, port=args.port, max_running_requests=args.max_running_requests,
               weight_version=args.weight_version, incremental_streaming_output=args.incremental_streaming_output,
               num_threads=args.num_threads, api_key=args.api_key, logprob_space=args.logprob_space,
-              cpu_matvec=args.cpu_matvec)
+              cpu_matvec=args.cpu_matvec, prompt_lookup_ngram=args.prompt_lookup_ngram)
     except EngineStartupError as e:
         print(f"harnessrl engine: {e}", file=sys.stderr)
         return 2
