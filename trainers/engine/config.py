@@ -73,8 +73,9 @@ class EngineConfig(BaseModel):
     a second set of the weights in memory); False keeps HF's forward for every step."""
 
     cpu_matvec: Literal["auto", "on", "off"] = "auto"
-    """Batch-1 fast decode as one compiled C step (`engine.cpu_matvec`: single-threaded; its
-    products read the weights ~1.3x faster than MKL's on one thread, and no per-op Python):
+    """Fast decode of up to 8 rows as one compiled C step (`engine.cpu_matvec`: single-threaded;
+    its products read the weights ~1.3x faster than MKL's on one thread, once for all rows, and
+    no per-op Python; a lone request's speculative verify runs in it too):
     "auto" where the engine runs on one thread (`num_threads` 1), "on" always, "off" never."""
 
     prompt_lookup_ngram: int = Field(6, ge=0)

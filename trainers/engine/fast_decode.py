@@ -78,7 +78,7 @@ class FastDecoder:
     each layer's new key/value column into `kv`'s buffers as HF's forward would."""
 
     def __init__(self, model, matvec: str = "auto"):
-        """`matvec`: "auto" runs a single row's step in C (`cpu_matvec`) when it runs on one torch
+        """`matvec`: "auto" runs steps of up to `C_ROWS` rows in C (`cpu_matvec`) when they run on one torch
         thread (the C step is single-threaded; MKL spreads over more), "on" always (when the
         library could be built), "off" never."""
         from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
