@@ -223,3 +223,28 @@ def test_prompt_lookup_drafts_from_the_latest_longest_match():
     assert q.draft(long_seq, 30) == [3, 4]
     with pytest.raises(ValueError):
         PromptLookup(max_ngram=1, min_ngram=2)
+
+
+def test_engine_over_http_speculates_by_default_and_answers_as_without(smol):
+    """The served engine (its config's default lookup, the C step on): /generate gives exactly
+    the ids and logprobs of an engine with lookup off, and the counters in /get_model_info show
+    the passes it saved."""
+    import httpx
+
+    from harnessrl.trainers.engine import EngineServer
+
+    _, tok = smol
+    ask = _prompt(tok, "Copy parse_config exactly, then add a docstring to it.")
+    body = {"input_ids": ask, "return_logprob": True, "sampling_params": {"max_new_tokens": 80, "temperature": 0}}
+    with EngineServer(model="smollm2-135m", cpu_matvec="on") as on, \
+            EngineServer(model="smollm2-135m", cpu_matvec="on", prompt_lookup_ngram=0) as off:
+        outs = {}
+        for name, srv in (("on", on), ("off", off)):
+            r = httpx.post(srv.url + "/generate", json=body, timeout=300)
+            assert r.status_code == 200, r.text
+            outs[name] = r.json()["meta_info"]["output_token_logprobs"]
+            stats = httpx.get(srv.url + "/get_model_info", timeout=30).json()["speculative"]
+            outs[name + "_stats"] = stats
+    assert outs["on"] == outs["off"] and len(outs["on"]) > 20
+    assert outs["on_stats"]["verify_steps"] > 0 and outs["on_stats"]["accepted"] > 10
+    assert outs["off_stats"] == {"verify_steps": 0, "drafted": 0, "accepted": 0, "tokens": 0}
