@@ -227,8 +227,11 @@ def test_prompt_lookup_drafts_from_the_latest_longest_match():
 
 def test_engine_over_http_speculates_by_default_and_answers_as_without(smol):
     """The served engine (its config's default lookup, the C step on): /generate gives exactly
-    the ids and logprobs of an engine with lookup off, and the counters in /get_model_info show
+    the ids and logprobs of an engine with lookup off, and streamed the same chunks (one per
+    token), and the counters in /get_model_info show
     the passes it saved."""
+    import json
+
     import httpx
 
     from harnessrl.trainers.engine import EngineServer
@@ -243,8 +246,15 @@ def test_engine_over_http_speculates_by_default_and_answers_as_without(smol):
             r = httpx.post(srv.url + "/generate", json=body, timeout=300)
             assert r.status_code == 200, r.text
             outs[name] = r.json()["meta_info"]["output_token_logprobs"]
+            # streamed: still one chunk per token (incremental output), the same tokens
+            with httpx.stream("POST", srv.url + "/generate", json=body | {"stream": True}, timeout=300) as s:
+                lines = [ln for ln in s.iter_lines() if ln.startswith("data:") and ln != "data: [DONE]"]
+            outs[name + "_chunks"] = [json.loads(ln[5:])["output_ids"] for ln in lines]
             stats = httpx.get(srv.url + "/get_model_info", timeout=30).json()["speculative"]
             outs[name + "_stats"] = stats
     assert outs["on"] == outs["off"] and len(outs["on"]) > 20
+    ids = [e[1] for e in outs["on"]]
+    assert outs["on_chunks"] == outs["off_chunks"]
+    assert len(outs["on_chunks"]) == len(ids) and outs["on_chunks"][-1] == ids  # cumulative, one per token
     assert outs["on_stats"]["verify_steps"] > 0 and outs["on_stats"]["accepted"] > 10
     assert outs["off_stats"] == {"verify_steps": 0, "drafted": 0, "accepted": 0, "tokens": 0}

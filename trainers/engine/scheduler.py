@@ -359,7 +359,8 @@ class Scheduler:
         plain steps would draw them: the same `sample` call with the same generator on logits
         equal bit for bit to a one-row step's, stopping after the first token that is not the
         draft's (or that finishes the request). So the output (ids, logprobs, top lists and the
-        generator's state after) is that of plain decoding; the pass yields accepted + 1 tokens.
+        generator's state after) is that of plain decoding; the pass yields accepted + 1 tokens,
+        and a stream still gets one chunk per token.
         The rejected positions' KV is dropped (`BatchKV.truncate`)."""
         tokens = [r.output_ids[-1]] + draft
         logits = self._fast.verify(tokens, self._kv)
@@ -369,6 +370,8 @@ class Scheduler:
                                     self.logprob_space)
             self._append(r, ids[0], lps[0], tops[0][: r.top_logprobs_num] if tops else None)
             used = t + 1  # the KV of tokens[:t + 1] is what the output so far (but its last token) needs
+            if r.stream and r.finish is None:
+                self._emit(r)  # a stream still gets one chunk per token, as from plain steps
             if r.finish is not None or t == len(draft) or ids[0] != draft[t]:
                 break
         self._kv.truncate(len(tokens) - used)
@@ -380,8 +383,6 @@ class Scheduler:
         st["drafted"] += len(draft)
         st["accepted"] += used - 1
         st["tokens"] += used
-        if r.stream and r.finish is None:
-            self._emit(r)
         self._drop_finished()
 
     def _drop_finished(self) -> None:
