@@ -113,6 +113,7 @@ def _serve(spec, zygote_pp):
                     continue
                 for pid in live:
                     _quiet(os.killpg, pid, signal.SIGKILL)
+                    _quiet(os.kill, pid, signal.SIGKILL)
                 os._exit(0)
             if key.data == "child":
                 os.read(wake_r, 4096)  # the wake-up bytes; select fires again if more are left
@@ -132,8 +133,14 @@ def _serve(spec, zygote_pp):
                 for fd in fds:
                     os.close(fd)
                 continue
+            ready_r, ready_w = os.pipe()
             pid = os.fork()
             if pid == 0:
+                # lead a group before the launcher learns the pid, so a kill of the group
+                # (the owner gone, a timeout) can never miss a child that has not got there yet
+                os.setsid()
+                os.close(ready_r)
+                os.close(ready_w)
                 signal.set_wakeup_fd(-1)
                 signal.signal(signal.SIGCHLD, signal.SIG_DFL)
                 for c in [listener, conn, *live.values()]:
@@ -142,6 +149,9 @@ def _serve(spec, zygote_pp):
                 os.close(wake_r)
                 os.close(wake_w)
                 return request, fds, zygote_pp
+            os.close(ready_w)
+            os.read(ready_r, 1)  # EOF once the child has its own group (or has died)
+            os.close(ready_r)
             for fd in fds:
                 os.close(fd)
             # a launcher gone already still gets its child reaped; its broken pipe must not end the server
@@ -171,8 +181,8 @@ def _quiet(fn, *args):
 
 
 def _become(request, fds, zygote_pp):
-    """In the child: be what `python argv[0]` with this env in this cwd would be."""
-    os.setsid()
+    """In the child (already leading its own session): be what `python argv[0]` with this
+    env in this cwd would be."""
     for target, fd in zip((0, 1, 2), fds):
         os.dup2(fd, target)
         os.close(fd)
