@@ -214,11 +214,15 @@ def test_the_server_and_its_children_die_with_their_owner(world):
         env = {dict(env())!r}
         s = server_for({sys.executable!r}, Prefork(("warm_dep",)), env)
         child = s.spawn([{str(sleeper)!r}], env, {str(tmp)!r}, sys.stdout.fileno(), sys.stderr.fileno())
-        print(json.dumps([s.pid, child.pid]), flush=True)
+        print(json.dumps([s.pid, child.pid, os.getpgid(child.pid)]), flush=True)
         os._exit(0)
     """)
     out = subprocess.run([sys.executable, "-c", owner], capture_output=True, text=True, timeout=120)
-    server_pid, child_pid = json.loads(out.stdout.strip().splitlines()[-1])
+    # the first line: the sleeper may print its pid after it
+    server_pid, child_pid, child_group = json.loads(out.stdout.strip().splitlines()[0])
+    # the child leads its group before its pid is handed out, so the owner's exit right after
+    # `spawn` kills it (a child still in the server's group was missed by killpg)
+    assert child_group == child_pid
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline and any(_alive(p) for p in (server_pid, child_pid)):
         time.sleep(0.1)
