@@ -96,8 +96,9 @@ static long chunk_of(long k) { return k % 64 == 0 ? 64 : k; }  /* fast_decode._c
 
 /* Y[r, :] = harnessrl_matvec(X[r, :], w) for each of the rows, each output summed in exactly that
    function's order (same chunks, same eight/four/one-row groups, same expression), so a row's
-   result does not depend on how many rows are multiplied with it; w is read from memory once
-   (by tiles of TILE columns). acc: rows * n floats. */
+   result does not depend on how many rows are multiplied with it. w is read from memory once,
+   in the one-row kernel's pattern (a group of eight weight rows front to back, eight streams),
+   each TILE columns of the group used by every row while they are hot. acc: rows * n floats. */
 static void matvec_rows(const float *X, const float *w, float *Y, float *acc, long rows, long k, long n,
                         long chunk) {
     if (rows == 1) { harnessrl_matvec(X, w, Y, acc, k, n, chunk); return; }
@@ -105,12 +106,12 @@ static void matvec_rows(const float *X, const float *w, float *Y, float *acc, lo
     for (long c0 = 0; c0 < k; c0 += chunk) {
         long c1 = c0 + chunk < k ? c0 + chunk : k;
         for (long j = 0; j < rows * n; j++) acc[j] = 0.f;
-        for (long j0 = 0; j0 < n; j0 += TILE) {
-            const long j1 = j0 + TILE < n ? j0 + TILE : n;
-            long i = c0;
-            for (; i + 8 <= c1; i += 8) {
-                const float *w0 = w + i * n, *w1 = w0 + n, *w2 = w1 + n, *w3 = w2 + n,
-                            *w4 = w3 + n, *w5 = w4 + n, *w6 = w5 + n, *w7 = w6 + n;
+        long i = c0;
+        for (; i + 8 <= c1; i += 8) {
+            const float *w0 = w + i * n, *w1 = w0 + n, *w2 = w1 + n, *w3 = w2 + n,
+                        *w4 = w3 + n, *w5 = w4 + n, *w6 = w5 + n, *w7 = w6 + n;
+            for (long j0 = 0; j0 < n; j0 += TILE) {
+                const long j1 = j0 + TILE < n ? j0 + TILE : n;
                 for (long r = 0; r < rows; r++) {
                     const float *x = X + r * k;
                     float *a = acc + r * n;
@@ -121,8 +122,11 @@ static void matvec_rows(const float *X, const float *w, float *Y, float *acc, lo
                                 + ((a4 * w4[j] + a5 * w5[j]) + (a6 * w6[j] + a7 * w7[j]));
                 }
             }
-            for (; i + 4 <= c1; i += 4) {
-                const float *w0 = w + i * n, *w1 = w0 + n, *w2 = w1 + n, *w3 = w2 + n;
+        }
+        for (; i + 4 <= c1; i += 4) {
+            const float *w0 = w + i * n, *w1 = w0 + n, *w2 = w1 + n, *w3 = w2 + n;
+            for (long j0 = 0; j0 < n; j0 += TILE) {
+                const long j1 = j0 + TILE < n ? j0 + TILE : n;
                 for (long r = 0; r < rows; r++) {
                     const float *x = X + r * k;
                     float *a = acc + r * n;
@@ -130,8 +134,11 @@ static void matvec_rows(const float *X, const float *w, float *Y, float *acc, lo
                     for (long j = j0; j < j1; j++) a[j] += a0 * w0[j] + a1 * w1[j] + a2 * w2[j] + a3 * w3[j];
                 }
             }
-            for (; i < c1; i++) {
-                const float *w0 = w + i * n;
+        }
+        for (; i < c1; i++) {
+            const float *w0 = w + i * n;
+            for (long j0 = 0; j0 < n; j0 += TILE) {
+                const long j1 = j0 + TILE < n ? j0 + TILE : n;
                 for (long r = 0; r < rows; r++) {
                     const float a0 = X[r * k + i];
                     float *a = acc + r * n;

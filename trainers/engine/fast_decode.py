@@ -45,7 +45,10 @@ C_ROWS = 8
 """Batches of at most this many rows step whole in C when the kernel is on (`uses_c_step`): its
 products read the weights once for all rows, and each row attends over its own columns only (no
 padding read). Measured on one thread, SmolLM2-135M: 93 vs 240 ms at 4 rows, 98 vs 166 ms at 8
-(MKL's `F.linear`), 232 vs 368 ms at 16; tiny-llama ties at 16, where MKL keeps the step."""
+(MKL's `F.linear`), 232 vs 368 ms at 16; tiny-llama ties at 16, where MKL keeps the step.
+On an AMD EPYC VM (AVX2, slower memory: 66-72 ms at 1 row), after the products read the weights
+in the one-row pattern (`cpu_matvec.matvec_rows`), two interleaved runs: 2 rows 76.5 / 81.2 ms
+(before: 118.8 / 105.9), 4 rows 92.7 / 88.0 (145.6 / 142.7), 8 rows 148.6 / 136.0 (194.2 / 193.1)."""
 
 
 def _supported(model) -> bool:
