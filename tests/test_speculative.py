@@ -202,25 +202,36 @@ def test_verify_rows_equal_one_row_steps_bit_for_bit_and_follow_new_weights(smol
 
 def test_prompt_lookup_drafts_from_the_latest_longest_match():
     p = PromptLookup(max_ngram=4, min_ngram=2)
-    seq = [1, 2, 3, 4, 5, 9, 1, 2, 3]
-    assert p.draft(seq, 8) == [4, 5]  # tail (1, 2, 3) matched: n - 1 = 2 tokens of what followed
-    assert p.draft(seq + [4], 8) == [5, 9, 1]  # grown: a 4-gram match, 3 tokens
-    assert p.draft(seq + [4], 1) == [5]  # the caller's room caps it
-    assert p.draft(seq + [4], 0) == []
-    assert p.draft([1, 2, 7, 1, 2, 8, 1, 2], 8) == [8]  # the latest occurrence wins
-    assert p.draft([5, 6, 7, 8], 8) == []  # no earlier occurrence
-    assert p.draft([7, 7, 7, 7], 8) == [7]  # a different sequence: the index starts over
+    prompt = [1, 2, 3, 4, 5, 9]
+    assert p.draft(prompt, [1, 2, 3], 8) == [4, 5]  # tail (1, 2, 3) matched: n - 1 = 2 tokens of what followed
+    assert p.draft(prompt, [1, 2, 3, 4], 8) == [5, 9, 1]  # grown: a 4-gram match, 3 tokens
+    assert p.draft(prompt, [1, 2, 3, 4], 1) == [5]  # the caller's room caps it
+    assert p.draft(prompt, [1, 2, 3, 4], 0) == []
+    assert p.draft([1, 2, 7, 1, 2, 8], [1, 2], 8) == [8]  # the latest occurrence wins
+    assert p.draft([5, 6, 7], [8], 8) == []  # no earlier occurrence
+    assert p.draft([7, 7, 7], [7], 8) == [7]  # a different sequence: the index starts over
+    # the index follows the request's output as it grows, and starts over when it is not a growth
+    # of what it indexed (a shorter output, or a different last token at the same length)
+    r = PromptLookup(max_ngram=3, min_ngram=2)
+    out: list[int] = []
+    prompt = [10, 11, 12, 13, 14]
+    for t, want in [(10, []), (11, [12]), (12, [13, 14])]:
+        out.append(t)
+        assert r.draft(prompt, out, 8) == want
+    assert r.draft(prompt, [10, 11, 99], 8) == []  # same length, another last token: re-indexed
+    assert r.draft(prompt, [10], 8) == []  # shorter output
+    assert r.draft(prompt, [10, 11], 8) == [12]
     # whole accepts lengthen the next drafts (by GROW, up to MAX_BONUS); a rejection resets them
     q = PromptLookup(max_ngram=3, min_ngram=2)
-    long_seq = list(range(40)) + [0, 1, 2]
-    assert q.draft(long_seq, 30) == [3, 4]
+    long_prompt = list(range(40))
+    assert q.draft(long_prompt, [0, 1, 2], 30) == [3, 4]
     q.feedback(2, 2)
-    assert q.draft(long_seq, 30) == [3, 4, 5, 6]
+    assert q.draft(long_prompt, [0, 1, 2], 30) == [3, 4, 5, 6]
     for _ in range(10):
         q.feedback(4, 4)
-    assert q.draft(long_seq, 30) == list(range(3, 3 + 2 + MAX_BONUS))
+    assert q.draft(long_prompt, [0, 1, 2], 30) == list(range(3, 3 + 2 + MAX_BONUS))
     q.feedback(12, 5)
-    assert q.draft(long_seq, 30) == [3, 4]
+    assert q.draft(long_prompt, [0, 1, 2], 30) == [3, 4]
     with pytest.raises(ValueError):
         PromptLookup(max_ngram=1, min_ngram=2)
 

@@ -32,7 +32,6 @@ import torch
 import torch.nn.functional as F
 
 from harnessrl.trainers.engine import cpu_matvec
-from harnessrl.trainers.engine.kv import _SlabLayer
 
 CHUNK = 64
 """Rows of a transposed weight summed serially before the partial sums are added (see `_mm`)."""
@@ -144,22 +143,27 @@ class FastDecoder:
     def _step_c(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache, lengths: list[int]) -> torch.Tensor:
         """The whole step in C (`cpu_matvec.DecodeStep`): row r's token is written at the next
         column of the slabs and attends over its own `lengths[r]` columns before it and itself."""
+        n = cache.layers[0].n  # every layer holds the same columns; the step writes column n of each
+        return self._run_c(h, cos, sin, cache, 1, [n - k for k in lengths], [n] * len(lengths), False)
+
+    def _run_c(self, h, cos, sin, cache, q: int, start: list[int], col: list[int], one_sequence: bool) -> torch.Tensor:
+        """Reserve q columns in every layer's slabs, run the C step (rows attend over
+        [start[r], col[r]] and write column col[r]), then count the q columns as written."""
         layers = cache.layers
         for layer in layers:
-            layer.reserve(1)
+            layer.reserve(q)
         self._c_step.bind()
-        n = layers[0].n  # every layer holds the same columns; the step writes column n of each
         logits = self._c_step(h, cos, sin, [layer.k_buf for layer in layers], [layer.v_buf for layer in layers],
-                              [n - k for k in lengths], [n] * len(lengths), one_sequence=False)
+                              start, col, one_sequence=one_sequence)
         for layer in layers:
-            layer.advance(1)
+            layer.advance(q)
         self.c_steps += 1
         return logits
 
     def can_verify(self, kv) -> bool:
         """Whether `verify` can run on `kv` now: one unpadded row in slabs, and the C step on."""
         return (kv.size == 1 and not kv._padded and self.uses_c_step(1)
-                and all(isinstance(layer, _SlabLayer) for layer in kv.cache.layers))
+                and kv.in_slabs)
 
     @torch.no_grad()
     def verify(self, tokens: list[int], kv) -> torch.Tensor:
@@ -177,17 +181,8 @@ class FastDecoder:
         h = inner.embed_tokens(torch.tensor([tokens]))  # [1, T, H]
         cs = [inner.rotary_emb(h[:, t:t + 1], torch.tensor([[p]])) for t, p in enumerate(positions)]
         cos, sin = torch.cat([c for c, _ in cs], dim=1), torch.cat([s for _, s in cs], dim=1)
-        layers = cache.layers
-        for layer in layers:
-            layer.reserve(T)
-        self._c_step.bind()
-        n = layers[0].n
-        logits = self._c_step(h, cos, sin, [layer.k_buf for layer in layers], [layer.v_buf for layer in layers],
-                              [0] * T, list(range(n, n + T)), one_sequence=True)
-        for layer in layers:
-            layer.advance(T)
-        self.c_steps += 1
-        return logits
+        n = cache.layers[0].n
+        return self._run_c(h, cos, sin, cache, T, [0] * T, list(range(n, n + T)), True)
 
     @staticmethod
     def _norm(x: torch.Tensor, norm) -> torch.Tensor:
@@ -203,7 +198,7 @@ class FastDecoder:
         cache = inputs["past_key_values"]
         B = input_ids.shape[0]
         small = B <= SMALL_BATCH
-        in_c = self.uses_c_step(B) and all(isinstance(layer, _SlabLayer) for layer in cache.layers)
+        in_c = self.uses_c_step(B) and kv.in_slabs
         if small or in_c:
             self.refresh()
         inner = self.model.model

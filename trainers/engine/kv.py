@@ -225,6 +225,11 @@ class BatchKV:
         kept = [(layer.keys.index_select(0, idx), layer.values.index_select(0, idx)) for layer in self.cache.layers]
         self._build([(kept, int(lengths.max()))], lengths)
 
+    @property
+    def in_slabs(self) -> bool:
+        """Every layer's KV is in preallocated slabs (`_SlabLayer`), which the C step writes into."""
+        return self.cache is not None and all(isinstance(layer, _SlabLayer) for layer in self.cache.layers)
+
     def step_inputs(self, q: int = 1) -> dict:
         """Forward kwargs for one decode step of q tokens a row (the caller adds input_ids [B, q]);
         q > 1 only for a speculative verify, whose unaccepted columns `truncate` drops after."""
@@ -242,7 +247,7 @@ class BatchKV:
         return {
             "past_key_values": self.cache,
             # no padding: the exact path of an unbatched generate step; else a ready 4D additive
-            # mask [B, 1, 1, L + 1] that HF uses as is
+            # mask [B, 1, 1, L + q] that HF uses as is
             "attention_mask": self._add_buf[:, :, :, :L + q] if self._padded else None,
             "position_ids": position_ids,
             "cache_position": torch.arange(L, L + q, device=self.mask.device),

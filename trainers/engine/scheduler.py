@@ -331,7 +331,7 @@ class Scheduler:
             p = r.params
             room = min(p.max_new_tokens - len(r.output_ids),
                        self.max_context - len(r.input_ids) - len(r.output_ids)) - 1
-            draft = r.lookup.draft(r.input_ids + r.output_ids, room)
+            draft = r.lookup.draft(r.input_ids, r.output_ids, room)
             if draft:
                 self._speculative_step(r, draft)
                 return

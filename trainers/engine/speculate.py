@@ -35,27 +35,36 @@ class PromptLookup:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
         self.max_n, self.min_n = max_ngram, min_ngram
         self.bonus = 0
-        self._seen: list[int] = []
+        self._seen: list[int] = []  # prompt + output as indexed so far
+        self._n_prompt = -1
         # n -> {n-gram: end of its latest occurrence that has a next token}
         self._index: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in range(min_ngram, max_ngram + 1)}
 
-    def _extend(self, seq: list[int]) -> None:
+    def _extend(self, prompt: list[int], output: list[int]) -> None:
+        """Index what is new in prompt + output since the last call: O(new tokens), not O(context)
+        (a request's prompt is fixed and its output only grows; anything else starts over)."""
         seen = self._seen
-        if len(seq) < len(seen) or seq[:len(seen)] != seen:  # a different sequence: start over
-            seen = self._seen = []
+        n_out = len(seen) - self._n_prompt
+        if (len(prompt) != self._n_prompt or n_out < 0 or len(output) < n_out
+                or (seen and (output[n_out - 1] if n_out else prompt[-1]) != seen[-1])):
+            seen = self._seen = list(prompt)
+            self._n_prompt, n_out = len(prompt), 0
             for table in self._index.values():
                 table.clear()
-        start = len(seen)
-        seen.extend(seq[start:])
+            start = 0
+        else:
+            start = len(seen)
+        seen.extend(output[n_out:])
         # the n-gram seen[end - n:end] is indexed once its next token seen[end] exists
         for end in range(max(start, 1), len(seen)):
             for n, table in self._index.items():
                 if end >= n:
                     table[tuple(seen[end - n:end])] = end
 
-    def draft(self, seq: list[int], limit: int) -> list[int]:
-        """Up to `limit` tokens proposed to follow `seq` (empty: no earlier occurrence of its tail)."""
-        self._extend(seq)
+    def draft(self, prompt: list[int], output: list[int], limit: int) -> list[int]:
+        """Up to `limit` tokens proposed to follow prompt + output (empty: no earlier occurrence of
+        its tail)."""
+        self._extend(prompt, output)
         if limit <= 0:
             return []
         seen = self._seen
