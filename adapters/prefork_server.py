@@ -112,8 +112,7 @@ def _serve(spec, zygote_pp):
                 if os.read(sys.stdin.fileno(), 4096):
                     continue
                 for pid in live:
-                    _quiet(os.killpg, pid, signal.SIGKILL)
-                    _quiet(os.kill, pid, signal.SIGKILL)
+                    _quiet(os.killpg, pid, signal.SIGKILL)  # each child leads its group (see the fork)
                 os._exit(0)
             if key.data == "child":
                 os.read(wake_r, 4096)  # the wake-up bytes; select fires again if more are left

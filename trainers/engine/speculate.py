@@ -45,7 +45,7 @@ class PromptLookup:
         (a request's prompt is fixed and its output only grows; anything else starts over)."""
         seen = self._seen
         n_out = len(seen) - self._n_prompt
-        if (len(prompt) != self._n_prompt or n_out < 0 or len(output) < n_out
+        if (len(prompt) != self._n_prompt or len(output) < n_out
                 or (seen and (output[n_out - 1] if n_out else prompt[-1]) != seen[-1])):
             seen = self._seen = list(prompt)
             self._n_prompt, n_out = len(prompt), 0
