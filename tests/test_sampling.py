@@ -114,3 +114,44 @@ def test_sample_reports_the_space_it_is_asked_for():
         assert ids == [0] and lps == pytest.approx([L(1 / 2)], abs=1e-6)
     # top_k 1 at temperature 1 is a point mass in "sampled": logprob 0
     assert sample(logits[:1], [RowParams(1.0, top_k=1)], gen)[:2] == ([0], [0.0])
+
+
+def _draws(weights, n, seed=0, **params):
+    logits = torch.tensor([[L(w) for w in weights]] * n, dtype=torch.float32)
+    gen = torch.Generator().manual_seed(seed)
+    ids, _, _ = sample(logits, [RowParams(params.pop("temperature", 1.0), generator=gen, **params)] * n, gen)
+    return ids
+
+
+def test_draws_follow_the_sampled_distribution():
+    # w = 4, 2, 1, 1 -> 1/2, 1/4, 1/8, 1/8; 40,000 draws: each count within 4.5 sigma of n * p
+    n = 40_000
+    ids = _draws([4, 2, 1, 1], n)
+    for token, p in enumerate([1 / 2, 1 / 4, 1 / 8, 1 / 8]):
+        assert abs(ids.count(token) - n * p) < 4.5 * math.sqrt(n * p * (1 - p)), (token, ids.count(token))
+    # top-k = 2 keeps 4, 2 -> 2/3, 1/3; the dropped tokens (probability 0) are never drawn
+    ids = _draws([4, 2, 1, 1], n, seed=1, top_k=2)
+    assert set(ids) == {0, 1}
+    assert abs(ids.count(0) - n * 2 / 3) < 4.5 * math.sqrt(n * 2 / 9)
+    # a token of probability 0 at either end of the vocabulary, and between kept ones
+    ids = _draws([1, 8, 1, 8, 1], 5_000, seed=2, top_k=2)
+    assert set(ids) == {1, 3}
+
+
+def test_draws_are_reproducible_one_uniform_per_row():
+    a = _draws([3, 1, 2, 5, 1, 1], 300, seed=7)
+    assert a == _draws([3, 1, 2, 5, 1, 1], 300, seed=7)
+    assert a != _draws([3, 1, 2, 5, 1, 1], 300, seed=8)
+    # the generator advances by one float64 uniform per drawn row, greedy rows draw nothing
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.tensor([[L(w) for w in [3, 1, 2]]] * 3)
+    sample(logits, [RowParams(1.0, generator=gen), RowParams(0.0, generator=gen), RowParams(0.7, generator=gen)], gen)
+    ref = torch.Generator().manual_seed(3)
+    torch.rand(2, generator=ref, dtype=torch.float64)
+    assert torch.equal(gen.get_state(), ref.get_state())
+
+
+def test_a_distribution_that_is_not_one_raises():
+    logits = torch.tensor([[0.0, float("nan"), 1.0]])
+    with pytest.raises(RuntimeError, match="invalid probability distribution"):
+        sample(logits, [RowParams(1.0)], torch.Generator().manual_seed(0))
