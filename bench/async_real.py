@@ -27,7 +27,9 @@ mean env = `--env-ratio` * t_gen. Little's law: N* = slots * (t_gen + t_env) / t
 saturate the engine; the env pool is N* * 1.15 (as in the sim). With N = min(pool, (η+1) * B)
 admitted, the occupancy bound is min(1, N * t_gen / (slots * (t_gen + t_env))), t_gen being the
 turn time this run's engine actually took (gen_tokens * its mean busy time per decode step),
-and occupancy is the engine's mean running requests / slots, sampled every 20 ms.
+and occupancy is the engine's mean running requests / slots (its own row-weighted busy seconds,
+read from `/get_model_info` before and after). The engine runs in its own process, as SGLang
+does beside harnessrl (`--engine-in-process`: a thread of this one, sharing its GIL).
 
 Throughput is trajectories consumed / wall time of the η's run (batches, train waits and weight
 syncs), the ratio against η = 0's. The sim's steady-state rate (second half of the batches) is
@@ -85,6 +87,46 @@ def _own_cpu() -> float:
     return a.ru_utime + a.ru_stime + b.ru_utime + b.ru_stime
 
 
+class EngineProcess:
+    """The local engine in its own process (`python -m harnessrl.trainers.engine`), as SGLang
+    runs apart from harnessrl in a deployment: its scheduler thread does not share a GIL with
+    the proxy, the scheduler and the rollouts of this process."""
+
+    def __init__(self, model: str, slots: int, threads: int):
+        import subprocess
+
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "harnessrl.trainers.engine", "--model", model, "--port", "0",
+             "--max-running-requests", str(slots), "--weight-version", "0", "--num-threads", str(threads)],
+            stdout=subprocess.PIPE, text=True)
+        line = self.proc.stdout.readline()  # "harnessrl engine: <path> on http://127.0.0.1:PORT (...)"
+        if " on http://" not in line:
+            self.stop()
+            raise RuntimeError(f"the engine process did not start: {line!r}")
+        self.url = line.split(" on ", 1)[1].split()[0]
+        import httpx
+
+        from harnessrl.trainers.engine.scheduler import wait_until
+        if not wait_until(lambda: self._healthy(httpx), timeout=60):
+            self.stop()
+            raise RuntimeError("the engine process never answered /health")
+
+    def _healthy(self, httpx) -> bool:
+        try:
+            return httpx.get(self.url + "/health", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except Exception:
+                self.proc.kill()
+                self.proc.wait()
+
+
 class Republisher:
     """The trainer side: the same weights, re-published under the next version each step."""
 
@@ -134,21 +176,17 @@ async def run_eta(ro, backend, engine, client, pub, args, *, eta: int, cv: float
     sched = RolloutScheduler(cfg, ro.episode, itertools.cycle(tasks))
     await sched.advance_version(pub.version)
     ro.set_policy_version(sched.version)
-    es = engine.state.scheduler
-    probe = {"n": 0, "running": 0.0, "busy_s": 0.0, "steps0": es.steps, "in_flight": 0.0}
+    probe = {"n": 0, "in_flight": 0.0}
 
     async def sample() -> None:
-        last = time.monotonic()
         while True:
             await asyncio.sleep(0.02)
-            now = time.monotonic()
-            r = len(getattr(es, "_running", []))
             probe["n"] += 1
-            probe["running"] += r
-            probe["busy_s"] += (now - last) if r else 0.0
             probe["in_flight"] += sched.stats.started - sched.stats.completed - sched.stats.requeued_turn
-            last = now
 
+    # The engine's own counters (steps; seconds busy, and busy seconds weighted by rows running),
+    # read over HTTP before and after, so the engine may run in another process.
+    info0 = await client.model_info()
     cpu0, own0, t0 = _cpu_busy(), _own_cpu(), time.monotonic()
     await sched.start()
     prober = asyncio.create_task(sample())
@@ -173,14 +211,17 @@ async def run_eta(ro, backend, engine, client, pub, args, *, eta: int, cv: float
         prober.cancel()
         await sched.close()
     cpu1, own1 = _cpu_busy(), _own_cpu()
-    steps_done = es.steps - probe["steps0"]
-    step_s = probe["busy_s"] / steps_done if steps_done else float("nan")
+    info1 = await client.model_info()
+    steps_done = info1["steps"] - info0["steps"]
+    busy_s = info1["timing"]["busy_s"] - info0["timing"]["busy_s"]
+    slot_s = info1["timing"]["slot_s"] - info0["timing"]["slot_s"]
+    step_s = busy_s / steps_done if steps_done else float("nan")
     t_gen = args.gen_tokens * step_s
     k = max(1, len(marks) // 2) - 1  # the sim's steady state: the second half of the batches
     steady = (marks[-1][1] - marks[k][1]) / max(marks[-1][0] - marks[k][0], 1e-9) if len(marks) >= 4 else None
     n_adm = min(pool, (eta + 1) * B)
     bound = min(1.0, n_adm * t_gen / (args.slots * (t_gen + mean_env)))
-    occ = probe["running"] / max(1, probe["n"]) / args.slots
+    occ = slot_s / (wall * args.slots)
     # The same bound with each episode's real length (start-up, exit, hidden tests, sandbox
     # included) in place of turns * (t_gen + t_env): what the per-episode overhead leaves.
     ep_s = [x.get("harness_s", 0.0) + x.get("reward_s", 0.0) + x.get("sandbox_s", 0.0)
@@ -198,7 +239,7 @@ async def run_eta(ro, backend, engine, client, pub, args, *, eta: int, cv: float
             "reward_s": statistics.fmean(x.get("reward_s", 0.0) for x in tim) if tim else None,
             "sandbox_s": statistics.fmean(x.get("sandbox_s", 0.0) for x in tim) if tim else None, "occupancy": occ, "bound": bound, "bound_with_episode_overhead": bound_ep,
             "episode_s": statistics.fmean(ep_s) if ep_s else None, "t_gen_s": t_gen,
-            "engine_busy": probe["busy_s"] / wall, "mean_in_flight": probe["in_flight"] / max(1, probe["n"]),
+            "engine_busy": busy_s / wall, "mean_in_flight": probe["in_flight"] / max(1, probe["n"]),
             "admission_limit": n_adm, "max_lag": max_lag,
             "masked_token_frac": st.masked_tokens / max(1, st.masked_tokens + st.trained_tokens),
             "staleness_hist": dict(sorted(st.staleness_hist.items())),
@@ -233,8 +274,11 @@ async def amain(args) -> int:
                                                reward=RewardConfig(test_timeout_s=120)))
     task_objs = load_suite_tasks(rcfg)
     tasks = sorted(t.instance_id for t in task_objs)
-    engine = EngineServer(model=args.model, port=0, weight_version="0", max_running_requests=args.slots,
-                          num_threads=args.engine_threads).start()
+    if args.engine_in_process:
+        engine = EngineServer(model=args.model, port=0, weight_version="0", max_running_requests=args.slots,
+                              num_threads=args.engine_threads).start()
+    else:
+        engine = EngineProcess(args.model, args.slots, args.engine_threads)
     client = EngineClient(engine.url)
     tok = load_tokenizer(args.model)
     vocab = len(tok)
@@ -347,6 +391,8 @@ def main() -> int:
     ap.add_argument("--clip-s", type=float, default=45.0, help="longest injected wait (mini's command timeout is 60 s)")
     ap.add_argument("--calib-prompt", type=int, default=1500, help="prompt ids per calibration request")
     ap.add_argument("--engine-threads", type=int, default=1)
+    ap.add_argument("--engine-in-process", action="store_true",
+                    help="run the engine in a thread of this process (default: its own process, as in a deployment)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="runs/async_real")
     ap.add_argument("--quick", action="store_true", help="CV 1 only, η 0 and 2")

@@ -62,8 +62,11 @@ class Scheduler:
         self.default_gen = torch.Generator().manual_seed(random_seed)
         self.paused: str | None = None  # None or the pause mode
         self.steps = 0
-        # wall seconds this thread spent in prefills and in decode steps (where a call's time goes)
-        self.timing = {"prefill_s": 0.0, "decode_s": 0.0}
+        # wall seconds this thread spent in prefills and in decode steps (where a call's time goes);
+        # busy_s: loop iterations that ended with rows running (their admission included), and
+        # slot_s: the same seconds each weighted by the rows running (a generator's occupancy is
+        # slot_s / (wall * max_running)). Read by `/get_model_info` for benches in another process.
+        self.timing = {"prefill_s": 0.0, "decode_s": 0.0, "busy_s": 0.0, "slot_s": 0.0}
         self.prefix_cache = PrefixCache(prefix_cache_bytes)
         self.lookup_ngram = prompt_lookup_ngram
         # speculative steps (`_speculative_step`): verify passes, draft tokens proposed and accepted
@@ -171,11 +174,16 @@ class Scheduler:
             if self.paused is not None:
                 continue
             try:
+                ta = time.perf_counter()
                 self._admit()
                 if self._running:
+                    rows = len(self._running)
                     t0 = time.perf_counter()
                     self._decode_step()
-                    self.timing["decode_s"] += time.perf_counter() - t0
+                    t1 = time.perf_counter()
+                    self.timing["decode_s"] += t1 - t0
+                    self.timing["busy_s"] += t1 - ta
+                    self.timing["slot_s"] += rows * (t1 - ta)
             except Exception as e:  # a failed forward must not kill the server
                 log.error("engine step failed: %s", traceback.format_exc())
                 self._fail_running(f"engine error: {type(e).__name__}: {e}")

@@ -313,6 +313,8 @@ def build_app(state: EngineState) -> FastAPI:
             "logprob_space": sched.logprob_space,
             "prefix_cache": sched.prefix_cache.report(),
             "speculative": dict(sched.spec_stats),
+            "steps": sched.steps,
+            "timing": dict(sched.timing),
             **sched.load(),
         }
 
