@@ -295,11 +295,35 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     handlers = {"doctor": _cmd_doctor, "model": _cmd_model, "engine": _cmd_engine, "chat": _cmd_chat,
                 "rollout": _cmd_rollout, "train": _cmd_train, "compare": _cmd_compare}
+    term = _stop_on_sigterm() if args.cmd in ("train", "rollout") else None
     try:
         return handlers[args.cmd](args)
     except (FileNotFoundError, KeyError) as e:  # missing model / unknown name: one clear line
         print(f"harnessrl {args.cmd}: {e.args[0] if e.args else e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        how = "SIGTERM" if term and term["got"] else "interrupt"
+        print(f"harnessrl {args.cmd}: stopped by {how}; its sandboxes and engine were shut down, finished "
+              f"trajectories are in the run's store", file=sys.stderr)
+        return 143 if how == "SIGTERM" else 130
+
+
+def _stop_on_sigterm() -> dict:
+    """SIGTERM (a job scheduler's stop, `kill`, `docker stop`) unwinds like Ctrl-C: it is turned
+    into SIGINT, which asyncio.run answers by cancelling the main task, so every `with` and
+    `finally` on the way out runs (the warm sandbox pool's containers are removed, the engine
+    stops). Python's default SIGTERM ends the process at once and leaves the containers running."""
+    import os
+    import signal
+
+    seen = {"got": False}
+
+    def on_term(signum, frame) -> None:
+        seen["got"] = True
+        os.kill(os.getpid(), signal.SIGINT)
+
+    signal.signal(signal.SIGTERM, on_term)
+    return seen
 
 
 if __name__ == "__main__":

@@ -238,3 +238,65 @@ def test_episode_threads_are_not_capped_by_the_default_executor() -> None:
         return await asyncio.gather(*(in_thread(barrier.wait) for _ in range(40)))
 
     assert sorted(asyncio.run(main())) == list(range(40))
+
+
+@pytest.mark.docker
+@pytest.mark.harness
+@pytest.mark.timeout(600)
+def test_sigterm_stops_train_like_ctrl_c_and_leaves_no_container(tmp_path: Path) -> None:
+    """A job scheduler's stop (`kill`, `docker stop`, Slurm) is SIGTERM. Python's default ends
+    the process at once, so the warm pool's containers outlived the run; `harnessrl train` now
+    unwinds as on Ctrl-C: exit status 143, a line saying so, and none of its containers left."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    _need_stack()
+    from harnessrl.sandboxes.docker import MANAGED_LABEL, _client
+
+    client = _client()
+    config = tmp_path / "train.toml"
+    config.write_text(f'''model = "tiny-llama"
+steps = 50
+out_dir = "{tmp_path / 'run'}"
+progress = false
+tensorboard = false
+[rollout]
+tasks = ["{TASK}"]
+max_new_tokens = 32
+sandbox = "docker"
+[rollout.episode]
+max_calls = 2
+wall_time_s = 180
+[scheduler]
+env_pool_size = 2
+group_size = 2
+groups_per_step = 1
+[trainer]
+lr = 1e-5
+device = "cpu"
+''')
+    before = {c.id for c in client.containers.list(all=True, filters={"label": f"{MANAGED_LABEL}=1"})}
+
+    def ours() -> set[str]:
+        return {c.id for c in client.containers.list(all=True, filters={"label": f"{MANAGED_LABEL}=1"})} - before
+
+    proc = subprocess.Popen([sys.executable, "-m", "harnessrl.cli", "train", "--config", str(config)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not ours() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert proc.poll() is None, proc.communicate()
+        assert ours(), "no sandbox started within 300 s"
+        time.sleep(3)  # episodes under way
+        os.kill(proc.pid, signal.SIGTERM)
+        out, err = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 143, err[-3000:]
+    assert "harnessrl train: stopped by SIGTERM" in err
+    assert ours() == set(), "containers outlived the run"
