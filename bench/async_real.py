@@ -104,6 +104,9 @@ class EngineProcess:
             self.stop()
             raise RuntimeError(f"the engine process did not start: {line!r}")
         self.url = line.split(" on ", 1)[1].split()[0]
+        import threading  # keep reading its stdout, so a chatty engine never blocks on a full pipe
+
+        threading.Thread(target=lambda: [None for _ in self.proc.stdout], daemon=True).start()
         import httpx
 
         from harnessrl.trainers.engine.scheduler import wait_until
@@ -116,6 +119,12 @@ class EngineProcess:
             return httpx.get(self.url + "/health", timeout=2).status_code == 200
         except httpx.HTTPError:
             return False
+
+    def cpu_s(self) -> float:
+        """CPU seconds (user + system) the engine process has used so far."""
+        with open(f"/proc/{self.proc.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (float(fields[11]) + float(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -187,7 +196,8 @@ async def run_eta(ro, backend, engine, client, pub, args, *, eta: int, cv: float
     # The engine's own counters (steps; seconds busy, and busy seconds weighted by rows running),
     # read over HTTP before and after, so the engine may run in another process.
     info0 = await client.model_info()
-    cpu0, own0, t0 = _cpu_busy(), _own_cpu(), time.monotonic()
+    engine_cpu = getattr(engine, "cpu_s", lambda: 0.0)  # an engine in its own process: its CPU too
+    cpu0, own0, t0 = _cpu_busy(), _own_cpu() + engine_cpu(), time.monotonic()
     await sched.start()
     prober = asyncio.create_task(sample())
     marks, max_lag, batches = [], 0, []
@@ -210,7 +220,7 @@ async def run_eta(ro, backend, engine, client, pub, args, *, eta: int, cv: float
     finally:
         prober.cancel()
         await sched.close()
-    cpu1, own1 = _cpu_busy(), _own_cpu()
+    cpu1, own1 = _cpu_busy(), _own_cpu() + engine_cpu()
     info1 = await client.model_info()
     steps_done = info1["steps"] - info0["steps"]
     busy_s = info1["timing"]["busy_s"] - info0["timing"]["busy_s"]

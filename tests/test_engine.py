@@ -169,6 +169,29 @@ def test_batch_input_equals_single_requests(http, tok, hf):
     assert [b["output_ids"] for b in r.json()] == [_greedy(hf, p, 8) for p in prompts]
 
 
+def test_model_info_counts_steps_and_busy_seconds_weighted_by_rows(http, tok):
+    """The counters a bench in another process reads: steps, busy seconds, and busy seconds
+    weighted by the rows running (one row: equal to busy; three rows: between 1x and 3x)."""
+    def counters():
+        i = http.get("/get_model_info").json()
+        return i["steps"], i["timing"]
+
+    s0, t0 = counters()
+    _gen(http, _prompts(tok, 1)[0], max_new_tokens=8, temperature=0)
+    s1, t1 = counters()
+    busy = t1["busy_s"] - t0["busy_s"]
+    assert 1 <= s1 - s0 <= 7  # the first token comes with the prefill; speculation may fold steps
+    assert busy > 0 and t1["prefill_s"] > t0["prefill_s"] and t1["decode_s"] > t0["decode_s"]
+    assert t1["slot_s"] - t0["slot_s"] == pytest.approx(busy, rel=1e-9)  # one row all along
+    r = http.post("/generate", json={"input_ids": _prompts(tok, 3), "sampling_params": {
+        "max_new_tokens": 24, "temperature": 0, "ignore_eos": True}})
+    assert r.status_code == 200, r.text
+    s2, t2 = counters()
+    busy, slots = t2["busy_s"] - t1["busy_s"], t2["slot_s"] - t1["slot_s"]
+    assert s2 - s1 >= 23 and busy >= t2["decode_s"] - t1["decode_s"]  # busy = decode + the admissions
+    assert 1.0 * busy < slots <= 3 * busy + 1e-9
+
+
 def test_streamed_chunks_concatenate_to_the_non_streamed_result(http, tok):
     prompt = _prompts(tok, 2)[1]
     whole = _gen(http, prompt, max_new_tokens=20, temperature=0)
