@@ -37,8 +37,9 @@ kept in the JSON when there are >= 4 batches; with the few batches a real run af
 measures the burst of groups admitted at start, so the whole-run rate (which counts the
 pipeline's fill and wastes the episodes still in flight at the end) is the figure used. On
 2 shared CPU cores the harness, sandboxes and hidden tests compete with the engine: the
-system-wide CPU busy fraction, our process tree's CPU (cores), the load average and where an
-episode's time went (harness run outside its turns, i.e. start-up and exit; hidden tests;
+system-wide CPU busy fraction, our process tree's CPU (cores), the cores by part (engine,
+this process, containers, Docker daemons, the rest: harness processes and runc), the load
+average and where an episode's time went (harness run outside its turns, i.e. start-up and exit; hidden tests;
 sandbox acquisition) are printed.
 
 Rerun: `.venv/bin/python bench/async_real.py` (40 min on 2 cores at load average 13-27;
@@ -82,9 +83,52 @@ def _cpu_busy() -> tuple[float, float]:
     return sum(v) - idle, sum(v)
 
 
+def _self_cpu() -> float:
+    a = resource.getrusage(resource.RUSAGE_SELF)
+    return a.ru_utime + a.ru_stime
+
+
 def _own_cpu() -> float:
     a, b = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     return a.ru_utime + a.ru_stime + b.ru_utime + b.ru_stime
+
+
+DAEMONS = ("dockerd", "containerd", "containerd-shim", "containerd-shim-runc-v2")
+
+
+def _proc_cpu(pid: int | str) -> float:
+    """CPU seconds (user + system) of one live process, its own threads only."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (float(fields[11]) + float(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_parts() -> dict[str, float]:
+    """CPU seconds so far of the parts the machine shares: the Docker daemons (dockerd,
+    containerd and the shims, their own time) and every container's processes (the sandboxes'
+    commands and hidden tests, from their cgroups: exited processes included)."""
+    daemons = 0.0
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/comm") as f:
+                    if f.read().strip() in DAEMONS:
+                        daemons += _proc_cpu(d)
+            except OSError:
+                pass
+    containers = 0.0  # the docker group's own total where there is one (removed containers kept)
+    if os.path.isfile("/sys/fs/cgroup/cpuacct/docker/cpuacct.usage"):  # cgroup v1, cgroupfs driver
+        with open("/sys/fs/cgroup/cpuacct/docker/cpuacct.usage") as f:
+            containers = float(f.read()) / 1e9
+    else:  # cgroup v2: /docker (cgroupfs driver) or system.slice/docker-*.scope (systemd driver)
+        stats = ["/sys/fs/cgroup/docker/cpu.stat"] if os.path.isfile("/sys/fs/cgroup/docker/cpu.stat") else [
+            f"/sys/fs/cgroup/system.slice/{d}/cpu.stat" for d in (os.listdir("/sys/fs/cgroup/system.slice")
+                                                                  if os.path.isdir("/sys/fs/cgroup/system.slice") else [])
+            if d.startswith("docker-")]
+        for path in stats:
+            with open(path) as f:
+                containers += float(f.read().split("usage_usec", 1)[1].split()[0]) / 1e6
+    return {"docker_daemons": daemons, "containers": containers}
 
 
 class EngineProcess:
@@ -122,9 +166,7 @@ class EngineProcess:
 
     def cpu_s(self) -> float:
         """CPU seconds (user + system) the engine process has used so far."""
-        with open(f"/proc/{self.proc.pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (float(fields[11]) + float(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return _proc_cpu(self.proc.pid)
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -197,7 +239,8 @@ async def run_eta(ro, backend, engine, client, pub, args, *, eta: int, cv: float
     # read over HTTP before and after, so the engine may run in another process.
     info0 = await client.model_info()
     engine_cpu = getattr(engine, "cpu_s", lambda: 0.0)  # an engine in its own process: its CPU too
-    cpu0, own0, t0 = _cpu_busy(), _own_cpu() + engine_cpu(), time.monotonic()
+    parts0, eng0, self0 = _cpu_parts(), engine_cpu(), _self_cpu()
+    cpu0, own0, t0 = _cpu_busy(), _own_cpu() + eng0, time.monotonic()
     await sched.start()
     prober = asyncio.create_task(sample())
     marks, max_lag, batches = [], 0, []
@@ -220,7 +263,15 @@ async def run_eta(ro, backend, engine, client, pub, args, *, eta: int, cv: float
     finally:
         prober.cancel()
         await sched.close()
-    cpu1, own1 = _cpu_busy(), _own_cpu() + engine_cpu()
+    cpu1, eng1 = _cpu_busy(), engine_cpu()
+    own1, parts1, self1 = _own_cpu() + eng1, _cpu_parts(), _self_cpu()
+    # Where the machine's CPU went, in cores: the engine process (when apart), this process
+    # (proxy, scheduler, rollouts), containers, Docker daemons, and the rest (the harness
+    # processes, runc and whatever else runs), from the system-wide busy time.
+    cores = {"engine": (eng1 - eng0) / wall, "bench_process": (self1 - self0) / wall,
+             **{k: (parts1[k] - parts0[k]) / wall for k in parts0}}
+    ncpu = os.cpu_count() or 1
+    cores["rest"] = (cpu1[0] - cpu0[0]) / max(1e-9, cpu1[1] - cpu0[1]) * ncpu - sum(cores.values())
     info1 = await client.model_info()
     steps_done = info1["steps"] - info0["steps"]
     busy_s = info1["timing"]["busy_s"] - info0["timing"]["busy_s"]
@@ -258,7 +309,8 @@ async def run_eta(ro, backend, engine, client, pub, args, *, eta: int, cv: float
             "env_s": env, "injected_s": [c["wait_s"] for c in calls if c["wait_s"] is not None],
             "engine_call_s": statistics.fmean([c["t1"] - c["t0"] for c in calls]) if calls else None,
             "system_cpu_busy": (cpu1[0] - cpu0[0]) / max(1e-9, cpu1[1] - cpu0[1]),
-            "own_cpu_cores": (own1 - own0) / wall, "loadavg": os.getloadavg()[0]}
+            "own_cpu_cores": (own1 - own0) / wall, "cpu_cores_by_part": {k: round(v, 3) for k, v in cores.items()},
+            "loadavg": os.getloadavg()[0]}
 
 
 async def amain(args) -> int:
@@ -343,7 +395,8 @@ async def amain(args) -> int:
                           f"(episode {r['episode_s']:.0f}s), engine busy {r['engine_busy']:.0%}, hist {r['staleness_hist']}; per "
                           f"episode: harness {r['harness_s']:.1f}s of which {r['harness_outside_turns_s']:.1f}s outside turns, "
                           f"hidden tests {r['reward_s']:.1f}s, sandbox {r['sandbox_s']:.2f}s; "
-                          f"{r['trajectories']} traj in {r['wall_s']}s, load {r['loadavg']:.1f})", flush=True)
+                          f"{r['trajectories']} traj in {r['wall_s']}s, load {r['loadavg']:.1f}; CPU cores by part "
+                          f"{r['cpu_cores_by_part']})", flush=True)
                 results[name] = rows
     finally:
         await client.aclose()
@@ -353,7 +406,7 @@ async def amain(args) -> int:
         e, i = r["env_s"], r["injected_s"]
         keep = ("traj_per_s", "steady_traj_per_s", "ratio_vs_sync", "occupancy", "bound", "masked_token_frac",
                 "bound_with_episode_overhead", "episode_s", "harness_s", "harness_outside_turns_s", "reward_s", "max_lag", "mean_in_flight", "t_gen_s", "engine_busy", "system_cpu_busy", "own_cpu_cores",
-                "success_rate", "infra_errors", "trajectories", "wall_s")
+                "success_rate", "infra_errors", "trajectories", "wall_s", "cpu_cores_by_part")
         out = {k: (round(r[k], 4) if isinstance(r[k], float) else r[k]) for k in keep}
         out["trajectories_per_s"] = out.pop("traj_per_s")
         out["occupancy_over_bound"] = round(r["occupancy"] / r["bound"], 4) if r["bound"] else None
