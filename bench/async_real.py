@@ -37,7 +37,7 @@ kept in the JSON when there are >= 4 batches; with the few batches a real run af
 measures the burst of groups admitted at start, so the whole-run rate (which counts the
 pipeline's fill and wastes the episodes still in flight at the end) is the figure used. On
 2 shared CPU cores the harness, sandboxes and hidden tests compete with the engine: the
-system-wide CPU busy fraction, our process tree's CPU (cores), the cores by part (engine,
+system-wide CPU busy fraction, our process tree's CPU (cores), the cores by part (engine, counted in this process when --engine-in-process;
 this process, containers, Docker daemons, the rest: harness processes and runc), the load
 average and where an episode's time went (harness run outside its turns, i.e. start-up and exit; hidden tests;
 sandbox acquisition) are printed.
