@@ -109,7 +109,6 @@ def sample(logits: torch.Tensor, rows: list[RowParams], default_gen: torch.Gener
     """Pick one token per row of `logits` [B, V]; return ids, their logprobs in `space`, and
     top-n lists in the same space (tokens outside the kept set are left out of those)."""
     logits = logits.float()
-    greedy = torch.tensor([r.temperature <= 0 for r in rows])
     # A greedy row takes the argmax and reports SGLang's temperature-1 score: scored unfiltered at 1.
     temperature = torch.tensor([1.0 if r.temperature <= 0 else r.temperature for r in rows], dtype=logits.dtype)
     top_p = torch.tensor([1.0 if r.temperature <= 0 else r.top_p for r in rows], dtype=logits.dtype)
