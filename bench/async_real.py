@@ -89,8 +89,8 @@ def _self_cpu() -> float:
 
 
 def _own_cpu() -> float:
-    a, b = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return a.ru_utime + a.ru_stime + b.ru_utime + b.ru_stime
+    b = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return _self_cpu() + b.ru_utime + b.ru_stime
 
 
 DAEMONS = ("dockerd", "containerd", "containerd-shim", "containerd-shim-runc-v2")
@@ -154,6 +154,7 @@ class EngineProcess:
         import httpx
 
         from harnessrl.trainers.engine.scheduler import wait_until
+        # The line comes before the server listens (uvicorn starts after it): wait for /health.
         if not wait_until(lambda: self._healthy(httpx), timeout=60):
             self.stop()
             raise RuntimeError("the engine process never answered /health")
@@ -169,11 +170,13 @@ class EngineProcess:
         return _proc_cpu(self.proc.pid)
 
     def stop(self) -> None:
+        import subprocess
+
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
                 self.proc.wait(timeout=30)
-            except Exception:
+            except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
 
@@ -270,8 +273,8 @@ async def run_eta(ro, backend, engine, client, pub, args, *, eta: int, cv: float
     # processes, runc and whatever else runs), from the system-wide busy time.
     cores = {"engine": (eng1 - eng0) / wall, "bench_process": (self1 - self0) / wall,
              **{k: (parts1[k] - parts0[k]) / wall for k in parts0}}
-    ncpu = os.cpu_count() or 1
-    cores["rest"] = (cpu1[0] - cpu0[0]) / max(1e-9, cpu1[1] - cpu0[1]) * ncpu - sum(cores.values())
+    busy_frac = (cpu1[0] - cpu0[0]) / max(1e-9, cpu1[1] - cpu0[1])
+    cores["rest"] = busy_frac * (os.cpu_count() or 1) - sum(cores.values())
     info1 = await client.model_info()
     steps_done = info1["steps"] - info0["steps"]
     busy_s = info1["timing"]["busy_s"] - info0["timing"]["busy_s"]
@@ -308,7 +311,7 @@ async def run_eta(ro, backend, engine, client, pub, args, *, eta: int, cv: float
             "infra_errors": sum(t.status == "infra_error" for t in batches),
             "env_s": env, "injected_s": [c["wait_s"] for c in calls if c["wait_s"] is not None],
             "engine_call_s": statistics.fmean([c["t1"] - c["t0"] for c in calls]) if calls else None,
-            "system_cpu_busy": (cpu1[0] - cpu0[0]) / max(1e-9, cpu1[1] - cpu0[1]),
+            "system_cpu_busy": busy_frac,
             "own_cpu_cores": (own1 - own0) / wall, "cpu_cores_by_part": {k: round(v, 3) for k, v in cores.items()},
             "loadavg": os.getloadavg()[0]}
 
