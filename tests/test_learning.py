@@ -67,9 +67,14 @@ def _peaked_model(tmp_path) -> str:
     return str(out)
 
 
+async def _episodes(proxy: ProxyServer, seeds) -> list[str]:
+    """One episode per seed, all at once; their session ids."""
+    return await asyncio.gather(*(asyncio.to_thread(_episode, proxy, s) for s in seeds))
+
+
 async def _evaluate(proxy: ProxyServer, seed: int) -> float:
     """The policy's mean reward over EVAL fresh episodes (seeded apart from training's)."""
-    sids = await asyncio.gather(*(asyncio.to_thread(_episode, proxy, seed + i) for i in range(EVAL)))
+    sids = await _episodes(proxy, range(seed, seed + EVAL))
     return sum(proxy.trajectory(s).reward for s in sids) / EVAL
 
 
@@ -84,8 +89,8 @@ async def _learn(seed: int, tmp_path) -> tuple[list[float], list[set[int]], tupl
         sync = DiskWeightSync(client, tmp_path / f"w{seed}")
         before = await _evaluate(proxy, 10**6 + seed * 10**4)
         for step in range(STEPS):
-            sids = await asyncio.gather(*(asyncio.to_thread(_episode, proxy, seed * 1000 + step * GROUP + i)
-                                          for i in range(GROUP)))
+            first = seed * 1000 + step * GROUP
+            sids = await _episodes(proxy, range(first, first + GROUP))
             batch = [proxy.trajectory(s) for s in sids]
             for t in batch:
                 t.task_id = "upper-half"  # one GRPO group
