@@ -253,9 +253,9 @@ def test_sigterm_stops_train_like_ctrl_c_and_leaves_no_container(tmp_path: Path)
     import time
 
     _need_stack()
-    from harnessrl.sandboxes.docker import MANAGED_LABEL, _client
+    from harnessrl.sandboxes.docker import MANAGED_LABEL
 
-    client = _client()
+    client = docker_backend().client
     config = tmp_path / "train.toml"
     config.write_text(f'''model = "tiny-llama"
 steps = 50
