@@ -10,7 +10,7 @@ What is real: the local engine (`trainers.engine`, tiny-llama by default, `max_r
 = `--slots`) doing every turn's prefill and decode; the proxy (`gym.proxy`), rendering, recording
 and per-token versions; the scheduler (`gym.scheduler.RolloutScheduler`, policy `mask`) and its
 admission; mini-swe-agent in Docker sandboxes from the warm pool (`Rollout`), its commands run
-by `docker exec`; the hidden tests that score each episode; weight syncs (`DiskWeightSync`:
+through the sandbox's PID 1 (sandboxes/sandbox_init.py); the hidden tests that score each episode; weight syncs (`DiskWeightSync`:
 proxy paused, engine paused with abort, `/update_weights_from_disk`, resumed) that bump the
 policy version after every batch. What is not: the trainer re-publishes the same weights under
 a new version after `--train-s` seconds of waiting (a trainer on other hardware, costing no

@@ -13,16 +13,20 @@ by RLIMIT_FSIZE. Reset kills every process but PID 1 and empties /tmp, /dev/shm,
 and SysV IPC. A command's process group ends with the command (so do its `&` jobs and any fork
 bomb); to keep a server running across commands, start it with `setsid -f` and wait in that
 command until it is up. Containers carry
-`harnessrl.managed=1` and a run id, so `reap()` removes what a crashed run left. Reset goes
-through PID 1 (sandbox_init.py), not `docker exec`. Files cross as tar streams
+`harnessrl.managed=1` and a run id, so `reap()` removes what a crashed run left. Commands and
+resets go through PID 1 (sandbox_init.py) over `docker attach`, not `docker exec` (a runc start
+each, about 125 ms of the host's CPU); nothing the container prints is logged by the daemon. Files cross as tar streams
 (put_archive / get_archive), never on a command line. If the container is gone, every call
 raises SandboxDied; a command past its timeout is killed and reported with exit_code -1.
 """
 from __future__ import annotations
 
+import base64
 import io
+import itertools
 import json
 import os
+import queue
 import socket
 import struct
 import tarfile
@@ -47,11 +51,11 @@ __all__ = ["DockerConfig", "DockerBackend", "DockerSandbox", "base_image_tag", "
 MANAGED_LABEL = "harnessrl.managed"
 RUN_LABEL = "harnessrl.run_id"
 HOME = "/home/agent"
-# PID 1 of every sandbox: reaps orphans, cannot be signalled from inside, runs resets for the
-# host over `docker attach` (see sandbox_init.py).
+# PID 1 of every sandbox: reaps orphans, cannot be signalled from inside, runs commands and
+# resets for the host over `docker attach` (see sandbox_init.py).
 _INIT = Path(__file__).with_name("sandbox_init.py").read_text()
 # Every exec: `timeout` puts the command in its own process group; the group dies with it.
-# $1=1 merges stderr into stdout at the source, so their order is kept (docker demuxes them).
+# $1=1 merges stderr into stdout at the source, so their order is kept (PID 1 reads the two apart).
 _WRAP = """[ "$1" = 1 ] && exec 2>&1
 t="$2"; shift 2
 timeout -k 2 "$t" "$@" &
@@ -175,7 +179,7 @@ class DockerBackend:
             network_mode="none", read_only=True, cap_drop=["ALL"], security_opt=["no-new-privileges"],
             mem_limit=c.memory, memswap_limit=c.memory, pids_limit=c.pids_limit,
             nano_cpus=int(c.cpus * 1e9), environment={"HOME": HOME, **(env or {})},
-            shm_size=c.shm_size,
+            shm_size=c.shm_size, log_config={"type": "none"},  # PID 1's stdout carries command output
             ulimits=[docker.types.Ulimit(name="fsize", soft=c.file_size_limit, hard=c.file_size_limit)]
             if c.file_size_limit else None,
             mounts=[docker.types.Mount(p, None, type="volume") for p in (spec.workdir, "/tmp", HOME)]
@@ -224,6 +228,92 @@ def reap(client=None, older_than_s: float = 0.0, run_id: str | None = None) -> i
     return removed
 
 
+class _Channel:
+    """The host's end of PID 1's attach stream (sandbox_init.py): JSON lines out, JSON lines
+    back, matched by id on a reader thread, so commands of one sandbox may overlap."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.ready = threading.Event()
+        self.closed: str | None = None  # why the stream ended, once it has
+        self._send_lock = threading.Lock()
+        self._lock = threading.Lock()
+        self._waiting: dict[int, queue.SimpleQueue] = {}
+        self._ids = itertools.count(1)
+        threading.Thread(target=self._read, daemon=True, name="sandbox-ctl").start()
+
+    def request(self, msg: dict) -> tuple[int, queue.SimpleQueue]:
+        """Send msg under a fresh id; its replies arrive on the queue, then None if the stream
+        ends first. Raises ConnectionError when it has ended already."""
+        q: queue.SimpleQueue = queue.SimpleQueue()
+        with self._lock:
+            if self.closed:
+                raise ConnectionError(self.closed)
+            rid = next(self._ids)
+            self._waiting[rid] = q
+        try:
+            self.send({**msg, "id": rid})
+        except OSError as e:
+            self.done(rid)
+            raise ConnectionError(f"attach stream: {e}") from e
+        return rid, q
+
+    def send(self, msg: dict) -> None:
+        with self._send_lock:
+            self.sock.sendall(json.dumps(msg).encode() + b"\n")
+
+    def done(self, rid: int) -> None:
+        with self._lock:
+            self._waiting.pop(rid, None)
+
+    def close(self) -> None:
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+    def _read(self) -> None:
+        buf, why = b"", "attach stream closed"
+        try:
+            while True:  # non-tty attach: frames of [type, 0, 0, 0, size(4, BE)] + payload
+                kind, size = struct.unpack(">BxxxL", self._recv_exact(8))
+                payload = self._recv_exact(size)
+                if kind != 1:
+                    continue
+                buf += payload
+                while b"\n" in buf:
+                    line, buf = buf.split(b"\n", 1)
+                    msg = json.loads(line)
+                    if msg.get("ready"):
+                        self.ready.set()
+                        continue
+                    with self._lock:
+                        q = self._waiting.get(msg.get("id"))
+                    if q is not None:
+                        q.put(msg)
+        except Exception as e:  # noqa: BLE001 - any end of the stream ends every request on it
+            why = f"attach stream ended: {type(e).__name__}: {e}"
+        with self._lock:
+            self.closed = why
+            waiting, self._waiting = list(self._waiting.values()), {}
+        for q in waiting:
+            q.put(None)
+        self.ready.set()
+
+    def _recv_exact(self, n: int) -> bytes:
+        buf = b""
+        while len(buf) < n:
+            chunk = self.sock.recv(n - len(buf))
+            if not chunk:
+                raise ConnectionError("closed by the daemon")
+            buf += chunk
+        return buf
+
+
 class DockerSandbox:
     """One container holding one repository checkout (see the module docstring)."""
 
@@ -232,24 +322,25 @@ class DockerSandbox:
         self.workdir = spec.workdir
         self.id = container.id
         self._api = container.client.api
-        self._ctl = None  # attach socket to PID 1 (resets), opened on first use
+        self._ctl: _Channel | None = None  # PID 1's attach stream: commands and resets
         self._ctl_lock = threading.Lock()
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self, timeout: float = 120.0) -> None:
         """Start the container and wait until PID 1 says it is ready (its signal dispositions
         set: before that, a SIGINT from inside could still stop it)."""
-        with self._ctl_lock:
-            try:
-                self._ctl_open()  # attached before start, so the ready line cannot be missed
-                self.container.start()
-                ready = self._ctl_read(timeout).get("ready")
-            except Exception as e:
-                self._close_ctl()
-                raise SandboxError(f"container for {self.spec.repo_id!r} failed to start: "
-                                   f"{type(e).__name__}: {e}") from e
+        try:
+            ctl = self._channel()  # attached before start, so the ready line cannot be missed
+            self.container.start()
+            ready = ctl.ready.wait(timeout) and not ctl.closed
+        except Exception as e:
+            self._close_ctl()
+            raise SandboxError(f"container for {self.spec.repo_id!r} failed to start: "
+                               f"{type(e).__name__}: {e}") from e
         if not ready:
-            raise SandboxError(f"container for {self.spec.repo_id!r} started without its init")
+            why = ctl.closed or f"no ready line in {timeout:.0f} s"
+            self._close_ctl()
+            raise SandboxError(f"container for {self.spec.repo_id!r} started without its init ({why})")
 
     def alive(self) -> bool:
         try:
@@ -264,6 +355,38 @@ class DockerSandbox:
         except Exception:
             pass  # already gone: closing is idempotent
 
+    # -- PID 1's channel -------------------------------------------------------------------
+    def _channel(self) -> _Channel:
+        """The open channel; a new attach if the last one ended while the container runs (an
+        attach to a stopped container would wait for its start: a stopped one raises)."""
+        with self._ctl_lock:
+            if self._ctl is None or self._ctl.closed:
+                if self._ctl is not None:
+                    self._ctl.close()
+                    self._ctl = None
+                    if not self.alive():
+                        raise ConnectionError("the container is not running")
+                sock = self._api.attach_socket(self.id, params={"stdin": 1, "stdout": 1, "stream": 1})
+                raw = getattr(sock, "_sock", sock)
+                raw.settimeout(None)
+                self._ctl = _Channel(raw)
+            return self._ctl
+
+    def _close_ctl(self) -> None:
+        with self._ctl_lock:
+            if self._ctl is not None:
+                self._ctl.close()
+                self._ctl = None
+
+    def _request(self, msg: dict, what: str) -> tuple[_Channel, int, queue.SimpleQueue]:
+        try:
+            ctl = self._channel()
+            return (ctl, *ctl.request(msg))
+        except Exception as e:
+            if not self.alive():
+                raise self._died(f"cannot {what}", e) from e
+            raise SandboxError(f"{what} failed in {self.id[:12]}: {type(e).__name__}: {e}") from e
+
     # -- commands --------------------------------------------------------------------------
     def _died(self, what: str, err: Exception | None = None) -> SandboxDied:
         return SandboxDied(f"sandbox {self.id[:12]} ({self.spec.repo_id}) is not running; {what}"
@@ -272,51 +395,55 @@ class DockerSandbox:
     def _run(self, argv: list[str], timeout: float, env: dict[str, str] | None,
              workdir: str | None, demux: bool = True, limit: int | None = None
              ) -> tuple[int, bytes, bytes, bool, float]:
-        """Run argv; return (exit code, stdout, stderr, timed_out, seconds). demux=False:
-        stdout and stderr interleaved as they came, all in the stdout slot."""
-        import docker.errors
-
+        """Run argv through PID 1 (no `docker exec`); return (exit code, stdout, stderr,
+        timed_out, seconds). demux=False: stdout and stderr interleaved as they came, all in
+        the stdout slot."""
         # In-container `timeout` kills the command's process group at its deadline, and the
         # wrapper kills what is left of the group when the command ends (a fork bomb, stray
-        # `&` jobs); the host thread below is the backstop for processes that left the group.
+        # `&` jobs); the host's deadline below is the backstop for processes that left the group.
         wrapped = ["bash", "-c", _WRAP, "harnessrl-exec", "0" if demux else "1",
                    f"{max(timeout, 0.001):.3f}", *argv]
-        t0 = time.monotonic()
-        try:
-            eid = self._api.exec_create(self.id, wrapped, user="1000:1000", environment=env,
-                                        workdir=workdir or self.workdir)["Id"]
-            stream = self._api.exec_start(eid, stream=True, demux=demux)
-        except docker.errors.APIError as e:
-            if e.status_code in (404, 409) or not self.alive():
-                raise self._died("cannot exec", e) from e
-            raise SandboxError(f"exec failed in {self.id[:12]}: {e}") from e
-        out, err, size = bytearray(), bytearray(), [0]
         limit = limit or self.config.output_limit
-
-        def pump() -> None:
-            try:
-                for item in stream:
-                    o, e = item if demux else (item, None)
-                    for buf, chunk in ((out, o), (err, e)):
-                        if chunk and size[0] < limit:
-                            buf += chunk[: limit - size[0]]
-                            size[0] += len(chunk)
-            except Exception:
-                pass  # the connection broke: the exit code below tells what happened
-
-        reader = threading.Thread(target=pump, daemon=True)
-        reader.start()
-        reader.join(timeout + self.config.kill_grace_s)
-        forced = reader.is_alive()
-        if forced:  # kill everything but PID 1, as the agent user, then collect what came
-            self._api.exec_start(self._api.exec_create(self.id, ["kill", "-9", "-1"],
-                                                       user="1000:1000")["Id"])
-            reader.join(5)
+        t0 = time.monotonic()
+        ctl, rid, q = self._request({"op": "exec", "argv": wrapped, "env": env or {},
+                                     "cwd": workdir or self.workdir, "limit": limit,
+                                     "merge": not demux}, "exec")
+        out, err = bytearray(), bytearray()
+        code, size, forced, ended = None, 0, False, False
+        deadline = t0 + timeout + self.config.kill_grace_s
+        try:
+            while True:
+                try:
+                    msg = q.get(timeout=max(deadline - time.monotonic(), 0.0))
+                except queue.Empty:
+                    if forced:
+                        break
+                    # kill everything but PID 1, then collect what came (5 s more)
+                    forced, deadline = True, time.monotonic() + 5.0
+                    try:
+                        ctl.send({"op": "kill", "id": 0})
+                    except OSError:
+                        pass
+                    continue
+                if msg is None:  # the stream ended: the container stopped, or the daemon went
+                    ended = True
+                    break
+                if "o" in msg:
+                    out += base64.b64decode(msg["o"])
+                elif "e" in msg:
+                    err += base64.b64decode(msg["e"])
+                elif "rc" in msg:
+                    code, size = msg["rc"], msg.get("size", 0)
+                    break
+        finally:
+            ctl.done(rid)
         dur = time.monotonic() - t0
-        code = self._api.exec_inspect(eid).get("ExitCode")
-        if not self.alive():
-            raise self._died("it stopped while a command ran")
-        if size[0] > limit:
+        if ended or code is None:
+            if not self.alive():
+                raise self._died("it stopped while a command ran")
+            if ended:
+                raise SandboxError(f"exec in {self.id[:12]}: {ctl.closed}")
+        if size > limit:
             out += f"\n[harnessrl: output truncated at {limit} bytes]\n".encode()
         timed_out = forced or (code in (124, 137) and dur >= timeout)
         return (-1 if timed_out or code is None else code), bytes(out), bytes(err), timed_out, dur
@@ -343,61 +470,22 @@ class DockerSandbox:
                             limit=self.config.diff_limit).decode("utf-8", "surrogateescape")
 
     def reset(self) -> None:
-        """Through PID 1's attach channel (no `docker exec`): `kill -9 -1` in the reset script
-        spares PID 1 and itself, so every process of the last episode dies."""
-        with self._ctl_lock:
-            try:
-                reply = self._ctl_request(b"reset\n", timeout=120.0)
-            except (OSError, ValueError) as e:
-                self._close_ctl()
-                if not self.alive():
-                    raise self._died("cannot reset", e) from e
-                raise SandboxError(f"reset of {self.id[:12]} failed: {type(e).__name__}: {e}") from e
+        """Through PID 1 (no `docker exec`): `kill -9 -1` in the reset script spares PID 1 and
+        itself, so every process of the last episode dies."""
+        ctl, rid, q = self._request({"op": "reset"}, "reset")
+        try:
+            reply = q.get(timeout=120.0)
+        except queue.Empty:
+            reply = None
+        finally:
+            ctl.done(rid)
+        if reply is None:
+            if not self.alive():
+                raise self._died("cannot reset", ConnectionError(ctl.closed or "no reply in 120 s"))
+            raise SandboxError(f"reset of {self.id[:12]} failed: {ctl.closed or 'no reply in 120 s'}")
         if reply.get("rc") != 0:
             raise SandboxError(f"reset of {self.id[:12]} failed (exit {reply.get('rc')}): "
                                f"{reply.get('err', '')[-2000:]}")
-
-    def _ctl_open(self) -> socket.socket:
-        if self._ctl is None:
-            sock = self._api.attach_socket(self.id, params={"stdin": 1, "stdout": 1, "stream": 1})
-            self._ctl = getattr(sock, "_sock", sock)
-        return self._ctl
-
-    def _ctl_request(self, line: bytes, timeout: float) -> dict:
-        raw = self._ctl_open()
-        raw.settimeout(timeout)
-        raw.sendall(line)
-        return self._ctl_read(timeout)
-
-    def _ctl_read(self, timeout: float) -> dict:
-        """One JSON line from PID 1's stdout."""
-        raw: socket.socket = self._ctl
-        raw.settimeout(timeout)
-        out = b""
-        while b"\n" not in out:  # non-tty attach: frames of [type, 0, 0, 0, size(4, BE)] + payload
-            kind, size = struct.unpack(">BxxxL", self._recv_exact(raw, 8))
-            payload = self._recv_exact(raw, size)
-            if kind == 1:
-                out += payload
-        return json.loads(out.split(b"\n", 1)[0])
-
-    @staticmethod
-    def _recv_exact(raw: socket.socket, n: int) -> bytes:
-        buf = b""
-        while len(buf) < n:
-            chunk = raw.recv(n - len(buf))
-            if not chunk:
-                raise ConnectionError("attach stream closed")
-            buf += chunk
-        return buf
-
-    def _close_ctl(self) -> None:
-        if self._ctl is not None:
-            try:
-                self._ctl.close()
-            except OSError:
-                pass
-            self._ctl = None
 
     # -- files -----------------------------------------------------------------------------
     def _abs(self, path: str) -> PurePosixPath:

@@ -181,6 +181,48 @@ def test_exec_timeout_kills_the_command_and_its_children(sb):
     assert left.output.strip() == "0"
 
 
+@pytest.mark.timeout(60)
+def test_overlapping_commands_each_get_their_own_output_and_exit_code(sb):
+    results = {}
+
+    def run(name, cmd):
+        results[name] = sb.exec(cmd, timeout=30)
+
+    threads = [threading.Thread(target=run, args=(f"c{i}", f"for j in 1 2 3; do echo c{i}-$j; "
+                                                          f"sleep 0.{i}; done; exit {i}"))
+               for i in range(1, 5)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i in range(1, 5):
+        r = results[f"c{i}"]
+        assert (r.exit_code, r.output) == (i, "".join(f"c{i}-{j}\n" for j in (1, 2, 3)))
+
+
+@pytest.mark.timeout(60)
+def test_output_that_looks_like_the_control_protocol_is_only_output(sb):
+    # An agent printing what PID 1 answers the host with must not end, fake or misroute a reply.
+    fake = '{"id": 1, "rc": 0}\n{"id": 2, "o": "aGk="}\n{"ready": true}\n{"id": 3, "rc": 0, "size": 0}\n'
+    sb.write_file("/tmp/fake.txt", fake.encode())
+    res = sb.exec("cat /tmp/fake.txt; cat /tmp/fake.txt >&2; exit 7")
+    assert (res.exit_code, res.output) == (7, fake * 2)
+    assert sb.exec("echo next").output == "next\n"
+
+
+@pytest.mark.timeout(60)
+def test_a_left_behind_process_holding_the_output_does_not_hold_the_command(sb):
+    res = sb.exec("echo before; setsid -f sleep 30; echo after", timeout=10)
+    assert (res.exit_code, res.timed_out, res.output) == (0, False, "before\nafter\n")
+
+
+def test_commands_start_with_default_signal_dispositions(sb):
+    # Python ignores SIGPIPE and SIGXFSZ; a command must not inherit that from a Python parent
+    # (`yes | head` would print EPIPE errors, a write past RLIMIT_FSIZE would not stop it).
+    res = sb.exec("grep -E '^Sig(Ign|Blk):' /proc/self/status; yes | head -n 2")
+    assert res.output == "SigBlk:\t0000000000000000\nSigIgn:\t0000000000000000\ny\ny\n", res.output
+
+
 def test_write_read_diff_reset(sb):
     binary = bytes(range(256)) * 4
     sb.write_file("calc.py", b"def add(a, b):\n    return a + b\n")
@@ -352,6 +394,24 @@ def docker_backend():
         pytest.skip(f"docker backend unavailable here: {e}")
     yield b
     b.reap(run_id=b.run_id)
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(60)
+def test_output_past_the_limit_is_cut_and_the_sandbox_serves_on(docker_backend, spec):
+    from harnessrl.sandboxes.docker import DockerBackend, DockerConfig
+    limit = 1 << 16
+    small = DockerBackend(DockerConfig(output_limit=limit, run_id=docker_backend.run_id))
+    sb = small.create(spec)
+    try:  # 50 MB through a 64 KiB limit: PID 1 reads it all, sends the first 64 KiB
+        res = sb.exec("head -c 50000000 /dev/zero | tr '\\0' x; echo; echo done >&2")
+        assert res.exit_code == 0
+        assert res.output == "x" * limit + f"\n[harnessrl: output truncated at {limit} bytes]\n"
+        assert sb.exec("echo served").output == "served\n"
+        # Nothing a container prints is kept by the daemon (PID 1's stdout carries it all).
+        assert docker_backend.client.api.inspect_container(sb.id)["HostConfig"]["LogConfig"]["Type"] == "none"
+    finally:
+        sb.close()
 
 
 @pytest.mark.docker
