@@ -193,6 +193,9 @@ def prepare(bwrap_args: list[str], binds: Binds, command: list[str], workdir: st
         if identity.drops:
             tail = [_tool("setpriv"), f"--reuid={identity.uid}", f"--regid={identity.gid}",
                     "--clear-groups", "--no-new-privs", "--", *tail]
+        # Every signal at its default: a signal ignored where harnessrl runs (SIGHUP under
+        # nohup) would be inherited by the agent's commands, and a shell cannot un-ignore it.
+        tail = [_tool("env"), "--default-signal", "--", *tail]
         script = "set -e\n" + "".join(line + "\n" for line in lines) + "exec " + shlex.join(tail)
         argv = [_tool("sh"), "-c", script]
         if private_ns:
