@@ -480,9 +480,10 @@ class DockerSandbox:
         finally:
             ctl.done(rid)
         if reply is None:
+            why = ctl.closed or "no reply in 120 s"
             if not self.alive():
-                raise self._died("cannot reset", ConnectionError(ctl.closed or "no reply in 120 s"))
-            raise SandboxError(f"reset of {self.id[:12]} failed: {ctl.closed or 'no reply in 120 s'}")
+                raise self._died("cannot reset", ConnectionError(why))
+            raise SandboxError(f"reset of {self.id[:12]} failed: {why}")
         if reply.get("rc") != 0:
             raise SandboxError(f"reset of {self.id[:12]} failed (exit {reply.get('rc')}): "
                                f"{reply.get('err', '')[-2000:]}")

@@ -84,9 +84,8 @@ def _spawn(req):
     if pid == 0:  # the child: nothing of PID 1 but the pipes may reach the command
         try:
             os.setsid()
-            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            for sig in (signal.SIGINT, signal.SIGPIPE, signal.SIGXFSZ):  # Python ignores the
-                signal.signal(sig, signal.SIG_DFL)  # last two, and exec would keep that
+            for sig in (signal.SIGCHLD, signal.SIGINT, signal.SIGPIPE, signal.SIGXFSZ):  # Python
+                signal.signal(sig, signal.SIG_DFL)  # ignores the last two, and exec would keep that
             signal.set_wakeup_fd(-1)
             null = os.open("/dev/null", os.O_RDONLY)
             os.dup2(null, 0)
@@ -115,12 +114,10 @@ def _reap(exited, wanted=None):
     """Reap every exited child into `exited` (pid -> exit code); block until `wanted` has."""
     while True:
         block = wanted is not None and wanted not in exited
-        try:
+        try:  # (EINTR is retried by Python itself, PEP 475, here and in every call below)
             pid, st = os.waitpid(-1, 0 if block else os.WNOHANG)
         except ChildProcessError:
             return
-        except InterruptedError:
-            continue
         if pid == 0:
             return
         code = os.waitstatus_to_exitcode(st)
@@ -135,13 +132,7 @@ def _reset(argv, exited):
         (os.POSIX_SPAWN_DUP2, w, 2), (os.POSIX_SPAWN_CLOSE, r), (os.POSIX_SPAWN_CLOSE, w)])
     os.close(w)
     err = b""
-    while True:
-        try:
-            chunk = os.read(r, 65536)
-        except InterruptedError:
-            continue
-        if not chunk:
-            break
+    while chunk := os.read(r, 65536):
         err += chunk[:8192]
     os.close(r)
     _reap(exited, pid)
@@ -163,7 +154,6 @@ def main():
     since = time.time()  # anything changed after this (by ctime) is the agent's doing
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
-    os.set_blocking(wake_r, False)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     _send({"ready": True})  # the host's start() waits for this line
@@ -172,15 +162,9 @@ def main():
     exited = {}  # pid -> exit code, of every reaped child not yet answered for
     while True:
         fds = [wake_r] + [fd for c in commands.values() for fd in c.fds] + ([0] if stdin_open else [])
-        try:
-            ready = select.select(fds, [], [], 5.0)[0]
-        except InterruptedError:
-            ready = []
+        ready = select.select(fds, [], [], 5.0)[0]
         if wake_r in ready:
-            try:
-                os.read(wake_r, 4096)
-            except BlockingIOError:
-                pass
+            os.read(wake_r, 4096)
         for c in list(commands.values()):
             for fd in list(c.fds):
                 if fd in ready:
