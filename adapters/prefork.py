@@ -45,6 +45,11 @@ class Prefork:
     """Modules the server imports once (e.g. ("litellm",)); the harness's own stay per episode."""
     late: tuple[str, ...] = ()
     """Environment keys that differ per episode; the preload must not read them at import."""
+    optional: tuple[str, ...] = ()
+    """Modules imported after `preload` when present (a `ModuleNotFoundError` for one of them
+    skips it, so another release of the harness's dependencies still forks): what the harness
+    would otherwise import in every episode, at start-up or lazily on its first model call
+    (litellm's provider modules and HTTP stack). The same checks apply to them."""
 
 
 class PreforkUnavailable(RuntimeError):
@@ -75,13 +80,16 @@ class ForkServer:
         self._dir = tempfile.mkdtemp(prefix="harnessrl-prefork-")
         self.socket_path = os.path.join(self._dir, "s")
         self._log = open(os.path.join(self._dir, "server.log"), "wb")
-        spec = {"socket": self.socket_path, "preload": list(prefork.preload), "late": list(prefork.late)}
+        spec = {"socket": self.socket_path, "preload": list(prefork.preload), "late": list(prefork.late),
+                "optional": list(prefork.optional)}
         self._proc = subprocess.Popen([python, str(SERVER), json.dumps(spec)], env=env, cwd=self._dir,
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
                                       start_new_session=True)
         self._ready = threading.Event()
         self.refusal: str | None = None
         """Why it will not serve (None while it does, or has not answered yet)."""
+        self.skipped: list[str] = []
+        """The optional modules the harness's venv does not have (set once it is ready)."""
         threading.Thread(target=self._handshake, daemon=True, name="prefork-handshake").start()
 
     def _handshake(self) -> None:
@@ -92,6 +100,7 @@ class ForkServer:
             hello = {"ok": False, "reason": f"server exited before it was ready: {self._log_tail()}"}
         if not hello.get("ok"):
             self.refusal = hello.get("reason") or "server refused"
+        self.skipped = list(hello.get("skipped") or [])
         self._ready.set()
 
     def _log_tail(self) -> str:

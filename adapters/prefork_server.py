@@ -1,12 +1,13 @@
 """The fork server's own side: run by a harness's interpreter, stdlib only (it imports nothing
 of harnessrl, whose venv it is not in). See adapters/prefork.py for the contract.
 
-    python prefork_server.py '{"socket": PATH, "preload": [...], "late": [...]}'
+    python prefork_server.py '{"socket": PATH, "preload": [...], "late": [...], "optional": [...]}'
 
-Start-up: import the preload modules while recording which `late` environment keys they read
-(and from which module), then refuse (one JSON line on stdout, `ok: false` and the reason)
-if a late key was read outside `ALLOWED_READERS`, a thread was started or an import failed;
-else freeze the heap, listen and say `{"ok": true, "pid": N}`.
+Start-up: import the preload modules, then the optional ones (one that is not installed is
+skipped), while recording which `late` environment keys they read (and from which module),
+then refuse (one JSON line on stdout, `ok: false` and the reason) if a late key was read
+outside `ALLOWED_READERS`, a thread was started or an import failed; else freeze the heap,
+listen and say `{"ok": true, "pid": N, "skipped": [the optional modules not installed]}`.
 
 Each connection sends an 8-byte length with three fds (stdin, stdout, stderr), then a JSON
 `{"argv", "env", "cwd"}`; argv[0] is the console script. The server forks; the child leads a
@@ -62,12 +63,23 @@ def _record_reads(late):
     return restore, reads
 
 
-def _prepare(spec):
+def _missing(e, name):
+    """Whether `e` says that `name` (or a package it is in) is not installed."""
+    return isinstance(e, ModuleNotFoundError) and e.name is not None and (name + ".").startswith(e.name + ".")
+
+
+def _prepare(spec, skipped):
     late = set(spec["late"])
     restore, reads = _record_reads(late)
     try:
-        for name in spec["preload"]:
-            __import__(name)
+        for name in [*spec["preload"], *spec.get("optional", [])]:
+            try:
+                __import__(name)
+            except ModuleNotFoundError as e:
+                if name not in spec["preload"] and _missing(e, name):
+                    skipped.append(name)  # not in this venv: the harness never imports it either
+                    continue
+                raise
     except BaseException as e:  # noqa: BLE001 - any import failure means: launch plainly
         return f"preload {name!r} failed: {type(e).__name__}: {e}"
     finally:
@@ -91,7 +103,7 @@ def _recv_exact(conn, n):
     return buf
 
 
-def _serve(spec, zygote_pp):
+def _serve(spec, zygote_pp, skipped):
     """The server loop; returns (request, fds, zygote_pp) in a forked child, never in the server."""
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(spec["socket"])
@@ -105,7 +117,7 @@ def _serve(spec, zygote_pp):
     sel.register(sys.stdin, selectors.EVENT_READ, "owner")
     sel.register(wake_r, selectors.EVENT_READ, "child")
     live = {}  # pid -> conn
-    print(json.dumps({"ok": True, "pid": os.getpid()}), flush=True)
+    print(json.dumps({"ok": True, "pid": os.getpid(), "skipped": skipped}), flush=True)
     while True:
         for key, _ in sel.select():
             if key.data == "owner":
@@ -205,13 +217,14 @@ def _become(request, fds, zygote_pp):
 def main():
     spec = json.loads(sys.argv[1])
     zygote_pp = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    refusal = _prepare(spec)
+    skipped = []
+    refusal = _prepare(spec, skipped)
     if refusal:
         print(json.dumps({"ok": False, "reason": refusal}), flush=True)
         return None
     gc.collect()
     gc.freeze()  # children share the preloaded heap instead of copying it page by page on gc
-    return _serve(spec, zygote_pp)
+    return _serve(spec, zygote_pp, skipped)
 
 
 if __name__ == "__main__":

@@ -153,6 +153,35 @@ def test_doubtful_import_time_state_sends_the_launch_back_to_plain(world, monkey
     assert run_host([str(script)], env(), str(tmp), 60, prefork=WARM).launch == "plain"
 
 
+def test_optional_preloads_are_skipped_when_absent_and_checked_like_the_rest_when_present(world):
+    """An optional module the venv lacks is skipped (the launch still forks, the server says
+    which); one that is present is imported once by the server and arrives preloaded; one that
+    is present but fails (a dependency of its own missing), reads a late key or starts a
+    thread sends the launch back to plain, as a required one does."""
+    tmp, script, env = world
+    lib = tmp / "lib"
+    (lib / "opt_dep.py").write_text(f"open({str(tmp / 'opt_imports')!r}, 'a').write('x')\n")
+    probe = "import sys\nprint('opt' if 'opt_dep' in sys.modules else 'cold')\n"
+    script.write_text(f"#!{sys.executable}\n{probe}")
+    warm = Prefork(("warm_dep",), ("KEY", "HOME"), optional=("no_such_module_here", "opt_dep", "no_such_pkg.sub"))
+    runs = [run_host([str(script)], env(KEY=f"k{i}"), str(tmp), 60, prefork=warm) for i in range(2)]
+    assert [(r.launch, r.exit_code, r.stdout.strip()) for r in runs] == [("forked", 0, "opt")] * 2
+    server = next(iter(prefork._servers.values()))
+    assert server.skipped == ["no_such_module_here", "no_such_pkg.sub"]
+    assert (tmp / "opt_imports").read_text() == "x"  # the server's one import served both
+    for name, src, why in (
+            ("bad_opt1", "import no_such_dependency_of_it\n",
+             "plain (preload 'bad_opt1' failed: ModuleNotFoundError: No module named 'no_such_dependency_of_it')"),
+            ("bad_opt2", "import os\nK = os.environ.get('KEY')\n", "plain (late keys read at import: KEY read by bad_opt2)"),
+            ("bad_opt3", "import threading, time\nthreading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n",
+             "plain (the preload started threads (2): forking would be unsafe)")):
+        prefork.close_all()
+        (lib / f"{name}.py").write_text(src)
+        run = run_host([str(script)], env(KEY="k"), str(tmp), 60,
+                       prefork=Prefork(("warm_dep",), ("KEY", "HOME"), optional=(name,)))
+        assert (run.launch, run.exit_code, run.stdout.strip()) == (why, 0, "cold")
+
+
 def test_concurrent_launches_each_get_their_own_environment_and_servers_split_by_env(world):
     tmp, script, env = world
     runs: dict[int, object] = {}
@@ -262,6 +291,7 @@ def test_real_harnesses_warm_the_server_their_launches_use_and_it_accepts_their_
         assert prefork.server_for(prefork.interpreter_of(script), own, launch_env) is warmed
         warmed.wait_ready()
         assert warmed.refusal is None
+        assert warmed.skipped == []  # every optional module still exists in the pinned release
     finally:
         prefork.close_all()
 
