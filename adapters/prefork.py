@@ -33,6 +33,8 @@ from pathlib import Path
 
 import psutil
 
+from harnessrl.sandboxes.limits import env_nice, yield_cpu
+
 SERVER = Path(__file__).with_name("prefork_server.py")
 START_TIMEOUT_S = 300.0
 
@@ -85,6 +87,7 @@ class ForkServer:
         self._proc = subprocess.Popen([python, str(SERVER), json.dumps(spec)], env=env, cwd=self._dir,
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
                                       start_new_session=True)
+        yield_cpu(self._proc.pid)  # its import (seconds of CPU) yields to the engine too
         self._ready = threading.Event()
         self.refusal: str | None = None
         """Why it will not serve (None while it does, or has not answered yet)."""
@@ -119,7 +122,10 @@ class ForkServer:
     def spawn(self, argv: list[str], env: dict[str, str], cwd: str, stdout: int, stderr: int,
               ready_timeout: float = START_TIMEOUT_S) -> ForkedProc:
         self.wait_ready(ready_timeout)
-        payload = json.dumps({"argv": argv, "env": env, "cwd": cwd}).encode()
+        nice = env_nice()  # the child leads a new session: it sets its own priority (limits.yield_cpu)
+        mine = os.getpriority(os.PRIO_PROCESS, 0)
+        payload = json.dumps({"argv": argv, "env": env, "cwd": cwd,
+                              "nice": min(19, mine + nice) if nice else mine, "group_nice": nice}).encode()
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         devnull = os.open(os.devnull, os.O_RDONLY)
         lines = _Lines(conn)

@@ -10,7 +10,9 @@ outside `ALLOWED_READERS`, a thread was started or an import failed; else freeze
 listen and say `{"ok": true, "pid": N, "skipped": [the optional modules not installed]}`.
 
 Each connection sends an 8-byte length with three fds (stdin, stdout, stderr), then a JSON
-`{"argv", "env", "cwd"}`; argv[0] is the console script. The server forks; the child leads a
+`{"argv", "env", "cwd", "nice", "group_nice"}`; argv[0] is the console script; the child takes
+the nice value and sets its session group's to `group_nice` (see harnessrl's
+`sandboxes.limits.yield_cpu`). The server forks; the child leads a
 new session, takes the fds, the whole environment, the cwd and `sys.path` a plain
 `python argv[0]` would have, and runs the script as `__main__`, so the interpreter exits as
 it would (atexit, thread joins, flushes). The server answers `{"pid": N}` and, when it has
@@ -197,6 +199,16 @@ def _become(request, fds, zygote_pp):
     for target, fd in zip((0, 1, 2), fds):
         os.dup2(fd, target)
         os.close(fd)
+    # The CPU priority a plain launch gets from the launcher (harnessrl's sandboxes.limits.yield_cpu):
+    # the nice value, and this new session's scheduler group's. Best effort, as there.
+    if "nice" in request:
+        _quiet(os.setpriority, os.PRIO_PROCESS, 0, int(request["nice"]))
+    if request.get("group_nice"):
+        try:
+            with open("/proc/self/autogroup", "w") as f:
+                f.write(str(int(request["group_nice"])))
+        except OSError:
+            pass
     env, argv = request["env"], request["argv"]
     os.environ.clear()
     os.environ.update(env)

@@ -18,6 +18,7 @@ import psutil
 
 from harnessrl.adapters.cancel import Cancel
 from harnessrl.adapters.prefork import START_TIMEOUT_S, Prefork, PreforkUnavailable, enabled, interpreter_of, server_for
+from harnessrl.sandboxes.limits import yield_cpu
 
 
 @dataclass
@@ -125,8 +126,10 @@ def _start(argv, env, cwd, out_f, err_f, prefork: Prefork | None, timeout: float
             how = f"plain ({e})"
     else:
         how = "plain"
-    return subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out_f, stderr=err_f,
-                            start_new_session=True), how
+    proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out_f, stderr=err_f,
+                            start_new_session=True)
+    yield_cpu(proc.pid)  # Popen returns after the exec, so the child leads its session by now
+    return proc, how
 
 
 def _read(f) -> str:

@@ -38,7 +38,7 @@ from harnessrl.sandboxes.base import (ExecResult, RepoSpec, SandboxDied, Sandbox
                                       SandboxUnavailable)
 from harnessrl.sandboxes.bwrap import BASE_ENV, Binds, Identity, isolation, prepare, probe
 from harnessrl.sandboxes.hostfs import own, remove
-from harnessrl.sandboxes.limits import Cgroup, LoopDisk, umount
+from harnessrl.sandboxes.limits import Cgroup, LoopDisk, umount, yield_cpu
 from harnessrl.sandboxes.repo import DIFF_SCRIPT, FINALIZE_SCRIPT, RESET_SCRIPT, materialize, spec_key
 
 __all__ = ["LocalConfig", "LocalBackend", "LocalSandbox", "bwrap_works"]
@@ -326,6 +326,10 @@ class LocalSandbox:
             launch.abandon()
             raise SandboxError(f"cannot launch bubblewrap for local sandbox {self.id}: {e}") from None
         launch.after_spawn()
+        # The environment takes the CPU the engine leaves (limits.yield_cpu): the nice value reaches
+        # the command; the session bwrap's --new-session starts keeps a group nice of 0 (set from
+        # inside, the kernel rate-limits it to one write per 0.1 s machine-wide, so it is not).
+        yield_cpu(proc.pid)
         out, err = bytearray(), bytearray()
         readers = [threading.Thread(target=_pump, args=(proc.stdout, out, limit), daemon=True)]
         if not merge:

@@ -1,0 +1,108 @@
+"""The environment yields the CPU to the engine (sandboxes.limits.yield_cpu): harness processes,
+launched plainly or from a fork server, run at a nice value `HARNESSRL_ENV_NICE` (10) above
+harnessrl's, in a session whose scheduler group has that nice too; the local sandboxes' commands
+get the nice value; 0 turns it off. Read from inside the real processes (/proc/self/autogroup, getpriority)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from harnessrl.adapters import prefork
+from harnessrl.adapters.prefork import Prefork
+from harnessrl.adapters.proc import clean_env, run_host
+from harnessrl.sandboxes.limits import env_nice, yield_cpu
+
+PROBE = """
+import json, os
+try:
+    group = open("/proc/self/autogroup").read().split()[-1]
+except OSError:
+    group = None
+print(json.dumps({"nice": os.getpriority(os.PRIO_PROCESS, 0), "group": group, "leader": os.getsid(0) == os.getpid()}))
+"""
+AUTOGROUP = os.path.exists("/proc/self/autogroup")
+
+
+@pytest.fixture
+def script(tmp_path, monkeypatch):
+    monkeypatch.setenv("HARNESSRL_PREFORK", "1")
+    s = tmp_path / "probe"
+    s.write_text(f"#!{sys.executable}\n{PROBE}")
+    s.chmod(0o755)
+    yield s
+    prefork.close_all()
+
+
+def _launch(script, tmp_path, forked: bool) -> dict:
+    run = run_host([str(script)], clean_env({"HOME": str(tmp_path)}), str(tmp_path), 60,
+                   prefork=Prefork(("json",), ("HOME",)) if forked else None)
+    assert run.exit_code == 0 and run.launch == ("forked" if forked else "plain"), (run.launch, run.stderr)
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("forked", [False, True], ids=["plain", "forked"])
+def test_harness_processes_run_below_harnessrl_and_env_nice_zero_keeps_them_level(script, tmp_path, monkeypatch, forked):
+    mine = os.getpriority(os.PRIO_PROCESS, 0)
+    if mine >= 9:
+        pytest.skip(f"this test runs at nice {mine}: there is no room below it to see")
+    got = _launch(script, tmp_path, forked)
+    assert got == {"nice": mine + 10, "group": "10" if AUTOGROUP else None, "leader": True}
+    prefork.close_all()
+    monkeypatch.setenv("HARNESSRL_ENV_NICE", "3")
+    assert _launch(script, tmp_path, forked)["nice"] == mine + 3
+    prefork.close_all()
+    monkeypatch.setenv("HARNESSRL_ENV_NICE", "0")
+    assert _launch(script, tmp_path, forked) == {"nice": mine, "group": "0" if AUTOGROUP else None, "leader": True}
+
+
+def test_env_nice_is_validated_and_yield_cpu_refuses_a_process_sharing_its_session(monkeypatch):
+    for bad in ("ten", "-1", "20"):
+        monkeypatch.setenv("HARNESSRL_ENV_NICE", bad)
+        with pytest.raises(ValueError, match="HARNESSRL_ENV_NICE must be an integer 0-19"):
+            env_nice()
+    monkeypatch.delenv("HARNESSRL_ENV_NICE")
+    assert env_nice() == 10
+    # A child in our session: lowering its group's priority would lower ours; refused, untouched.
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        with pytest.raises(ValueError, match="does not lead its own session"):
+            yield_cpu(child.pid)
+        assert os.getpriority(os.PRIO_PROCESS, child.pid) == os.getpriority(os.PRIO_PROCESS, 0)
+    finally:
+        child.kill()
+        child.wait()
+
+
+@pytest.mark.bwrap
+def test_local_sandbox_commands_run_below_harnessrl(tmp_path, monkeypatch):
+    from harnessrl.sandboxes import RepoSpec, SandboxError
+    from harnessrl.sandboxes.local import LocalBackend, LocalConfig
+
+    src = tmp_path / "src"
+    src.mkdir()
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@t"}
+    (src / "a.txt").write_text("a\n")
+    for argv in (["init", "-q", "-b", "main"], ["add", "-A"], ["commit", "-qm", "base"]):
+        subprocess.run(["git", *argv], cwd=src, env=env, check=True, capture_output=True)
+    sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=src, capture_output=True, text=True).stdout.strip()
+    try:
+        backend = LocalBackend(LocalConfig(root=str(tmp_path / "root")))
+    except SandboxError as e:
+        pytest.skip(f"local backend unavailable here: {e}")
+    mine = os.getpriority(os.PRIO_PROCESS, 0)
+    sb = backend.create(RepoSpec("prio", str(src), sha))
+    try:
+        # The nice value only: bwrap's --new-session gives the command a session group of its own
+        # at group nice 0 (see sandboxes/local.py).
+        r = sb.exec(["bash", "-c", "nice; sh -c nice"], timeout=30)
+        assert r.exit_code == 0, r.output
+        assert r.output.split() == [str(min(19, mine + 10))] * 2
+        monkeypatch.setenv("HARNESSRL_ENV_NICE", "0")
+        assert sb.exec(["bash", "-c", "nice"], timeout=30).output.split() == [str(mine)]
+    finally:
+        sb.close()
