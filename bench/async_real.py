@@ -42,8 +42,12 @@ this process, containers, Docker daemons, the rest: harness processes and runc),
 average and where an episode's time went (harness run outside its turns, i.e. start-up and exit; hidden tests;
 sandbox acquisition) are printed.
 
-Rerun: `.venv/bin/python bench/async_real.py` (40 min on 2 cores at load average 13-27;
-`--quick`: CV 1, η 0 and 2, ~11 min). Per-episode harness CPU (mini-swe-agent's start-up) and
+Rerun: `.venv/bin/python bench/async_real.py` (8 batches per η; `--quick`: CV 1, η 0 and 2,
+~13 min on 2 cores). With 3 batches an η > 0 run was mostly the pipeline's fill, and no
+episode lived long enough to be masked; with 8, the masked fraction is measured and the
+steady rate (second half) is printed beside the whole-run one: `steady_ratio_vs_sync` is the
+η's steady rate over η = 0's whole-run rate (a synchronous run has no fill: its batches are
+alike, and its whole-run rate is the better estimate). The target uses the whole-run ratio. Per-episode harness CPU (mini-swe-agent's start-up) and
 the hidden tests make throughput CPU-bound on such a machine: see the `cpu`/`own` columns and
 `bound_with_episode_overhead`, which occupancy tracks.
 
@@ -325,8 +329,8 @@ async def amain(args) -> int:
     from harnessrl.trainers.engine import EngineServer
 
     if args.quick:
-        args.cvs, args.etas, args.steps = args.cvs or "1", args.etas or "0,2", args.steps or 3
-    args.cvs, args.etas, args.steps = args.cvs or "1,2", args.etas or "0,1,2,4", args.steps or 3
+        args.cvs, args.etas, args.steps = args.cvs or "1", args.etas or "0,2", args.steps or 8
+    args.cvs, args.etas, args.steps = args.cvs or "1,2", args.etas or "0,1,2,4", args.steps or 8
     out = Path(args.out)
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
@@ -386,6 +390,8 @@ async def amain(args) -> int:
                                       pool=pool, tasks=tasks)
                     base = rows[etas[0]]["traj_per_s"] if rows else r["traj_per_s"]
                     r["ratio_vs_sync"] = r["traj_per_s"] / base if base else None
+                    r["steady_ratio_vs_sync"] = (r["steady_traj_per_s"] / base
+                                                 if base and r["steady_traj_per_s"] is not None else None)
                     rows[eta] = r
                     e, i = r["env_s"], r["injected_s"]
                     print(f"{eta:>3} {r['traj_per_s']:>7.3f} {r['ratio_vs_sync']:>6.2f}x "
@@ -394,7 +400,7 @@ async def amain(args) -> int:
                           f"{_pct(e, .5):>9.2f}/{_pct(e, .95):.2f}/{_pct(e, .99):.2f} "
                           f"{_pct(i, .5):>9.2f}/{_pct(i, .95):.2f}/{_pct(i, .99):.2f} "
                           f"{r['system_cpu_busy']:>5.0%} {r['own_cpu_cores']:>5.2f} {r['success_rate']:>5.2f}   "
-                          f"(t_gen {r['t_gen_s']:.2f}s, bound with episode overhead {r['bound_with_episode_overhead']:.2f} "
+                          f"(steady {r['steady_ratio_vs_sync'] or float('nan'):.2f}x sync, t_gen {r['t_gen_s']:.2f}s, bound with episode overhead {r['bound_with_episode_overhead']:.2f} "
                           f"(episode {r['episode_s']:.0f}s), engine busy {r['engine_busy']:.0%}, hist {r['staleness_hist']}; per "
                           f"episode: harness {r['harness_s']:.1f}s of which {r['harness_outside_turns_s']:.1f}s outside turns, "
                           f"hidden tests {r['reward_s']:.1f}s, sandbox {r['sandbox_s']:.2f}s; "
@@ -407,7 +413,7 @@ async def amain(args) -> int:
 
     def row(r: dict) -> dict:
         e, i = r["env_s"], r["injected_s"]
-        keep = ("traj_per_s", "steady_traj_per_s", "ratio_vs_sync", "occupancy", "bound", "masked_token_frac",
+        keep = ("traj_per_s", "steady_traj_per_s", "ratio_vs_sync", "steady_ratio_vs_sync", "occupancy", "bound", "masked_token_frac",
                 "bound_with_episode_overhead", "episode_s", "harness_s", "harness_outside_turns_s", "reward_s", "max_lag", "mean_in_flight", "t_gen_s", "engine_busy", "system_cpu_busy", "own_cpu_cores",
                 "success_rate", "infra_errors", "trajectories", "wall_s", "cpu_cores_by_part")
         out = {k: (round(r[k], 4) if isinstance(r[k], float) else r[k]) for k in keep}
@@ -427,7 +433,8 @@ async def amain(args) -> int:
     target_met = bool(best is not None and ok(first[str(best)]) and lag_ok)
     if best is not None:
         b = first[str(best)]
-        print(f"\nCV {cvs[0]:g}: best η<=2 is η={best}: {b['ratio_vs_sync']:.2f}x sync, occupancy "
+        print(f"\nCV {cvs[0]:g}: best η<=2 is η={best}: {b['ratio_vs_sync']:.2f}x sync (steady "
+              f"{b['steady_ratio_vs_sync'] or float('nan'):.2f}x), occupancy "
               f"{b['occupancy_over_bound']:.0%} of the bound, {b['masked_token_fraction']:.1%} masked; measured env "
               f"p50/p95/p99 {b['env_latency_measured_s']['p50']}/{b['env_latency_measured_s']['p95']}/"
               f"{b['env_latency_measured_s']['p99']} s; target_met={target_met}")
@@ -448,7 +455,7 @@ def main() -> int:
     ap.add_argument("--turns", type=int, default=4, help="commands per episode (gold, fillers, submit)")
     ap.add_argument("--group-size", type=int, default=4)
     ap.add_argument("--groups-per-step", type=int, default=2)
-    ap.add_argument("--steps", type=int, default=None, help="batches per η (default 3)")
+    ap.add_argument("--steps", type=int, default=None, help="batches per η (default 8)")
     ap.add_argument("--etas", default=None, help="default 0,1,2,4")
     ap.add_argument("--cvs", default=None, help="default 1,2")
     ap.add_argument("--train-s", type=float, default=2.0, help="trainer time per step (other hardware: a wait)")
