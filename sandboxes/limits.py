@@ -189,7 +189,7 @@ def env_nice() -> int:
     return value
 
 
-def yield_cpu(pid: int, nice: int | None = None) -> bool:
+def yield_cpu(pid: int, nice: int | None = None, group: bool = True) -> bool:
     """Lower the CPU priority of `pid`, a process that leads its own session (a harness, a
     sandbox command), by `nice` (default `env_nice()`), so that with every core busy the
     engine and harnessrl's own threads get the CPU first and the environment the rest; when
@@ -201,7 +201,10 @@ def yield_cpu(pid: int, nice: int | None = None) -> bool:
     busy process beside three busy sessions for 6 s: it got 49% of a core with the sessions at
     group nice 0, 98% with them at 10 (the three shared the other core). Best effort (False
     when neither could be set); refuses (ValueError) a process that does not lead its session,
-    whose group is someone else's too."""
+    whose group is someone else's too. The kernel lets an unprivileged process set a group nice
+    at most once per 0.1 s machine-wide (root is not limited); a launch that meets the limit
+    keeps group nice 0. `group=False`: the nice value only (for a process whose work runs in a
+    session of its own further down, as bwrap's `--new-session` starts)."""
     nice = env_nice() if nice is None else nice
     if nice <= 0:
         return False
@@ -216,6 +219,8 @@ def yield_cpu(pid: int, nice: int | None = None) -> bool:
         done = True
     except OSError:
         pass
+    if not group:
+        return done
     try:
         with open(f"/proc/{pid}/autogroup", "w") as f:
             f.write(str(nice))

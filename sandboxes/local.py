@@ -329,7 +329,7 @@ class LocalSandbox:
         # The environment takes the CPU the engine leaves (limits.yield_cpu): the nice value reaches
         # the command; the session bwrap's --new-session starts keeps a group nice of 0 (set from
         # inside, the kernel rate-limits it to one write per 0.1 s machine-wide, so it is not).
-        yield_cpu(proc.pid)
+        yield_cpu(proc.pid, group=False)
         out, err = bytearray(), bytearray()
         readers = [threading.Thread(target=_pump, args=(proc.stdout, out, limit), daemon=True)]
         if not merge:
