@@ -290,7 +290,15 @@ device = "cpu"
             time.sleep(0.5)
         assert proc.poll() is None, proc.communicate()
         assert ours(), "no sandbox started within 300 s"
-        time.sleep(3)  # episodes under way
+        # Episodes under way: the first step is recorded, the next groups are running. (A SIGTERM
+        # in the start-up, while the engine and trainer load, was seen to end the run with 0;
+        # that window is not covered here.)
+        metrics = tmp_path / "run" / "metrics.jsonl"
+        while proc.poll() is None and time.monotonic() < deadline and not (
+                metrics.exists() and metrics.read_text().strip()):
+            time.sleep(0.2)
+        assert proc.poll() is None, proc.communicate()
+        assert metrics.read_text().strip(), "no step recorded within 300 s"
         os.kill(proc.pid, signal.SIGTERM)
         out, err = proc.communicate(timeout=240)
     finally:
