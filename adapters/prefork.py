@@ -125,7 +125,7 @@ class ForkServer:
         nice = env_nice()  # the child leads a new session: it sets its own priority (limits.yield_cpu)
         mine = os.getpriority(os.PRIO_PROCESS, 0)
         payload = json.dumps({"argv": argv, "env": env, "cwd": cwd,
-                              "nice": min(19, mine + nice) if nice else mine, "group_nice": nice}).encode()
+                              "nice": min(19, mine + nice), "group_nice": nice}).encode()
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         devnull = os.open(os.devnull, os.O_RDONLY)
         lines = _Lines(conn)

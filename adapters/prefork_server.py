@@ -66,8 +66,8 @@ def _record_reads(late):
 
 
 def _missing(e, name):
-    """Whether `e` says that `name` (or a package it is in) is not installed."""
-    return isinstance(e, ModuleNotFoundError) and e.name is not None and (name + ".").startswith(e.name + ".")
+    """Whether the ModuleNotFoundError `e` says that `name` (or a package it is in) is not installed."""
+    return e.name is not None and (name + ".").startswith(e.name + ".")
 
 
 def _prepare(spec, skipped):

@@ -189,9 +189,9 @@ def env_nice() -> int:
     return value
 
 
-def yield_cpu(pid: int, nice: int | None = None, group: bool = True) -> bool:
+def yield_cpu(pid: int, group: bool = True) -> bool:
     """Lower the CPU priority of `pid`, a process that leads its own session (a harness, a
-    sandbox command), by `nice` (default `env_nice()`), so that with every core busy the
+    sandbox command), by `env_nice()`, so that with every core busy the
     engine and harnessrl's own threads get the CPU first and the environment the rest; when
     the machine is idle it runs at full speed. Both knobs: the process's nice value (inherited
     by what it starts), and, where the kernel groups each session for the scheduler
@@ -205,7 +205,7 @@ def yield_cpu(pid: int, nice: int | None = None, group: bool = True) -> bool:
     at most once per 0.1 s machine-wide (root is not limited); a launch that meets the limit
     keeps group nice 0. `group=False`: the nice value only (for a process whose work runs in a
     session of its own further down, as bwrap's `--new-session` starts)."""
-    nice = env_nice() if nice is None else nice
+    nice = env_nice()
     if nice <= 0:
         return False
     try:
