@@ -85,7 +85,6 @@ def _harness_problem(harness: str) -> str | None:
 
 
 def _cmd_rollout(args: argparse.Namespace) -> int:
-    import asyncio
     import json
 
     from harnessrl.gym.episode import EpisodeConfig
@@ -114,7 +113,7 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
 
         engine = EngineServer(model=args.model, port=0, weight_version="0").start()
     try:
-        rep = asyncio.run(run_rollout(cfg, args.engine_url or engine.url, args.out, episodes=args.episodes,
+        rep = _run(run_rollout(cfg, args.engine_url or engine.url, args.out, episodes=args.episodes,
                                       concurrency=args.concurrency))
     finally:
         if engine is not None:
@@ -124,8 +123,6 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    import asyncio
-
     from harnessrl.trainers.loop import ConfigError, load_config, train
 
     if args.print_config:
@@ -163,7 +160,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from harnessrl.trainers.prepare import PrepareError
 
     try:
-        history = asyncio.run(train(cfg))
+        history = _run(train(cfg))
     except (LeakError, PrepareError, TaskFileError) as e:
         print("\n".join(f"harnessrl train: {line}" for line in str(e).splitlines()), file=sys.stderr)
         return 2
@@ -295,35 +292,110 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     handlers = {"doctor": _cmd_doctor, "model": _cmd_model, "engine": _cmd_engine, "chat": _cmd_chat,
                 "rollout": _cmd_rollout, "train": _cmd_train, "compare": _cmd_compare}
-    term = _stop_on_sigterm() if args.cmd in ("train", "rollout") else None
+    global _STOP
+    _STOP = _Stop(args.cmd) if args.cmd in ("train", "rollout") else None
     try:
         return handlers[args.cmd](args)
     except (FileNotFoundError, KeyError) as e:  # missing model / unknown name: one clear line
         print(f"harnessrl {args.cmd}: {e.args[0] if e.args else e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        how = "SIGTERM" if term and term["got"] else "interrupt"
-        print(f"harnessrl {args.cmd}: stopped by {how}; its sandboxes and engine were shut down, finished "
+    except _Stopped as e:
+        print(f"harnessrl {args.cmd}: stopped by {e.how}; its sandboxes and engine were shut down, finished "
               f"trajectories are in the run's store", file=sys.stderr)
-        return 143 if how == "SIGTERM" else 130
+        return e.status
+    except KeyboardInterrupt:  # a second Ctrl-C while unwinding: out now
+        print(f"harnessrl {args.cmd}: interrupted twice; stopped without finishing the shut-down "
+              f"(`harnessrl sandbox reap` removes leftover sandboxes)", file=sys.stderr)
+        return 130
+    finally:
+        if _STOP is not None:
+            _STOP.restore()
 
 
-def _stop_on_sigterm() -> dict:
-    """SIGTERM (a job scheduler's stop, `kill`, `docker stop`) unwinds like Ctrl-C: it is turned
-    into SIGINT, which asyncio.run answers by cancelling the main task, so every `with` and
-    `finally` on the way out runs (the warm sandbox pool's containers are removed, the engine
-    stops). Python's default SIGTERM ends the process at once and leaves the containers running."""
-    import os
-    import signal
+class _Stopped(Exception):
+    """The run was asked to stop (SIGTERM or Ctrl-C) and has unwound."""
 
-    seen = {"got": False}
+    def __init__(self, how: str):
+        super().__init__(how)
+        self.how, self.status = how, 143 if how == "SIGTERM" else 130
 
-    def on_term(signum, frame) -> None:
-        seen["got"] = True
-        os.kill(os.getpid(), signal.SIGINT)
 
-    signal.signal(signal.SIGTERM, on_term)
-    return seen
+class _Stop:
+    """SIGTERM (a job scheduler's stop, `kill`, `docker stop`) and Ctrl-C for `train` and `rollout`.
+
+    Before the run's coroutine starts nothing is held (no sandbox, no engine of ours outside
+    this process): the process leaves at once, exit status 143 (130 for Ctrl-C). Raising
+    KeyboardInterrupt there instead, as Python's default does, lands inside whatever import is
+    under way; libraries that catch it broadly (transformers' lazy imports, numpy's) turned it
+    into an ImportError, exit status 1, or swallowed it and the run went on. Once the
+    coroutine runs, the first signal cancels it, so every `finally` on the way out runs (the
+    warm pool's containers are removed, the engine stops); a cancellation that lands while the
+    engine and trainer load is delivered at the next await. A second SIGTERM is ignored (the
+    shut-down is under way); a second Ctrl-C stops at once. A run that returns although it was
+    asked to stop still ends 143/130, never 0."""
+
+    def __init__(self, cmd: str):
+        import signal
+
+        self.cmd, self.how = cmd, None
+        self._loop = self._task = None
+        self._before = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+    def restore(self) -> None:
+        """The handlers from before (the command has returned: e.g. `main` called in a test)."""
+        import signal
+
+        for sig, handler in self._before.items():
+            signal.signal(sig, handler)
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        import os
+        import signal
+
+        how = "SIGTERM" if signum == signal.SIGTERM else "interrupt"
+        if self._task is None:
+            print(f"harnessrl {self.cmd}: stopped by {how} before the run started (nothing to shut down)",
+                  file=sys.stderr, flush=True)
+            sys.stdout.flush()
+            os._exit(143 if how == "SIGTERM" else 130)
+        if self.how is None:
+            self.how = how
+            try:
+                self._loop.call_soon_threadsafe(self._task.cancel)
+            except RuntimeError:  # the loop has closed: the run is over, `run` reports the stop
+                pass
+        elif how == "interrupt":
+            raise KeyboardInterrupt
+
+    def run(self, coro):
+        """`asyncio.run(coro)`, its main task cancelled by the first signal; `_Stopped` when one came."""
+        import asyncio
+
+        async def main():
+            self._loop, self._task = asyncio.get_running_loop(), asyncio.current_task()
+            return await coro
+
+        try:
+            result = asyncio.run(main())
+        except asyncio.CancelledError:
+            if self.how is None:
+                raise
+            raise _Stopped(self.how) from None
+        finally:
+            self._task = None  # the run's resources are released: a later signal leaves at once
+        if self.how is not None:
+            raise _Stopped(self.how)
+        return result
+
+
+_STOP: _Stop | None = None
+
+
+def _run(coro):
+    """The command's coroutine, under `_Stop` when the command has one."""
+    import asyncio
+
+    return _STOP.run(coro) if _STOP is not None else asyncio.run(coro)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ RL reward curve, latencies: `trainers.plots`) goes to the run folder.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import time
@@ -54,39 +55,60 @@ def _line(m: dict[str, Any]) -> str:
 
 async def train(cfg: TrainConfig) -> list[dict[str, Any]]:
     """Run the stages; return the RL step metrics (the SFT step metrics for an sft-only run)."""
-    from harnessrl.gym.engine_client import EngineClient
-    from harnessrl.trainers.torch_trainer import TorchTrainer
-    from harnessrl.trainers.weight_sync import DiskWeightSync
-
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(cfg.model_dump_json(indent=2))
     t_start = time.monotonic()
     prepared = await _prepare(cfg)
+    async with contextlib.AsyncExitStack() as held:  # closed on every way out, a cancellation in start-up too
+        history, run, evals = await _stages(cfg, out, t_start, held)
+    if run or evals:
+        run = run | ({"eval": evals} if evals else {}) | ({"prepare": prepared} if prepared else {})
+        (out / "report.json").write_text(json.dumps(run, indent=2))
+    plot(history if "rl" in cfg.stages else [], out / "plots.png", evals)
+    if evals:
+        print(_eval_report(evals), flush=True)
+    return history
+
+
+async def _stages(cfg: TrainConfig, out: Path, t_start: float, held: contextlib.AsyncExitStack
+                  ) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, dict[str, Any]]]:
+    """Start the warm pool, the engine and the trainer (each registered on `held` as soon as it
+    exists), then run the stages; returns the step metrics, the run report and the evaluations."""
+    from harnessrl.gym.engine_client import EngineClient
+    from harnessrl.trainers.torch_trainer import TorchTrainer
+    from harnessrl.trainers.weight_sync import DiskWeightSync
+
     evaluating = cfg.eval.enabled
     sc = cfg.scheduler  # the warm pool starts the first groups' sandboxes now, while the engine and trainer load
     first = itertools.cycle(sorted(t.instance_id for t in load_suite_tasks(cfg.rollout)))
     sandboxes = (prewarmed_sandboxes(cfg.rollout, itertools.islice(first, sc.groups_per_step * (1 + sc.staleness)))
                  if "rl" in cfg.stages else None)
-    engine = None
+    if sandboxes is not None:  # the rollout closes it too (idempotent); this covers a stop before it takes it
+        held.callback(sandboxes.close)
     if cfg.tinker is not None:  # the Tinker bridge: the service trains and samples; no local engine
         from harnessrl.trainers.bridges.tinker import TinkerSync, TinkerTrainer
 
         engine_url, trainer = "", await asyncio.to_thread(TinkerTrainer, cfg.tinker)  # blocking SDK calls
         client = sync = TinkerSync()
     else:
+        engine = None
         if cfg.engine_url is None and ("rl" in cfg.stages or evaluating):  # an sft-only run samples nothing
             from harnessrl.trainers.engine import EngineServer
 
             engine = EngineServer(model=cfg.model, port=0, weight_version="0", num_threads=cfg.engine_threads).start()
+            held.callback(engine.stop)
         engine_url = cfg.engine_url or (engine.url if engine is not None else "")
         client = EngineClient(engine_url)
         trainer = TorchTrainer(cfg.trainer.model_copy(update={"model": cfg.model}))
         sync = DiskWeightSync(client, out / "weights")
+    held.push_async_callback(client.aclose)
+    writer = _tb_writer(out) if cfg.tensorboard else None
+    if writer:
+        held.callback(writer.close)
     if cfg.resume_from is not None:
         trainer.load_checkpoint(cfg.resume_from)
         await sync.push(trainer)  # the engine samples with the restored policy from the first call
-    writer = _tb_writer(out) if cfg.tensorboard else None
     rollout_cfg = cfg.rollout.model_copy(update={"model": cfg.model})
     evals: dict[str, dict[str, Any]] = {}
 
@@ -99,31 +121,18 @@ async def train(cfg: TrainConfig) -> list[dict[str, Any]]:
 
     history: list[dict[str, Any]] = []
     run: dict[str, Any] = {}
-    try:
-        await evaluate("pre_sft")
-        if "sft" in cfg.stages:
-            history = await _sft_stage(cfg, trainer, out, writer)
-            trainer.save_checkpoint(out / "checkpoints" / "sft")
-            if engine_url or cfg.tinker is not None:
-                await sync.push(trainer)  # RL and evaluation sample from the SFT policy (the trainer's version)
-            await evaluate("post_sft")
-        if "rl" in cfg.stages:
-            history, run = await _rl_stage(cfg, trainer, sync, engine_url, rollout_cfg, sandboxes, out, writer, t_start)
-            await evaluate("post_rl")
-        trainer.save_checkpoint(out / "checkpoints" / "last")
-    finally:
-        await client.aclose()
-        if writer:
-            writer.close()
-        if engine is not None:
-            engine.stop()
-    if run or evals:
-        run = run | ({"eval": evals} if evals else {}) | ({"prepare": prepared} if prepared else {})
-        (out / "report.json").write_text(json.dumps(run, indent=2))
-    plot(history if "rl" in cfg.stages else [], out / "plots.png", evals)
-    if evals:
-        print(_eval_report(evals), flush=True)
-    return history
+    await evaluate("pre_sft")
+    if "sft" in cfg.stages:
+        history = await _sft_stage(cfg, trainer, out, writer)
+        trainer.save_checkpoint(out / "checkpoints" / "sft")
+        if engine_url or cfg.tinker is not None:
+            await sync.push(trainer)  # RL and evaluation sample from the SFT policy (the trainer's version)
+        await evaluate("post_sft")
+    if "rl" in cfg.stages:
+        history, run = await _rl_stage(cfg, trainer, sync, engine_url, rollout_cfg, sandboxes, out, writer, t_start)
+        await evaluate("post_rl")
+    trainer.save_checkpoint(out / "checkpoints" / "last")
+    return history, run, evals
 
 
 async def _prepare(cfg: TrainConfig) -> dict[str, Any]:
