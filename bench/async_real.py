@@ -173,6 +173,20 @@ class EngineProcess:
         """CPU seconds (user + system) the engine process has used so far."""
         return _proc_cpu(self.proc.pid)
 
+    def sched_s(self) -> tuple[float, float]:
+        """(seconds on a CPU, seconds runnable but waiting for one) of the engine process's
+        threads so far (`/proc/PID/task/*/schedstat`): the wait is what the machine's other
+        work took from it, apart from the time it slept or blocked."""
+        run = wait = 0.0
+        for tid in os.listdir(f"/proc/{self.proc.pid}/task"):
+            try:
+                with open(f"/proc/{self.proc.pid}/task/{tid}/schedstat") as f:
+                    a, b, _ = f.read().split()
+            except (OSError, ValueError):
+                continue
+            run, wait = run + int(a) / 1e9, wait + int(b) / 1e9
+        return run, wait
+
     def stop(self) -> None:
         import subprocess
 
@@ -246,7 +260,8 @@ async def run_eta(ro, backend, engine, client, pub, args, *, eta: int, cv: float
     # read over HTTP before and after, so the engine may run in another process.
     info0 = await client.model_info()
     engine_cpu = getattr(engine, "cpu_s", lambda: 0.0)  # an engine in its own process: its CPU too
-    parts0, eng0, self0 = _cpu_parts(), engine_cpu(), _self_cpu()
+    engine_sched = getattr(engine, "sched_s", lambda: (0.0, 0.0))
+    parts0, eng0, self0, sched0 = _cpu_parts(), engine_cpu(), _self_cpu(), engine_sched()
     cpu0, own0, t0 = _cpu_busy(), _own_cpu() + eng0, time.monotonic()
     await sched.start()
     prober = asyncio.create_task(sample())
@@ -270,7 +285,7 @@ async def run_eta(ro, backend, engine, client, pub, args, *, eta: int, cv: float
     finally:
         prober.cancel()
         await sched.close()
-    cpu1, eng1 = _cpu_busy(), engine_cpu()
+    cpu1, eng1, sched1 = _cpu_busy(), engine_cpu(), engine_sched()
     own1, parts1, self1 = _own_cpu() + eng1, _cpu_parts(), _self_cpu()
     # Where the machine's CPU went, in cores: the engine process (when apart), this process
     # (proxy, scheduler, rollouts), containers, Docker daemons, and the rest (the harness
@@ -307,7 +322,8 @@ async def run_eta(ro, backend, engine, client, pub, args, *, eta: int, cv: float
             "reward_s": statistics.fmean(x.get("reward_s", 0.0) for x in tim) if tim else None,
             "sandbox_s": statistics.fmean(x.get("sandbox_s", 0.0) for x in tim) if tim else None, "occupancy": occ, "bound": bound, "bound_with_episode_overhead": bound_ep,
             "episode_s": statistics.fmean(ep_s) if ep_s else None, "t_gen_s": t_gen,
-            "engine_busy": busy_s / wall, "mean_in_flight": probe["in_flight"] / max(1, probe["n"]),
+            "engine_busy": busy_s / wall, "engine_on_cpu": (sched1[0] - sched0[0]) / wall,
+            "engine_runqueue_wait": (sched1[1] - sched0[1]) / wall, "mean_in_flight": probe["in_flight"] / max(1, probe["n"]),
             "admission_limit": n_adm, "max_lag": max_lag,
             "masked_token_frac": st.masked_tokens / max(1, st.masked_tokens + st.trained_tokens),
             "staleness_hist": dict(sorted(st.staleness_hist.items())),
@@ -401,7 +417,7 @@ async def amain(args) -> int:
                           f"{_pct(i, .5):>9.2f}/{_pct(i, .95):.2f}/{_pct(i, .99):.2f} "
                           f"{r['system_cpu_busy']:>5.0%} {r['own_cpu_cores']:>5.2f} {r['success_rate']:>5.2f}   "
                           f"(steady {r['steady_ratio_vs_sync'] or float('nan'):.2f}x sync, t_gen {r['t_gen_s']:.2f}s, bound with episode overhead {r['bound_with_episode_overhead']:.2f} "
-                          f"(episode {r['episode_s']:.0f}s), engine busy {r['engine_busy']:.0%}, hist {r['staleness_hist']}; per "
+                          f"(episode {r['episode_s']:.0f}s), engine busy {r['engine_busy']:.0%} (on a CPU {r['engine_on_cpu']:.2f} cores, waiting for one {r['engine_runqueue_wait']:.2f}), hist {r['staleness_hist']}; per "
                           f"episode: harness {r['harness_s']:.1f}s of which {r['harness_outside_turns_s']:.1f}s outside turns, "
                           f"hidden tests {r['reward_s']:.1f}s, sandbox {r['sandbox_s']:.2f}s; "
                           f"{r['trajectories']} traj in {r['wall_s']}s, load {r['loadavg']:.1f}; CPU cores by part "
@@ -414,8 +430,8 @@ async def amain(args) -> int:
     def row(r: dict) -> dict:
         e, i = r["env_s"], r["injected_s"]
         keep = ("traj_per_s", "steady_traj_per_s", "ratio_vs_sync", "steady_ratio_vs_sync", "occupancy", "bound", "masked_token_frac",
-                "bound_with_episode_overhead", "episode_s", "harness_s", "harness_outside_turns_s", "reward_s", "max_lag", "mean_in_flight", "t_gen_s", "engine_busy", "system_cpu_busy", "own_cpu_cores",
-                "success_rate", "infra_errors", "trajectories", "wall_s", "cpu_cores_by_part")
+                "bound_with_episode_overhead", "episode_s", "harness_s", "harness_outside_turns_s", "reward_s", "max_lag", "mean_in_flight", "t_gen_s", "engine_busy", "engine_on_cpu", "engine_runqueue_wait", "system_cpu_busy",
+                "own_cpu_cores", "success_rate", "infra_errors", "trajectories", "wall_s", "cpu_cores_by_part")
         out = {k: (round(r[k], 4) if isinstance(r[k], float) else r[k]) for k in keep}
         out["trajectories_per_s"] = out.pop("traj_per_s")
         out["occupancy_over_bound"] = round(r["occupancy"] / r["bound"], 4) if r["bound"] else None

@@ -155,3 +155,57 @@ def test_a_distribution_that_is_not_one_raises():
     logits = torch.tensor([[0.0, float("nan"), 1.0]])
     with pytest.raises(RuntimeError, match="invalid probability distribution"):
         sample(logits, [RowParams(1.0)], torch.Generator().manual_seed(0))
+
+
+def _reference_draw(probs: torch.Tensor, u: float) -> int:
+    """The one-pass inversion the two-level `draw` replaces: the first token whose float64
+    running sum over the whole vocabulary exceeds u * total."""
+    cdf = torch.cumsum(probs, 0, dtype=torch.float64)
+    return int(torch.searchsorted(cdf, torch.tensor(u, dtype=torch.float64) * cdf[-1], right=True))
+
+
+def test_two_level_draw_picks_the_tokens_of_the_one_pass_inversion():
+    """Blocks of 1024 (the vocabulary not a multiple: its zero-padded tail), whole blocks of
+    zero mass and zero tokens inside blocks: for the same uniforms the two-level inversion
+    picks the one-pass inversion's token, and never one of probability 0."""
+    from harnessrl.trainers.engine.sampling import BLOCK, block_sums, draw
+
+    v = 3 * BLOCK + 37
+    gen = torch.Generator().manual_seed(11)
+    probs = torch.rand(v, generator=gen) ** 4
+    probs[BLOCK:2 * BLOCK] = 0.0  # a whole block without mass
+    probs[::7] = 0.0
+    probs[-5:] = 0.3  # mass in the padded tail block
+    blocks, cdf = block_sums(probs[None])
+    a, b = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
+    picked = []
+    for _ in range(3000):
+        token = draw(blocks[0], cdf[0], a)
+        u = float(torch.rand((), generator=b, dtype=torch.float64))
+        assert token == _reference_draw(probs, u), u
+        picked.append(token)
+    assert all(probs[t] > 0 for t in picked)
+    assert not any(BLOCK <= t < 2 * BLOCK for t in picked)
+    assert any(t >= 3 * BLOCK for t in picked) and any(t < BLOCK for t in picked)
+    assert torch.equal(a.get_state(), b.get_state())  # one uniform per draw
+
+
+def test_unfiltered_rows_report_the_processed_logprob_without_the_table():
+    """The fast path (no row filters, no top-n list) reports, for a real vocabulary size, the
+    chosen token's log-softmax of the float32 scaled logits taken in float64 (to 1e-8: its
+    sums are float64), which `processed_logprobs`' float32 table matches to its own rounding
+    (a float32 sum over 49k terms: up to ~8e-6 here)."""
+    v, n = 49152, 6
+    gen = torch.Generator().manual_seed(2)
+    logits = torch.randn(n, v, generator=gen) * 4
+    rows = [RowParams(t) for t in (1.0, 0.7, 1.3, 1.0, 0.5, 2.0)]
+    ids, lps, tops = sample(logits, rows, torch.Generator().manual_seed(0))
+    temps = torch.tensor([r.temperature for r in rows])
+    exact = torch.log_softmax((logits / temps[:, None]).double(), dim=-1)
+    table = processed_logprobs(logits, temps, torch.ones(n), torch.full((n,), -1))
+    assert tops == []
+    assert lps == pytest.approx([float(exact[i, t]) for i, t in enumerate(ids)], abs=1e-8)
+    assert lps == pytest.approx([float(table[i, t]) for i, t in enumerate(ids)], abs=2e-5)
+    # the same generator, the table path (top-n asked): the same tokens
+    ids2, lps2, _ = sample(logits, rows, torch.Generator().manual_seed(0), top_logprobs_num=1)
+    assert ids2 == ids and lps2 == pytest.approx(lps, abs=2e-5)
