@@ -134,32 +134,18 @@ def sample(logits: torch.Tensor, rows: list[RowParams], default_gen: torch.Gener
            ) -> tuple[list[int], list[float], list[list[tuple[float, int]]]]:
     """Pick one token per row of `logits` [B, V]; return ids, their logprobs in `space`, and
     top-n lists in the same space (tokens outside the kept set are left out of those).
-
-    When no row filters (temperature > 0, no top-p/top-k) and no top-n list is asked for,
-    the [B, V] log-softmax table is not made: the draws invert exp(scaled - max), and each
-    chosen token's logprob is its shifted logit minus the log of that row's sum (float64),
-    the same number as `processed_logprobs` gives to float32 rounding."""
+    The reported logprobs are `processed_logprobs`' own float32 numbers, bit for bit, so a
+    trainer recomputing them from the same logits gets the same values."""
     logits = logits.float()
-    v = logits.shape[1]
     # A greedy row takes the argmax and reports SGLang's temperature-1 score: scored unfiltered at 1.
     temperature = torch.tensor([1.0 if r.temperature <= 0 else r.temperature for r in rows], dtype=logits.dtype)
-    drawn = [i for i, r in enumerate(rows) if r.temperature > 0]
-    plain = len(drawn) == len(rows) and top_logprobs_num <= 0 and all(
-        r.top_p >= 1.0 and not 0 < r.top_k < v for r in rows)
-    if plain:
-        scaled = logits / temperature[:, None]
-        shifted = scaled - scaled.amax(dim=-1, keepdim=True)
-        blocks, cdf = block_sums(shifted.exp())
-        ids = [draw(blocks[i], cdf[i], rows[i].generator or default_gen) for i in range(len(rows))]
-        pick = shifted[torch.arange(len(rows)), torch.tensor(ids)].tolist()
-        chosen = [lp - math.log(t) for lp, t in zip(pick, cdf[:, -1].tolist())]
-        return ids, chosen, []
     top_p = torch.tensor([1.0 if r.temperature <= 0 else r.top_p for r in rows], dtype=logits.dtype)
     top_k = torch.tensor([-1 if r.temperature <= 0 else r.top_k for r in rows], dtype=torch.long)
     table = processed_logprobs(logits, temperature, top_p, top_k)
+    drawn = [i for i, r in enumerate(rows) if r.temperature > 0]
     ids: list[int] = logits.argmax(dim=-1).tolist() if len(drawn) < len(rows) else [0] * len(rows)
     if drawn:
-        blocks, cdf = block_sums(table[drawn].exp())
+        blocks, cdf = block_sums((table[drawn] if len(drawn) < len(rows) else table).exp())
         for k, i in enumerate(drawn):  # in row order, one uniform each (rows may share a generator)
             ids[i] = draw(blocks[k], cdf[k], rows[i].generator or default_gen)
     if space == "tempered":  # SGLang's default: temperature applied, top-p/top-k not
