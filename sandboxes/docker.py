@@ -186,9 +186,16 @@ class DockerBackend:
             + [_mount_spec(m) for m in mounts],
             labels={MANAGED_LABEL: "1", RUN_LABEL: self.run_id, "harnessrl.repo_id": spec.repo_id,
                     "harnessrl.created": str(int(time.time()))})
-        sb = DockerSandbox(container, spec, base_sha, self.config)
-        if start:
-            sb.start()
+        try:
+            sb = DockerSandbox(container, spec, base_sha, self.config)
+            if start:
+                sb.start()
+        except BaseException:  # a container that never served is removed, not left "Created"
+            try:
+                container.remove(force=True, v=True)
+            except Exception:  # noqa: BLE001 - the start's error is the one to report
+                pass
+            raise
         return sb
 
     def reap(self, older_than_s: float = 0.0, run_id: str | None = None) -> int:

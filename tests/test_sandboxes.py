@@ -513,3 +513,35 @@ def test_failing_setup_command_names_itself(backend, source):
                    setup_commands=("echo ok", "exit 7  # broken-step"))
     with pytest.raises(SandboxError, match="broken-step"):
         backend.create(bad)
+
+
+@pytest.mark.docker
+def test_a_container_that_fails_to_start_is_removed(backend, spec, monkeypatch):
+    """A start that fails (its init never ready, the attach refused, the daemon under load)
+    raises, and the container it was for is removed: before, it stayed behind as "Created",
+    outliving the run (seen after a stop in `harnessrl train`'s start-up)."""
+    from harnessrl.sandboxes.docker import RUN_LABEL, DockerSandbox
+
+    if backend.name != "docker":
+        pytest.skip("the Docker backend's create")
+
+    def ours() -> list[str]:
+        return [c["Id"] for c in backend.client.api.containers(
+            all=True, filters={"label": f"{RUN_LABEL}={backend.run_id}"})]
+
+    before = ours()
+
+    def refuse(self, timeout: float = 120.0) -> None:
+        raise SandboxError("container for 'calc-test' failed to start: the init was not ready")
+
+    monkeypatch.setattr(DockerSandbox, "start", refuse)
+    with pytest.raises(SandboxError, match="failed to start"):
+        backend.create(spec)
+    assert ours() == before
+    monkeypatch.undo()
+    sb = backend.create(spec)  # the backend still serves
+    try:
+        assert ours() != before and sb.exec("cat calc.py").output == CALC
+    finally:
+        sb.close()
+    assert ours() == before
