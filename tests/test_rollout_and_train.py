@@ -250,7 +250,9 @@ def test_sigterm_stops_train_like_ctrl_c_and_leaves_no_container(tmp_path: Path,
     unwinds as on Ctrl-C: exit status 143, a line saying so, and none of its containers left,
     wherever the signal lands:
     - importing: before anything is held, one run per delay (0.5 to 2.9 s after the start,
-      while the command imports torch and transformers; each such run ends at once). A
+      while the command imports torch and transformers; each such run ends at once; one
+      that lands before the interpreter reached the handler dies of the default SIGTERM, -15,
+      with nothing held). A
       KeyboardInterrupt raised there used to land inside an import, which numpy and
       transformers turned into an ImportError (exit status 1, seen at 1.0 and 2.5 s);
     - start-up: as the warm pool's first container appears, while the engine and trainer
@@ -302,10 +304,15 @@ device = "cpu"
         return proc.returncode, out, err
 
     if when == "importing":
+        handled = 0
         for delay_s in (0.5, 0.9, 1.3, 1.7, 2.1, 2.5, 2.9):
             rc, out, err = stop_after(delay_s)
+            if rc == -signal.SIGTERM and not err.strip():  # under load: before Python ran our code
+                continue  # (the default SIGTERM, nothing held yet); never 1, -2 or 0
             assert (rc, "Traceback" in err, "done:" in out) == (143, False, False), (delay_s, err[-3000:])
             assert "harnessrl train: stopped by SIGTERM" in err
+            handled += 1
+        assert handled >= 4, f"only {handled} of 7 signals reached the handler"
         assert ours() == set(), "containers outlived the run"
         return
     proc = subprocess.Popen([sys.executable, "-m", "harnessrl.cli", "train", "--config", str(config)],
