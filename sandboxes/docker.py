@@ -186,16 +186,9 @@ class DockerBackend:
             + [_mount_spec(m) for m in mounts],
             labels={MANAGED_LABEL: "1", RUN_LABEL: self.run_id, "harnessrl.repo_id": spec.repo_id,
                     "harnessrl.created": str(int(time.time()))})
-        try:
-            sb = DockerSandbox(container, spec, base_sha, self.config)
-            if start:
-                sb.start()
-        except BaseException:  # a container that never served is removed, not left "Created"
-            try:
-                container.remove(force=True, v=True)
-            except Exception:  # noqa: BLE001 - the start's error is the one to report
-                pass
-            raise
+        sb = DockerSandbox(container, spec, base_sha, self.config)
+        if start:
+            sb.start()
         return sb
 
     def reap(self, older_than_s: float = 0.0, run_id: str | None = None) -> int:
@@ -335,18 +328,21 @@ class DockerSandbox:
     # -- lifecycle -------------------------------------------------------------------------
     def start(self, timeout: float = 120.0) -> None:
         """Start the container and wait until PID 1 says it is ready (its signal dispositions
-        set: before that, a SIGINT from inside could still stop it)."""
+        set: before that, a SIGINT from inside could still stop it). One that fails to is
+        closed (the container removed, not left behind "Created"), as a local sandbox is."""
         try:
             ctl = self._channel()  # attached before start, so the ready line cannot be missed
             self.container.start()
             ready = ctl.ready.wait(timeout) and not ctl.closed
-        except Exception as e:
-            self._close_ctl()
+        except BaseException as e:
+            self.close()
+            if not isinstance(e, Exception):
+                raise
             raise SandboxError(f"container for {self.spec.repo_id!r} failed to start: "
                                f"{type(e).__name__}: {e}") from e
         if not ready:
             why = ctl.closed or f"no ready line in {timeout:.0f} s"
-            self._close_ctl()
+            self.close()
             raise SandboxError(f"container for {self.spec.repo_id!r} started without its init ({why})")
 
     def alive(self) -> bool:

@@ -517,10 +517,13 @@ def test_failing_setup_command_names_itself(backend, source):
 
 @pytest.mark.docker
 def test_a_container_that_fails_to_start_is_removed(backend, spec, monkeypatch):
-    """A start that fails (its init never ready, the attach refused, the daemon under load)
-    raises, and the container it was for is removed: before, it stayed behind as "Created",
-    outliving the run (seen after a stop in `harnessrl train`'s start-up)."""
-    from harnessrl.sandboxes.docker import RUN_LABEL, DockerSandbox
+    """A start that fails (here the daemon refuses it; also an init never ready, an attach
+    refused) raises, and the container it was for is removed: before, it stayed behind as
+    "Created", outliving the run (seen after a stop in `harnessrl train`'s start-up)."""
+    import docker.errors
+    import docker.models.containers
+
+    from harnessrl.sandboxes.docker import RUN_LABEL
 
     if backend.name != "docker":
         pytest.skip("the Docker backend's create")
@@ -531,11 +534,11 @@ def test_a_container_that_fails_to_start_is_removed(backend, spec, monkeypatch):
 
     before = ours()
 
-    def refuse(self, timeout: float = 120.0) -> None:
-        raise SandboxError("container for 'calc-test' failed to start: the init was not ready")
+    def refuse(self, *args, **kwargs) -> None:
+        raise docker.errors.APIError("the daemon refused the start")
 
-    monkeypatch.setattr(DockerSandbox, "start", refuse)
-    with pytest.raises(SandboxError, match="failed to start"):
+    monkeypatch.setattr(docker.models.containers.Container, "start", refuse)
+    with pytest.raises(SandboxError, match="failed to start: APIError"):
         backend.create(spec)
     assert ours() == before
     monkeypatch.undo()
