@@ -19,7 +19,8 @@ What it does, all on the spot and offline:
 2. starts the local engine on it (`EngineServer`, device cuda, dtype bfloat16) and a proxy
    in front of it (`ProxyServer`, the weight-sync gate), and measures wall-clock decode
    tokens/s at 1, 16 and 64 concurrent /generate requests (prompts of 128 random ids,
-   128 new tokens each, eos ignored);
+   128 new tokens each, eos ignored), after 30 s of warm-up decoding (a fresh GPU machine
+   decoded 3-4x slower in its first minute);
 3. runs 3 GRPO steps of the built-in trainer (`TorchTrainer`, bf16 autocast, fp32 master
    weights) on the engine's own generations (8 prompts x 4, temperature 1; synthetic
    reward: the share of even token ids in the completion), each step followed by a weight
@@ -147,8 +148,17 @@ def prompts(rng: random.Random, k: int, length: int, vocab: int) -> list[list[in
     return [[rng.randrange(len(SPECIALS), vocab) for _ in range(length)] for _ in range(k)]
 
 
-async def decode_levels(http, rng, plen: int, new: int, vocab: int) -> dict[str, float]:
-    await asyncio.gather(*(generate(http, p, 4, ignore_eos=True) for p in prompts(rng, 4, plen, vocab)))  # warm-up
+async def decode_levels(http, rng, plen: int, new: int, vocab: int, warmup_s: float) -> dict[str, float]:
+    # Warm-up for `warmup_s` of decoding at 1 and 16 concurrent: on a fresh H200 machine the same
+    # decode loop ran 3-4x slower in its first minute (HF's own loop: 62-65 ms a step first,
+    # 16-17 ms after ~30 s; bench/gpu_decode_profile.py), which the first level paid alone.
+    t0 = time.perf_counter()
+    while True:
+        for c in (1, 16):
+            await asyncio.gather(*(generate(http, p, 16, ignore_eos=True) for p in prompts(rng, c, plen, vocab)))
+        if time.perf_counter() - t0 >= warmup_s:
+            break
+    log(f"decode warm-up: {time.perf_counter() - t0:.1f} s")
     out = {}
     for c in CONCURRENCY:
         batch = prompts(rng, c, plen, vocab)
@@ -244,7 +254,7 @@ async def run(args, tmp: Path, report: dict) -> dict:
             ProxyServer(ProxyConfig(engine_url=engine.url, model=str(model_dir)), tokenizer=tok) as proxy:
         http = httpx.AsyncClient(base_url=engine.url, timeout=300, limits=httpx.Limits(max_connections=128))
         client = EngineClient(engine.url)
-        report["decode_tokens_per_s"] = await decode_levels(http, rng, plen, new, vocab)
+        report["decode_tokens_per_s"] = await decode_levels(http, rng, plen, new, vocab, 0.0 if dry else 30.0)
         report["sample_ms_per_row"] = sample_ms_per_row(vocab)
         log(f"engine sampler: {report['sample_ms_per_row']} ms per row at vocab {vocab}")
         trainer = TorchTrainer(TorchTrainerConfig(model=str(model_dir), device=device, dtype=dtype, lr=1e-5,

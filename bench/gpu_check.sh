@@ -108,5 +108,6 @@ export PYTHONPATH="$pkgroot${EXTRA_PATH:+:$EXTRA_PATH}${PYTHONPATH:+:$PYTHONPATH
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 "$PY" -c "import harnessrl.trainers.engine" || die "the repository does not import as harnessrl"
 rc=0
-timeout -k 10 540 "$PY" "$here/gpu_check.py" "$@" || rc=$?
+# GPU_CHECK_SCRIPT: another script of bench/ in the same environment (bench/gpu_decode_profile.py)
+timeout -k 10 540 "$PY" "${GPU_CHECK_SCRIPT:-$here/gpu_check.py}" "$@" || rc=$?
 exit $rc
