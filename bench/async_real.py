@@ -120,18 +120,20 @@ def _cpu_parts() -> dict[str, float]:
                         daemons += _proc_cpu(d)
             except OSError:
                 pass
-    containers = 0.0  # the docker group's own total where there is one (removed containers kept)
-    if os.path.isfile("/sys/fs/cgroup/cpuacct/docker/cpuacct.usage"):  # cgroup v1, cgroupfs driver
-        with open("/sys/fs/cgroup/cpuacct/docker/cpuacct.usage") as f:
-            containers = float(f.read()) / 1e9
-    else:  # cgroup v2: /docker (cgroupfs driver) or system.slice/docker-*.scope (systemd driver)
-        stats = ["/sys/fs/cgroup/docker/cpu.stat"] if os.path.isfile("/sys/fs/cgroup/docker/cpu.stat") else [
-            f"/sys/fs/cgroup/system.slice/{d}/cpu.stat" for d in (os.listdir("/sys/fs/cgroup/system.slice")
-                                                                  if os.path.isdir("/sys/fs/cgroup/system.slice") else [])
-            if d.startswith("docker-")]
-        for path in stats:
-            with open(path) as f:
+    containers = 0.0  # the containers' parent groups' own totals (removed containers kept): Docker's
+    # default /docker, and /harnessrl-sandboxes where sandboxes yield the CPU (limits.docker_cgroup_parent)
+    for group in ("docker", "harnessrl-sandboxes"):
+        if os.path.isfile(f"/sys/fs/cgroup/cpuacct/{group}/cpuacct.usage"):  # cgroup v1, cgroupfs driver
+            with open(f"/sys/fs/cgroup/cpuacct/{group}/cpuacct.usage") as f:
+                containers += float(f.read()) / 1e9
+        elif os.path.isfile(f"/sys/fs/cgroup/{group}/cpu.stat"):  # cgroup v2, cgroupfs driver
+            with open(f"/sys/fs/cgroup/{group}/cpu.stat") as f:
                 containers += float(f.read().split("usage_usec", 1)[1].split()[0]) / 1e6
+    if os.path.isdir("/sys/fs/cgroup/system.slice"):  # cgroup v2, systemd driver: docker-*.scope
+        for d in os.listdir("/sys/fs/cgroup/system.slice"):
+            if d.startswith("docker-"):
+                with open(f"/sys/fs/cgroup/system.slice/{d}/cpu.stat") as f:
+                    containers += float(f.read().split("usage_usec", 1)[1].split()[0]) / 1e6
     return {"docker_daemons": daemons, "containers": containers}
 
 

@@ -18,6 +18,8 @@ resets go through PID 1 (sandbox_init.py) over `docker attach`, not `docker exec
 each, about 125 ms of the host's CPU); nothing the container prints is logged by the daemon. Files cross as tar streams
 (put_archive / get_archive), never on a command line. If the container is gone, every call
 raises SandboxDied; a command past its timeout is killed and reported with exit_code -1.
+The containers' cgroups go under one with the CPU weight of a process at the environment's
+nice value (`limits.docker_cgroup_parent`), so with every core busy they yield to the engine.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ import base64
 import io
 import itertools
 import json
+import logging
 import os
 import queue
 import socket
@@ -43,10 +46,13 @@ from harnessrl.sandboxes.base import (ExecResult, RepoSpec, SandboxDied, Sandbox
 from harnessrl.sandboxes.context_image import build_context_image, export_workdir
 from harnessrl.sandboxes.images import (HOME_PRISTINE, PRISTINE_DIR, _lock_for, base_image_tag, build_base_image,
                                         ensure_task_image)
+from harnessrl.sandboxes.limits import docker_cgroup_parent
 from harnessrl.sandboxes.repo import DIFF_SCRIPT, RESET_SCRIPT
 
 __all__ = ["DockerConfig", "DockerBackend", "DockerSandbox", "base_image_tag", "build_base_image",
            "reap", "MANAGED_LABEL", "RUN_LABEL"]
+
+log = logging.getLogger("harnessrl.sandboxes")
 
 MANAGED_LABEL = "harnessrl.managed"
 RUN_LABEL = "harnessrl.run_id"
@@ -140,6 +146,11 @@ class DockerBackend:
         self.config = config or DockerConfig()
         self.client = _client()
         self.run_id = self.config.run_id or uuid.uuid4().hex[:12]
+        info = self.client.info()
+        # where the containers' cgroups go: under one that yields the CPU to the engine, or Docker's default (None)
+        self.cgroup_parent, why = docker_cgroup_parent(str(info.get("CgroupDriver", "")),
+                                                       str(info.get("CgroupVersion", "1")))
+        log.info("docker sandboxes: %s", why)
 
     def image_for(self, spec: RepoSpec) -> str:
         """The sandbox image of `spec`: built on the task's own image (`spec.image`) when it
@@ -184,6 +195,7 @@ class DockerBackend:
             if c.file_size_limit else None,
             mounts=[docker.types.Mount(p, None, type="volume") for p in (spec.workdir, "/tmp", HOME)]
             + [_mount_spec(m) for m in mounts],
+            cgroup_parent=self.cgroup_parent,
             labels={MANAGED_LABEL: "1", RUN_LABEL: self.run_id, "harnessrl.repo_id": spec.repo_id,
                     "harnessrl.created": str(int(time.time()))})
         sb = DockerSandbox(container, spec, base_sha, self.config)

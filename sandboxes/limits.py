@@ -173,9 +173,10 @@ def umount(path: Path) -> None:
 
 ENV_NICE = 10
 """How much lower the environment's CPU priority is than harnessrl's (and its engine's): the
-harness processes and the local sandboxes' commands (Docker's run in the daemon's cgroup,
-which the kernel weighs as one process against the rest). Override with HARNESSRL_ENV_NICE
-(0: the same priority, at most 19)."""
+harness processes and the local sandboxes' commands get this nice value, and Docker sandboxes
+(whose processes the kernel weighs by their cgroup, not their nice value) a cgroup of that
+weight (`docker_cgroup_parent`). Override with HARNESSRL_ENV_NICE (0: the same priority, at
+most 19)."""
 
 
 def env_nice() -> int:
@@ -228,3 +229,56 @@ def yield_cpu(pid: int, group: bool = True) -> bool:
     except OSError:  # no autogroup support, or not ours
         pass
     return done
+
+
+SANDBOX_CGROUP = "harnessrl-sandboxes"
+"""The cgroup every Docker sandbox of this machine's runs is placed under (`docker_cgroup_parent`)."""
+
+
+def nice_weight(nice: int) -> int:
+    """The kernel's scheduler weight of a process at `nice` (its `sched_prio_to_weight` table:
+    1024 at nice 0, each step ~1.25x): 110 at nice 10, 15 at 19."""
+    return max(2, round(1024 / 1.25 ** nice))
+
+
+def docker_cgroup_parent(driver: str, version: str) -> tuple[str | None, str]:
+    """The cgroup parent for Docker sandboxes that makes their processes yield the CPU to the
+    engine like the harness processes do (`yield_cpu`), and why (one line for the log).
+
+    Docker places each container in a cgroup of its own, under `/docker` by default: the kernel
+    weighs that group (1024 shares, v1; weight 100, v2) as one nice-0 process against the
+    engine's thread, so every sandbox's commands and hidden tests together take as much of a
+    busy core as the engine, however nice their processes are inside. This creates
+    `/harnessrl-sandboxes` (every CPU controller hierarchy on v1; a child of the root with the
+    cpu controller on v2) with the weight of a process at `env_nice()` (`nice_weight`: 110
+    shares at 10, weight 11 on v2) and returns it, for `cgroup_parent`: with every core busy the
+    containers then share the weight of one niced process, and on an idle machine they run
+    at full speed (a weight limits nothing then; each container's own `cpus` quota still
+    applies). None, leaving Docker's default, when the environment does not yield
+    (`HARNESSRL_ENV_NICE=0`), the engine uses the systemd cgroup driver (which takes only
+    slices), or this process cannot write the cgroup files (not root)."""
+    nice = env_nice()
+    if nice <= 0:
+        return None, "HARNESSRL_ENV_NICE=0: sandboxes keep Docker's cgroup weight"
+    if driver != "cgroupfs":
+        return None, f"Docker's cgroup driver is {driver!r}, not cgroupfs: sandboxes keep its cgroup weight"
+    shares = nice_weight(nice)
+    try:
+        if version == "2":
+            if "cpu" not in (ROOT / "cgroup.subtree_control").read_text().split():
+                _write(ROOT / "cgroup.subtree_control", "+cpu")
+            d = ROOT / SANDBOX_CGROUP
+            d.mkdir(exist_ok=True)
+            _write(d / "cpu.weight", str(max(1, round(shares * 100 / 1024))))
+        else:
+            for controller in ("cpu", "cpu,cpuacct"):
+                if (ROOT / controller / "cpu.shares").exists():
+                    d = ROOT / controller / SANDBOX_CGROUP
+                    d.mkdir(exist_ok=True)
+                    _write(d / "cpu.shares", str(shares))
+                    break
+            else:
+                return None, "no cgroup v1 cpu controller is mounted: sandboxes keep Docker's cgroup weight"
+    except OSError as e:
+        return None, f"cannot set the sandboxes' cgroup weight ({e.strerror}): they keep Docker's"
+    return "/" + SANDBOX_CGROUP, f"sandboxes run under /{SANDBOX_CGROUP} at the CPU weight of nice {nice}"

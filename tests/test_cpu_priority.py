@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -106,3 +107,82 @@ def test_local_sandbox_commands_run_below_harnessrl(tmp_path, monkeypatch):
         assert sb.exec(["bash", "-c", "nice"], timeout=30).output.split() == [str(mine)]
     finally:
         sb.close()
+
+
+BUSY = ("import os, sys, time\n"
+        "os.sched_setaffinity(0, {int(sys.argv[1])})\n"
+        "end = time.monotonic() + float(sys.argv[2])\n"
+        "while time.monotonic() < end: pass\n"
+        "print(time.process_time())\n")
+
+
+def _contend(sb, tmp_path, seconds: float = 3.0) -> tuple[float, float]:
+    """CPU seconds a busy loop on the host and one in the sandbox got, both pinned to one CPU at once."""
+    cpu = max(os.sched_getaffinity(0))
+    host = subprocess.Popen([sys.executable, "-c", BUSY, str(cpu), str(seconds)], stdout=subprocess.PIPE, text=True)
+    try:
+        r = sb.exec(["python3", "-c", BUSY, str(cpu), str(seconds)], timeout=60)
+    finally:
+        out, _ = host.communicate(timeout=60)
+    assert r.exit_code == 0, r.output
+    return float(out.strip()), float(r.output.strip().splitlines()[-1])
+
+
+@pytest.mark.docker
+def test_docker_sandboxes_yield_the_cpu_to_the_host_and_env_nice_zero_keeps_dockers_weight(tmp_path, monkeypatch):
+    """Docker weighs all containers together as one nice-0 process (its /docker cgroup), however
+    nice their processes are: the sandboxes go under /harnessrl-sandboxes with the weight of nice
+    10 (110 shares), so a busy command in one gets ~10% of a core the host also wants, not half."""
+    import uuid
+
+    from harnessrl.sandboxes import RepoSpec, SandboxError
+    from harnessrl.sandboxes.docker import DockerBackend, DockerConfig
+    from harnessrl.sandboxes.limits import SANDBOX_CGROUP, nice_weight
+
+    src = tmp_path / "src"
+    src.mkdir()
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@t"}
+    (src / "a.txt").write_text("a\n")
+    for argv in (["init", "-q", "-b", "main"], ["add", "-A"], ["commit", "-qm", "base"]):
+        subprocess.run(["git", *argv], cwd=src, env=env, check=True, capture_output=True)
+    sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=src, capture_output=True, text=True).stdout.strip()
+    spec = RepoSpec("prio", str(src), sha)
+    try:
+        backend = DockerBackend(DockerConfig(run_id=f"test-prio-{uuid.uuid4().hex[:8]}"))
+    except SandboxError as e:
+        pytest.skip(f"docker backend unavailable here: {e}")
+    info = backend.client.info()
+    if os.geteuid() != 0 or info.get("CgroupDriver") != "cgroupfs":
+        assert backend.cgroup_parent is None
+        pytest.skip(f"needs root and Docker's cgroupfs driver (driver {info.get('CgroupDriver')!r})")
+    assert backend.cgroup_parent == f"/{SANDBOX_CGROUP}"
+    assert nice_weight(10) == 110 and nice_weight(0) == 1024 and nice_weight(19) == 15
+    try:
+        sb = backend.create(spec)
+        try:
+            c = backend.client.containers.get(sb.container.id)
+            assert c.attrs["HostConfig"]["CgroupParent"] == f"/{SANDBOX_CGROUP}"
+            if info.get("CgroupVersion", "1") == "2":
+                assert (Path("/sys/fs/cgroup") / SANDBOX_CGROUP / "cpu.weight").read_text().strip() == "11"
+            else:
+                assert (Path("/sys/fs/cgroup/cpu") / SANDBOX_CGROUP / "cpu.shares").read_text().strip() == "110"
+                lines = sb.exec(["cat", "/proc/self/cgroup"], timeout=30).output.splitlines()
+                cpu_line = next(x for x in lines if x.split(":")[1] in ("cpu", "cpu,cpuacct"))
+                assert cpu_line.split(":")[2] == f"/{SANDBOX_CGROUP}/{sb.container.id}"
+            host_s, box_s = _contend(sb, tmp_path)
+            assert box_s < 0.4 * host_s, (host_s, box_s)  # expected ~0.11 (110 / 1024)
+        finally:
+            sb.close()
+        monkeypatch.setenv("HARNESSRL_ENV_NICE", "0")
+        level = DockerBackend(DockerConfig(run_id=backend.run_id))
+        assert level.cgroup_parent is None
+        sb = level.create(spec)
+        try:
+            assert backend.client.containers.get(sb.container.id).attrs["HostConfig"]["CgroupParent"] == ""
+            host_s, box_s = _contend(sb, tmp_path)
+            assert box_s > 0.5 * host_s, (host_s, box_s)  # expected ~1 (1024 / 1024)
+        finally:
+            sb.close()
+    finally:
+        backend.reap(run_id=backend.run_id)
