@@ -278,7 +278,7 @@ class RolloutWorker:
         self.backend = make_backend(config.sandbox)
 
     def run(self, slot: Any, cancel: Any = None) -> Trajectory:
-        """One episode; its proxy session carries `start_version` (the engine priority) and,
+        """One episode; its proxy session carries `start_version` and `group_id` (the engine priority) and,
         under `requeue`, `staleness_limit`: a session the proxy aborts as stale raises
         `StaleEpisode`, so the driver reruns the task, as for local episodes. `cancel` (an
         `adapters.cancel.Cancel`) abandons it: harness tree killed, sandbox closed."""
@@ -287,7 +287,7 @@ class RolloutWorker:
         limit = slot.staleness if slot.over_staleness == "requeue" else None
         res = run_episode(self.tasks[slot.task_id], self.adapter, lambda spec, mounts: self.backend.create(spec, mounts),
                           self.proxy, self.config.served_model_name, self.config.episode,
-                          session_meta=session_meta(slot.start_version, limit), cancel=cancel)
+                          session_meta=session_meta(slot.start_version, limit, slot.group_id), cancel=cancel)
         return raise_if_aborted_stale(res.trajectory, limit)
 
 

@@ -219,7 +219,7 @@ class Rollout:
         from harnessrl.gym.scheduler import raise_if_aborted_stale, session_meta
 
         start, limit = getattr(slot, "start_version", 0), getattr(slot, "staleness_limit", None)
-        traj = await self.run_cancellable(slot.task_id, session_meta(start, limit))
+        traj = await self.run_cancellable(slot.task_id, session_meta(start, limit, getattr(slot, "group_id", None)))
         traj.metadata["start_version"] = start
         return raise_if_aborted_stale(traj, limit)
 

@@ -118,10 +118,13 @@ class EpisodeSlot:
 EpisodeFn = Callable[[EpisodeSlot], Awaitable[Trajectory]]
 
 
-def session_meta(start_version: int, staleness_limit: int | None) -> dict:
-    """What a harness episode's proxy session carries for the scheduler: its start version
-    (the engine priority) and, under `requeue`, the η the proxy's per-turn check enforces."""
+def session_meta(start_version: int, staleness_limit: int | None, group_id: int | None = None) -> dict:
+    """What a harness episode's proxy session carries for the scheduler: its start version and
+    group (the engine priority: oldest group first, the order `next_batch` consumes groups in)
+    and, under `requeue`, the η the proxy's per-turn check enforces."""
     meta: dict = {"start_version": start_version}
+    if group_id is not None:
+        meta["group_id"] = group_id
     if staleness_limit is not None:
         meta["staleness_limit"] = staleness_limit
     return meta

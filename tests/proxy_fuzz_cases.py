@@ -190,7 +190,7 @@ def admin_case(rng: random.Random, sid: str, value: Any = ...) -> tuple[str, str
     v = random_value(rng) if value is ... else value
     route = rng.choice(["open", "reward", "version", "close", "traj", "raw"])
     if route == "open":
-        meta = {"harness": "fuzz", rng.choice(["max_calls", "max_tokens", "staleness_limit", "start_version",
+        meta = {"harness": "fuzz", rng.choice(["max_calls", "max_tokens", "staleness_limit", "start_version", "group_id",
                                                "task_id", "x" * rng.choice([1, 200])]): v}
         body: Any = {"meta": rng.choice([meta, v])}
         return "POST", "/admin/sessions", json.dumps(body).encode(), f"open meta={json.dumps(body)[:80]}"

@@ -114,7 +114,7 @@ def test_malformed_admin_calls_get_4xx_and_leave_sane_state(env):
         assert v is None or (type(v) is int and 0 <= v < 2 ** 63), note
         for s in core.sessions.values():
             assert all(type(k) is str for k in s.meta), note
-            for k in ("max_calls", "max_tokens", "staleness_limit", "start_version"):
+            for k in ("max_calls", "max_tokens", "staleness_limit", "start_version", "group_id"):
                 x = s.meta.get(k)
                 assert x is None or (type(x) is int and 0 <= x < 2 ** 63), note
         t = env.proxy.trajectory(sid)

@@ -469,18 +469,29 @@ def test_per_turn_staleness_check_aborts_a_too_stale_session(env):
 
 
 def test_generations_carry_an_earliest_deadline_priority(env):
-    """The engine `priority` is minus the episode's oldest policy version: its start version
-    until it has sampled, then its oldest sampled token's; a session without either sends none."""
+    """The engine `priority` ranks by the episode's oldest policy version (its start version
+    until it has sampled, then its oldest sampled token's), then by its group, oldest first:
+    -(version * GROUP_SPAN + group id); a session without a version sends none."""
+    from harnessrl.gym.proxy.core import GROUP_SPAN
+
     msgs = [{"role": "user", "content": "hi"}]
     env.eng.weight_version = "4"
     try:
         sid, key = env.proxy.open_session({"start_version": 2})
         plain, pkey = env.proxy.open_session({})
+        late, lkey = env.proxy.open_session({"start_version": 1, "group_id": 9})
+        early, ekey = env.proxy.open_session({"start_version": 1, "group_id": 3})
+        huge, hkey = env.proxy.open_session({"start_version": 1, "group_id": GROUP_SPAN + 5})
         n0 = len(env.eng.calls)
         assert _chat(env, sid, key, msgs).status_code == 200
         assert _chat(env, sid, key, msgs).status_code == 200
         assert _chat(env, plain, pkey, msgs).status_code == 200
+        for s, k in ((late, lkey), (early, ekey), (huge, hkey)):
+            assert _chat(env, s, k, msgs).status_code == 200
         sent = [c.get("priority", "absent") for c in env.eng.calls[n0:]]
-        assert sent == [-2, -4, "absent"]
+        assert sent == [-2 * GROUP_SPAN, -4 * GROUP_SPAN, "absent", -(GROUP_SPAN + 9), -(GROUP_SPAN + 3),
+                        -(2 * GROUP_SPAN - 1)]
+        # version first, then the older group; a group id past the band stays inside it
+        assert sent[4] > sent[3] > sent[5] > sent[0] > sent[1]
     finally:
         env.eng.weight_version = "0"

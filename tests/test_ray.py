@@ -174,8 +174,9 @@ def test_real_harness_episodes_run_on_ray_workers(cluster):
         finally:
             episodes.shutdown()
     assert len(batch) == 2
-    # the session carries its start version (the engine priority); no staleness_limit under `wait`
+    # the session carries its start version and group (the engine priority); no staleness_limit under `wait`
     assert all(m["start_version"] == 0 and "staleness_limit" not in m for m in metas)
+    assert [m["group_id"] for m in metas] == [t.metadata["group_id"] for t in batch]
     pids = {t.metadata["placement"]["pid"] for t in batch}
     assert os.getpid() not in pids and len(pids) == 2  # one episode on each worker
     for t in batch:

@@ -29,7 +29,7 @@ from .wire import decode, dumps, json_response, read_body
 
 log = logging.getLogger(__name__)
 
-META_INTS = ("max_calls", "max_tokens", "staleness_limit", "start_version")
+META_INTS = ("max_calls", "max_tokens", "staleness_limit", "start_version", "group_id")
 """Session meta keys the proxy or the scheduler read as counts: non-negative int64 or null."""
 
 

@@ -109,11 +109,14 @@ class ProxyConfig(BaseModel):
     """Retry-After seconds sent with that 429."""
 
     staleness_priority: bool = True
-    """Send each generation an engine `priority` of minus its episode's oldest policy version
-    (the `start_version` in the session's meta until it has sampled): when requests wait for
-    a batch slot, the episodes closest to their staleness bound generate first (earliest
-    deadline first). SGLang honours it under `--enable-priority-scheduling`; the local
-    engine always does; sessions without a start version send none."""
+    """Send each generation an engine `priority` from its episode's oldest policy version (the
+    `start_version` in the session's meta until it has sampled), then its group (`group_id`
+    in the meta): -(version * 2^20 + group). When requests wait for a batch slot, the episodes
+    closest to their staleness bound generate first (earliest deadline first), and among
+    those of one version the oldest group's, the one the trainer's next batch takes first:
+    without the group, episodes of one version shared the engine round-robin and the first
+    batch waited for all of them. SGLang honours it under `--enable-priority-scheduling`; the
+    local engine always does; sessions without a start version send none."""
 
     max_interruptions: int = Field(100, ge=0)
     """Aborted engine generations resumed per call before the call fails with a 503."""

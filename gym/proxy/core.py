@@ -43,6 +43,9 @@ from .toolcalls import load_tool_format
 
 _HEALTH_PROBE_S = 2.0
 """How long a timed-out call waits for the engine's /health before answering the harness."""
+GROUP_SPAN = 1 << 20
+"""Groups one policy version's priority band holds: the engine priority is
+-(oldest version * GROUP_SPAN + group id), the group id capped at GROUP_SPAN - 1 (absent: 0)."""
 _PREFIX = {"openai_chat": "chatcmpl-", "openai_responses": "resp_", "anthropic_messages": "msg_", "gemini": "gen-"}
 
 
@@ -235,10 +238,15 @@ class ProxyCore:
                              kind="rate_limit_error", headers={"Retry-After": str(self.config.retry_after_s)})
 
     def _priority(self, s: Session) -> int | None:
+        """Higher first: the oldest policy version, then the oldest group (`GROUP_SPAN`)."""
         if not self.config.staleness_priority:
             return None
         oldest = s.oldest_version if s.oldest_version is not None else s.meta.get("start_version")
-        return -oldest if isinstance(oldest, int) and not isinstance(oldest, bool) else None
+        if not isinstance(oldest, int) or isinstance(oldest, bool):
+            return None
+        group = s.meta.get("group_id")
+        group = min(group, GROUP_SPAN - 1) if isinstance(group, int) and not isinstance(group, bool) else 0
+        return max(-(1 << 63), -(oldest * GROUP_SPAN + group))  # an int64 for any engine
 
     def _params(self, req: ChatRequest) -> tuple[dict[str, Any], list[str]]:
         """Engine sampling params (temperature/top_p/top_k by `sampling_policy`, see
