@@ -78,11 +78,8 @@ def test_env_nice_is_validated_and_yield_cpu_refuses_a_process_sharing_its_sessi
         child.wait()
 
 
-@pytest.mark.bwrap
-def test_local_sandbox_commands_run_below_harnessrl(tmp_path, monkeypatch):
-    from harnessrl.sandboxes import RepoSpec, SandboxError
-    from harnessrl.sandboxes.local import LocalBackend, LocalConfig
-
+def _one_commit_repo(tmp_path: Path) -> tuple[Path, str]:
+    """A git repository of one file and one commit: (its folder, the commit's sha)."""
     src = tmp_path / "src"
     src.mkdir()
     env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
@@ -90,7 +87,15 @@ def test_local_sandbox_commands_run_below_harnessrl(tmp_path, monkeypatch):
     (src / "a.txt").write_text("a\n")
     for argv in (["init", "-q", "-b", "main"], ["add", "-A"], ["commit", "-qm", "base"]):
         subprocess.run(["git", *argv], cwd=src, env=env, check=True, capture_output=True)
-    sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=src, capture_output=True, text=True).stdout.strip()
+    return src, subprocess.run(["git", "rev-parse", "HEAD"], cwd=src, capture_output=True, text=True).stdout.strip()
+
+
+@pytest.mark.bwrap
+def test_local_sandbox_commands_run_below_harnessrl(tmp_path, monkeypatch):
+    from harnessrl.sandboxes import RepoSpec, SandboxError
+    from harnessrl.sandboxes.local import LocalBackend, LocalConfig
+
+    src, sha = _one_commit_repo(tmp_path)
     try:
         backend = LocalBackend(LocalConfig(root=str(tmp_path / "root")))
     except SandboxError as e:
@@ -139,14 +144,7 @@ def test_docker_sandboxes_yield_the_cpu_to_the_host_and_env_nice_zero_keeps_dock
     from harnessrl.sandboxes.docker import DockerBackend, DockerConfig
     from harnessrl.sandboxes.limits import SANDBOX_CGROUP, nice_weight
 
-    src = tmp_path / "src"
-    src.mkdir()
-    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
-           "GIT_COMMITTER_EMAIL": "t@t"}
-    (src / "a.txt").write_text("a\n")
-    for argv in (["init", "-q", "-b", "main"], ["add", "-A"], ["commit", "-qm", "base"]):
-        subprocess.run(["git", *argv], cwd=src, env=env, check=True, capture_output=True)
-    sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=src, capture_output=True, text=True).stdout.strip()
+    src, sha = _one_commit_repo(tmp_path)
     spec = RepoSpec("prio", str(src), sha)
     try:
         backend = DockerBackend(DockerConfig(run_id=f"test-prio-{uuid.uuid4().hex[:8]}"))
