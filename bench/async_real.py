@@ -120,6 +120,10 @@ def _cpu_parts() -> dict[str, float]:
                         daemons += _proc_cpu(d)
             except OSError:
                 pass
+    def usage_s(cpu_stat: str) -> float:  # cgroup v2's cpu.stat: usage_usec
+        with open(cpu_stat) as f:
+            return float(f.read().split("usage_usec", 1)[1].split()[0]) / 1e6
+
     containers = 0.0  # the containers' parent groups' own totals (removed containers kept): Docker's
     # default /docker, and /harnessrl-sandboxes where sandboxes yield the CPU (limits.docker_cgroup_parent)
     for group in ("docker", "harnessrl-sandboxes"):
@@ -127,13 +131,10 @@ def _cpu_parts() -> dict[str, float]:
             with open(f"/sys/fs/cgroup/cpuacct/{group}/cpuacct.usage") as f:
                 containers += float(f.read()) / 1e9
         elif os.path.isfile(f"/sys/fs/cgroup/{group}/cpu.stat"):  # cgroup v2, cgroupfs driver
-            with open(f"/sys/fs/cgroup/{group}/cpu.stat") as f:
-                containers += float(f.read().split("usage_usec", 1)[1].split()[0]) / 1e6
+            containers += usage_s(f"/sys/fs/cgroup/{group}/cpu.stat")
     if os.path.isdir("/sys/fs/cgroup/system.slice"):  # cgroup v2, systemd driver: docker-*.scope
-        for d in os.listdir("/sys/fs/cgroup/system.slice"):
-            if d.startswith("docker-"):
-                with open(f"/sys/fs/cgroup/system.slice/{d}/cpu.stat") as f:
-                    containers += float(f.read().split("usage_usec", 1)[1].split()[0]) / 1e6
+        containers += sum(usage_s(f"/sys/fs/cgroup/system.slice/{d}/cpu.stat")
+                          for d in os.listdir("/sys/fs/cgroup/system.slice") if d.startswith("docker-"))
     return {"docker_daemons": daemons, "containers": containers}
 
 

@@ -249,13 +249,13 @@ def docker_cgroup_parent(driver: str, version: str) -> tuple[str | None, str]:
     weighs that group (1024 shares, v1; weight 100, v2) as one nice-0 process against the
     engine's thread, so every sandbox's commands and hidden tests together take as much of a
     busy core as the engine, however nice their processes are inside. This creates
-    `/harnessrl-sandboxes` (every CPU controller hierarchy on v1; a child of the root with the
-    cpu controller on v2) with the weight of a process at `env_nice()` (`nice_weight`: 110
+    `/harnessrl-sandboxes` (in the hierarchy of v1's cpu controller; a child of the root with
+    the cpu controller on v2) with the weight of a process at `env_nice()` (`nice_weight`: 110
     shares at 10, weight 11 on v2) and returns it, for `cgroup_parent`: with every core busy the
     containers then share the weight of one niced process, and on an idle machine they run
     at full speed (a weight limits nothing then; each container's own `cpus` quota still
     applies). None, leaving Docker's default, when the environment does not yield
-    (`HARNESSRL_ENV_NICE=0`), the engine uses the systemd cgroup driver (which takes only
+    (`HARNESSRL_ENV_NICE=0`), Docker uses the systemd cgroup driver (which takes only
     slices), or this process cannot write the cgroup files (not root)."""
     nice = env_nice()
     if nice <= 0:
