@@ -233,6 +233,30 @@ def test_sim_engine_gives_free_slots_to_the_oldest_episode_first(priority: bool,
     assert asyncio.run(main()) == expected
 
 
+def test_sim_engine_row_cost_makes_each_row_beyond_the_first_cost_its_fraction_of_a_step() -> None:
+    """row_cost 0: a step takes step_s whatever its rows (the GPU regime); row_cost 0.5: a step
+    of r rows takes step_s * (1 + 0.5 (r - 1)), the CPU regime. Three requests of 2, 4 and 4
+    tokens on 4 slots: two steps of 3 rows, then two of 2; the engine's nominal busy time is the
+    sum of exactly those step times."""
+    from harnessrl.gym.doubles.sim import SimEngine
+
+    with pytest.raises(ValueError, match="row_cost"):
+        SimEngine(slots=4, step_s=0.001, version=lambda: 0, row_cost=-0.1)
+
+    async def main(row_cost: float) -> tuple[float, int, list[float]]:
+        engine = SimEngine(slots=4, step_s=0.001, version=lambda: 0, row_cost=row_cost)
+        engine.start()
+        await asyncio.gather(*(engine.generate(n) for n in (2, 4, 4)))
+        await engine.stop()
+        return engine.nominal_s, engine.steps, [engine.step_time(r) for r in (1, 2, 3, 4)]
+
+    nominal, steps, times = asyncio.run(main(0.0))
+    assert steps == 4 and times == [0.001] * 4 and nominal == pytest.approx(0.004, abs=1e-12)
+    nominal, steps, times = asyncio.run(main(0.5))
+    assert steps == 4 and times == pytest.approx([0.001, 0.0015, 0.002, 0.0025], abs=1e-12)
+    assert nominal == pytest.approx(2 * 0.002 + 2 * 0.0015, abs=1e-12)
+
+
 # -- failures: every episode ends in exactly one record --------------------------------------
 class _Boom(BaseException):
     """A BaseException that is neither an Exception nor a stop signal."""

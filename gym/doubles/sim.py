@@ -1,7 +1,10 @@
 """A simulated generator and environment, for sizing env pools and testing the scheduler.
 
 `SimEngine` models a batching engine: `slots` sequences decode together, one token each per
-`step_s`, whatever the batch size (the GPU regime). An episode alternates a generation of
+step. By default a step takes `step_s` whatever the batch size (the GPU regime, where a small
+batch's step reads the weights once and its rows cost next to nothing); `row_cost` > 0 makes
+each row beyond the first add that fraction of `step_s` (the CPU regime: a local engine on one
+CPU thread pays for every row's head product, attention and sampling; `step_time`). An episode alternates a generation of
 `tokens_per_turn` tokens with an environment wait drawn from a latency distribution. Each
 sampled token carries the policy version current when it was decoded. With `priority` on,
 a free slot goes to the waiting request with the best priority (the proxy's
@@ -47,10 +50,16 @@ class _Req:
 
 
 class SimEngine:
-    """Batches concurrent requests: up to `slots` decode one token per `step_s` together."""
+    """Batches concurrent requests: up to `slots` decode one token per step together, a step of r
+    rows taking `step_time(r)`."""
 
-    def __init__(self, slots: int, step_s: float, version: Callable[[], int], priority: bool = True):
+    def __init__(self, slots: int, step_s: float, version: Callable[[], int], priority: bool = True,
+                 row_cost: float = 0.0):
+        if row_cost < 0:
+            raise ValueError(f"row_cost must be >= 0, not {row_cost}")
         self.slots, self.step_s, self._version, self.priority = slots, step_s, version, priority
+        self.row_cost = row_cost
+        self.nominal_s = 0.0  # sum of step_time over the steps taken (busy_s is what the sleeps really took)
         self._queue: list[_Req] = []  # waiting for a slot
         self._running: list[_Req] = []
         self._wake = asyncio.Event()
@@ -69,6 +78,10 @@ class SimEngine:
         if self._loop:
             self._loop.cancel()
             await asyncio.gather(self._loop, return_exceptions=True)
+
+    def step_time(self, rows: int) -> float:
+        """Seconds a step of `rows` rows takes: step_s * (1 + row_cost * (rows - 1))."""
+        return self.step_s * (1.0 + self.row_cost * (rows - 1))
 
     async def generate(self, n_tokens: int, priority: tuple = ()) -> list[int]:
         req = _Req(n_tokens, priority)
@@ -92,7 +105,9 @@ class SimEngine:
                 self._running += admit
             active = list(self._running)
             t = time.monotonic()
-            await asyncio.sleep(self.step_s)
+            nominal = self.step_time(len(active))
+            await asyncio.sleep(nominal)
+            self.nominal_s += nominal
             dt = time.monotonic() - t
             self.busy_s += dt
             self.steps += 1
@@ -143,19 +158,20 @@ def sim_episode(engine: SimEngine, turns: int, tokens_per_turn: int, env_latency
 
 async def run_simulation(config, *, steps: int, slots: int, step_s: float, turns: int, tokens_per_turn: int,
                          env_latency: Callable[[], float], train_s: float, n_tasks: int = 16,
-                         priority: bool = True) -> dict:
+                         priority: bool = True, row_cost: float = 0.0) -> dict:
     """Drive a scheduler + simulated engine + simulated trainer for `steps` steps.
 
     The trainer takes `train_s` per step, then publishes a new version; the engine keeps
     decoding meanwhile (it is separate hardware), except that in-flight work naturally pauses
-    under η = 0 because nothing new is admitted. Returns throughput and utilization figures.
+    under η = 0 because nothing new is admitted. `row_cost`: `SimEngine`'s (0: a step's time does
+    not depend on its rows). Returns throughput and utilization figures.
     """
     import itertools
 
     from harnessrl.gym.scheduler import RolloutScheduler, token_versions
 
     holder: dict = {}
-    engine = SimEngine(slots, step_s, lambda: holder["s"].version, priority)
+    engine = SimEngine(slots, step_s, lambda: holder["s"].version, priority, row_cost)
     tasks = itertools.cycle([f"task{i}" for i in range(n_tasks)])
     sched = RolloutScheduler(config, sim_episode(engine, turns, tokens_per_turn, env_latency), tasks)
     holder["s"] = sched
