@@ -385,8 +385,14 @@ async def amain(args) -> int:
             args.gen_tokens = max(8, round(args.gen_tokens * args.gen_s / t_gen))
             t_gen = await calibrate(engine.url, args.slots, args.calib_prompt, args.gen_tokens, vocab, args.seed + 2 + k)
         t_gen_alone = t_gen
+        # The same turn with one row running: how much a row beyond the first costs the engine
+        # (0 on a GPU-like engine; async's gain over sync shrinks as it grows: a synchronous
+        # batch's tail runs few rows, fast, while async keeps every slot full).
+        t_one = await calibrate(engine.url, 1, args.calib_prompt, args.gen_tokens, vocab, args.seed + 9)
+        row_cost = (t_gen_alone / t_one - 1) / (args.slots - 1) if args.slots > 1 else 0.0
         print(f"calibration: {args.slots} concurrent x {args.gen_tokens} tokens = {t_gen:.2f} s per turn on the engine "
-              f"alone (prompt {args.calib_prompt} cached ids + 200 new)", flush=True)
+              f"alone (prompt {args.calib_prompt} cached ids + 200 new); one row alone {t_one:.2f} s: each row beyond "
+              f"the first costs {row_cost:.2f} of a one-row step", flush=True)
         backend = GoldOverEngine(engine.url, tok, task_objs, LatencyDraws(1.0, 1.0, args.seed, args.turns),
                                  args.gen_tokens)
         pub = Republisher(resolve_model(args.model))
@@ -467,7 +473,8 @@ async def amain(args) -> int:
               f"p50/p95/p99 {b['env_latency_measured_s']['p50']}/{b['env_latency_measured_s']['p95']}/"
               f"{b['env_latency_measured_s']['p99']} s; target_met={target_met}")
     print(json.dumps({"bench": "async_real", "model": args.model, "slots": args.slots, "gen_tokens": args.gen_tokens,
-                      "t_gen_alone_s": round(t_gen_alone, 3), "t_gen_in_stack_s": round(t_gen, 3), "mean_env_s": round(mean_env, 3), "pool": pool,
+                      "t_gen_alone_s": round(t_gen_alone, 3), "t_gen_one_row_s": round(t_one, 3),
+                      "engine_row_cost": round(row_cost, 3), "t_gen_in_stack_s": round(t_gen, 3), "mean_env_s": round(mean_env, 3), "pool": pool,
                       "batch": B, "turns": args.turns, "train_s": args.train_s, "best_eta_le_2": best,
                       "results": summary, "target_met": target_met}))
     return 0
