@@ -205,3 +205,25 @@ def test_matvec_kernel_rounds_as_well_as_mkl_and_rejects_bad_input(tmp_path, mon
         assert cpu_matvec.load() is None
     finally:
         cpu_matvec.load.cache_clear()
+
+
+def test_vectorized_attention_equals_the_scalar_loops_bit_for_bit(tiny, monkeypatch):
+    """The C step's attention takes 16 positions' scores at once and holds its weighted sums in
+    registers; built with -DHARNESSRL_SCALAR_ATTENTION it runs the plain loops. The scenario's
+    joins, leaves, abort and retract (rows at lengths that fill 16-position blocks and end
+    inside them; greedy and seeded samples) give the same ids and the same logprobs bit for bit."""
+    model, tok = tiny
+    scalar = cpu_matvec.load(("HARNESSRL_SCALAR_ATTENTION",))
+    vector = cpu_matvec.load()
+    assert scalar is not None and vector is not None and scalar is not vector
+    runs = {}
+    for name, lib in (("vector", vector), ("scalar", scalar)):
+        monkeypatch.setattr(cpu_matvec, "load", lambda defines=(), lib=lib: lib)
+        sched = _scenario(tok)
+        s = _sched(model, tok, True, matvec="on")
+        sizes = _drive(s, sched, steps=130, abort=(20, "d"), retract_at=40)
+        assert s._fast.c_steps == sum(1 for n in sizes if n <= fast_decode.C_ROWS) > 80  # those ran in C
+        runs[name] = {r.rid: (r.output_ids, r.logprobs, r.finish) for reqs in sched.values() for r in reqs}
+    assert runs["vector"] == runs["scalar"]  # ids, logprobs (float ==) and finish reasons
+    lengths = [len(v[0]) for v in runs["vector"].values()]
+    assert sum(lengths) > 250 and any(n >= 60 for n in lengths)

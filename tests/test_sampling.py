@@ -10,6 +10,7 @@ import math
 import pytest
 import torch
 
+from harnessrl.trainers.engine import cpu_matvec
 from harnessrl.trainers.engine.sampling import RowParams, processed_logprobs, sample
 
 L = math.log
@@ -123,6 +124,18 @@ def _draws(weights, n, seed=0, **params):
     return ids
 
 
+@pytest.fixture(params=["compiled", "torch"])
+def draw_path(request, monkeypatch):
+    """`sample` draws with the compiled inversion, or (no compiler, HARNESSRL_CPU_MATVEC=0) with
+    the torch one."""
+    if request.param == "compiled":
+        assert cpu_matvec.load() is not None, "the image has a C compiler: the kernel must build"
+    else:
+        monkeypatch.setattr(cpu_matvec, "load", lambda defines=(): None)
+    return request.param
+
+
+@pytest.mark.usefixtures("draw_path")
 def test_draws_follow_the_sampled_distribution():
     # w = 4, 2, 1, 1 -> 1/2, 1/4, 1/8, 1/8; 40,000 draws: each count within 4.5 sigma of n * p
     n = 40_000
@@ -138,6 +151,7 @@ def test_draws_follow_the_sampled_distribution():
     assert set(ids) == {1, 3}
 
 
+@pytest.mark.usefixtures("draw_path")
 def test_draws_are_reproducible_one_uniform_per_row():
     a = _draws([3, 1, 2, 5, 1, 1], 300, seed=7)
     assert a == _draws([3, 1, 2, 5, 1, 1], 300, seed=7)
@@ -151,6 +165,7 @@ def test_draws_are_reproducible_one_uniform_per_row():
     assert torch.equal(gen.get_state(), ref.get_state())
 
 
+@pytest.mark.usefixtures("draw_path")
 def test_a_distribution_that_is_not_one_raises():
     logits = torch.tensor([[0.0, float("nan"), 1.0]])
     with pytest.raises(RuntimeError, match="invalid probability distribution"):
@@ -188,6 +203,40 @@ def test_two_level_draw_picks_the_tokens_of_the_one_pass_inversion():
     assert not any(BLOCK <= t < 2 * BLOCK for t in picked)
     assert any(t >= 3 * BLOCK for t in picked) and any(t < BLOCK for t in picked)
     assert torch.equal(a.get_state(), b.get_state())  # one uniform per draw
+
+
+def test_compiled_draw_picks_the_tokens_of_the_one_pass_inversion():
+    """`draw_rows` (C) on rows whose weights are exactly 1 or 0 (log-probabilities 0 or -inf, so
+    its exp and the float64 sums are exact): blocks of 1024 with the vocabulary not a multiple
+    (the short tail block), a whole block without mass, dropped tokens inside blocks, rows of
+    different supports in one call. For the same uniforms it picks the one-pass inversion's
+    token every time, never a dropped one, and advances the generator by one uniform a row."""
+    from harnessrl.trainers.engine.sampling import BLOCK, draw_rows
+
+    lib = cpu_matvec.load()
+    assert lib is not None, "the image has a C compiler: the kernel must build"
+    v = 3 * BLOCK + 37
+    keep = torch.ones(4, v, dtype=torch.bool)
+    keep[0, BLOCK:2 * BLOCK] = False  # a whole block without mass
+    keep[0, ::7] = False
+    keep[1, : 3 * BLOCK] = False  # mass only in the short tail block
+    keep[2, 1::2] = False
+    keep[3, 5:] = False  # five tokens at the front
+    table = torch.zeros(4, v).masked_fill(~keep, -torch.inf)
+    a, b = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
+    picked = [[] for _ in range(4)]
+    for _ in range(500):
+        ids = draw_rows(lib, table, [a] * 4)
+        for r, token in enumerate(ids):
+            u = float(torch.rand((), generator=b, dtype=torch.float64))
+            assert token == _reference_draw(keep[r].double(), u), (r, u)
+            picked[r].append(token)
+    assert torch.equal(a.get_state(), b.get_state())  # one uniform per row
+    assert all(bool(keep[r, t]) for r in range(4) for t in picked[r])
+    assert not any(BLOCK <= t < 2 * BLOCK for t in picked[0]) and any(t >= 2 * BLOCK for t in picked[0])
+    assert min(picked[1]) >= 3 * BLOCK and set(picked[3]) == set(range(5))
+    with pytest.raises(RuntimeError, match="invalid probability distribution"):
+        draw_rows(lib, torch.full((1, 10), -torch.inf), [a])
 
 
 def test_reported_logprobs_are_the_processed_table_bit_for_bit():

@@ -16,6 +16,12 @@ Since then:
   max/sum reductions written out, a polynomial exp in plain arithmetic) and reads each key and
   value once per kv head for all its query heads: a SmolLM2 step at 5,000 tokens of context
   went from 88.9 to 55.8 ms (at 200 tokens ~37 ms either way);
+- then its scores are taken 16 positions at a time (`dot16`: the lanes of 16 dot products added
+  by a transposed tree made of `dot`'s own adds) and its weighted sum keeps the outputs in
+  registers (`wsum`), with every result unchanged bit for bit: one kv head of tiny-llama over
+  2,000 positions 0.043 -> 0.012 ms, of SmolLM2 over 3,000 0.137 -> 0.058 ms (interleaved, on
+  the AMD EPYC VM with AVX-512); the step's attention is a row's largest cost beside the head
+  at the async bench's contexts (each row attends over its own);
 - the step takes several rows (`harnessrl_decode_rows`): a batch's rows, each attending over
   its own columns only, or consecutive tokens of one sequence (a speculative verify). Products
   of several rows read each weight tile once for all of them (`matvec_rows`) and sum every
@@ -210,19 +216,108 @@ static inline float exp_le0(float x) {
     return p * s;
 }
 
+/* Vectorized attention without changing a bit of it (where the compiler has
+   __builtin_shufflevector; else, or built with -DHARNESSRL_SCALAR_ATTENTION as a test does to
+   compare, the scalar loops below run):
+   - dot16: the scores of 16 consecutive positions at once. Each position's 16 lanes of products
+     are formed as `dot` forms them; the lanes of the 16 positions are then added by a transposed
+     tree (two vectors' halves shuffled together and added, four times over) whose every add is
+     one of `dot`'s own tree (lane l + lane l + w, w = 8, 4, 2, 1), so each score equals `dot`'s
+     bit for bit, for ~3 vector operations a score instead of a horizontal sum each. Positions go
+     in bit-reversed order, which the tree's shuffles reverse again.
+   - wsum: a query's weighted sum of values with the d outputs held in registers across positions
+     (the scalar loop kept them in memory: a store and a load per position), same adds in the
+     same order. */
+#if LANES == 16 && !defined(HARNESSRL_SCALAR_ATTENTION) && (defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 12))
+typedef float v16f __attribute__((vector_size(64)));
+#define SHUF __builtin_shufflevector
+static inline v16f red8(v16f x, v16f y) {
+    return SHUF(x, y, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23)
+         + SHUF(x, y, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+}
+static inline v16f red4(v16f x, v16f y) {
+    return SHUF(x, y, 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27)
+         + SHUF(x, y, 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31);
+}
+static inline v16f red2(v16f x, v16f y) {
+    return SHUF(x, y, 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29)
+         + SHUF(x, y, 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31);
+}
+static inline v16f red1(v16f x, v16f y) {
+    return SHUF(x, y, 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30)
+         + SHUF(x, y, 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31);
+}
+#define DOT16 1
+/* o[j] = sum over t < n, in order, of p[t] * V[t, j] (the scalar loop's order: o starts at 0), for
+   d = 16 * NC, with the NC sums held in registers across t */
+static inline __attribute__((always_inline)) void wsum_nc(const float *p, const float *V, long n, long d, float *o, int nc) {
+    v16f acc[4], v;
+    for (int c = 0; c < nc; c++) acc[c] = (v16f){0};
+    for (long t = 0; t < n; t++) {
+        const float *vt = V + t * d;
+        for (int c = 0; c < nc; c++) {
+            __builtin_memcpy(&v, vt + 16 * c, sizeof v);
+            acc[c] = acc[c] + p[t] * v;
+        }
+    }
+    for (int c = 0; c < nc; c++) __builtin_memcpy(o + 16 * c, &acc[c], sizeof acc[c]);
+}
+static void wsum(const float *p, const float *V, long n, long d, float *o) {
+    switch (d / 16) {  /* attend calls it for d = 16, 32, 48 or 64 */
+    case 1: wsum_nc(p, V, n, d, o, 1); break;
+    case 2: wsum_nc(p, V, n, d, o, 2); break;
+    case 3: wsum_nc(p, V, n, d, o, 3); break;
+    case 4: wsum_nc(p, V, n, d, o, 4); break;
+    }
+}
+/* out[t] = dot(q, K + t * d, d) * scale for t < 16, bit for bit (d a multiple of 16) */
+static void dot16(const float *q, const float *K, long d, float scale, float *out) {
+    static const int rev[16] = {0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15};
+    v16f p[16], c[8], e[4], g[2], a, b;
+    for (int i = 0; i < 16; i++) {
+        const float *k = K + rev[i] * d;
+        __builtin_memcpy(&a, q, sizeof a);
+        __builtin_memcpy(&b, k, sizeof b);
+        v16f s = a * b;
+        for (long j = 16; j < d; j += 16) {
+            __builtin_memcpy(&a, q + j, sizeof a);
+            __builtin_memcpy(&b, k + j, sizeof b);
+            s = s + a * b;
+        }
+        p[i] = s;
+    }
+    for (int i = 0; i < 8; i++) c[i] = red8(p[2 * i], p[2 * i + 1]);
+    for (int i = 0; i < 4; i++) e[i] = red4(c[2 * i], c[2 * i + 1]);
+    for (int i = 0; i < 2; i++) g[i] = red2(e[2 * i], e[2 * i + 1]);
+    v16f r = red1(g[0], g[1]);
+    r = r * scale;
+    __builtin_memcpy(out, &r, sizeof r);
+}
+#endif
+
 /* Causal softmax attention of `rows` consecutive tokens of one sequence for one kv head: row r's
    group query heads (q + r * q_stride: [group, d]) attend over positions 0..pos + r of K, V
-   [cap, d], into out + r * out_stride ([group, d]). Each position's key and value are read once
-   for every row and head that sees it; each query's scores, softmax and weighted sum are the
-   same operations in the same order whatever `rows` is. scores: rows * group * (pos + rows). */
+   [cap, d], into out + r * out_stride ([group, d]). Keys are read a block of 16 positions
+   at a time for every row and head that sees the whole block (`dot16`); each query's scores,
+   softmax and weighted sum are the same operations in the same order whatever `rows` is.
+   scores: rows * group * (pos + rows). */
 static void attend(const float *q, long q_stride, const float *K, const float *V, float *out, long out_stride,
                    float *scores, long rows, long group, long pos, long d, float scale) {
-    const long span = pos + rows;  /* scores of query (r, i) at scores + (r * group + i) * span */
-    for (long t = 0; t < span; t++) {
-        const long r0 = t > pos ? t - pos : 0;  /* the first row that sees position t */
-        for (long r = r0; r < rows; r++)
-            for (long i = 0; i < group; i++)
-                scores[(r * group + i) * span + t] = dot(q + r * q_stride + i * d, K + t * d, d) * scale;
+    const long span = pos + rows;
+    for (long t0 = 0; t0 < span; t0 += 16) {
+        const long t1 = t0 + 16 < span ? t0 + 16 : span;
+        for (long r = 0; r < rows; r++) {
+            const long n = pos + r + 1;  /* row r sees positions 0..pos + r */
+            if (t0 >= n) continue;
+            for (long i = 0; i < group; i++) {
+                const float *qq = q + r * q_stride + i * d;
+                float *s = scores + (r * group + i) * span;
+#ifdef DOT16
+                if (d % LANES == 0 && t0 + 16 <= n) { dot16(qq, K + t0 * d, d, scale, s + t0); continue; }
+#endif
+                for (long t = t0; t < t1 && t < n; t++) s[t] = dot(qq, K + t * d, d) * scale;
+            }
+        }
     }
     for (long r = 0; r < rows; r++)
         for (long i = 0; i < group; i++) {
@@ -248,6 +343,14 @@ static void attend(const float *q, long q_stride, const float *K, const float *V
             float *o = out + r * out_stride + i * d;
             for (long j = 0; j < d; j++) o[j] = 0.f;
         }
+#ifdef DOT16
+    if (d % 16 == 0 && d <= 64) {
+        for (long r = 0; r < rows; r++)
+            for (long i = 0; i < group; i++)
+                wsum(scores + (r * group + i) * span, V, pos + r + 1, d, out + r * out_stride + i * d);
+        return;
+    }
+#endif
     for (long t = 0; t < span; t++) {
         const float *v = V + t * d;
         const long r0 = t > pos ? t - pos : 0;
@@ -257,6 +360,59 @@ static void attend(const float *q, long q_stride, const float *K, const float *V
                 float *o = out + r * out_stride + i * d;
                 for (long j = 0; j < d; j++) o[j] += p * v[j];
             }
+    }
+}
+
+#define DRAW_BLOCK 1024  /* sampling.BLOCK */
+
+/* Weight of a log-probability in a draw: exp(x), and 0 below -87 (a -inf of a token that top-k
+   or top-p dropped is 0: it is never drawn; a finite one below -87 weighs < 2e-38 beside the
+   top token's 1 and is treated as 0). */
+static inline float draw_weight(float x) { return x < -87.f ? 0.f : exp_le0(x); }
+
+/* One token per row of `table` [rows, v] (log-probabilities, <= 0; -inf where not kept) at the
+   uniform u[r] in [0, 1): the first token whose running float64 sum of weights exceeds u[r] times
+   the row's total, found in two short scans as sampling.draw does: the blocks of DRAW_BLOCK
+   tokens (sums of 8 float64 lanes each, added pairwise), then the running sum inside the block.
+   A token of weight 0 is never drawn (the running sum does not move past it). ids[r] = -1 when
+   the row's total is not finite and positive. e: scratch of v floats; bsum: of v / DRAW_BLOCK + 1
+   doubles. */
+void harnessrl_draw_rows(const float *table, long rows, long v, const double *u, long *ids, float *e, double *bsum) {
+    const long nb = (v + DRAW_BLOCK - 1) / DRAW_BLOCK;
+    for (long r = 0; r < rows; r++) {
+        const float *x = table + r * v;
+        for (long j = 0; j < v; j++) e[j] = draw_weight(x[j]);
+        double total = 0.0;
+        for (long b = 0; b < nb; b++) {
+            const long j0 = b * DRAW_BLOCK, j1 = j0 + DRAW_BLOCK < v ? j0 + DRAW_BLOCK : v;
+            double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            long j = j0;
+            for (; j + 8 <= j1; j += 8)
+                for (int l = 0; l < 8; l++) lane[l] += (double)e[j + l];
+            for (int w = 4; w > 0; w /= 2)
+                for (int l = 0; l < w; l++) lane[l] += lane[l + w];
+            for (; j < j1; j++) lane[0] += (double)e[j];
+            total += lane[0];
+            bsum[b] = total;  /* running sums of the blocks */
+        }
+        if (!(total > 0.0 && total <= 1.7976931348623157e308)) { ids[r] = -1; continue; }
+        const double target = u[r] * total;
+        long b = 0;
+        while (b < nb && !(bsum[b] > target)) b++;
+        if (b == nb) {  /* u * total rounded up to the total: the last block of positive mass */
+            b = 0;
+            while (bsum[b] != total) b++;
+        }
+        const long j0 = b * DRAW_BLOCK, j1 = j0 + DRAW_BLOCK < v ? j0 + DRAW_BLOCK : v;
+        double run = b ? bsum[b - 1] : 0.0;
+        long pick = -1, last = -1;
+        for (long j = j0; j < j1; j++) {
+            if (e[j] > 0.f) last = j;
+            run += (double)e[j];
+            if (run > target) { pick = j; break; }
+        }
+        /* the block's own running sum rounded below the target: its last token of positive mass */
+        ids[r] = pick >= 0 && e[pick] > 0.f ? pick : last;
     }
 }
 
@@ -366,10 +522,11 @@ def _build(cc: str, flags: list[str], out: Path) -> None:
         os.replace(lib, out)
 
 
-@lru_cache(maxsize=1)
-def load():
-    """The compiled library (ctypes; `harnessrl_matvec`, `harnessrl_decode_rows`), or None when it
-    cannot be had here."""
+@lru_cache(maxsize=4)
+def load(defines: tuple[str, ...] = ()):
+    """The compiled library (ctypes; `harnessrl_matvec`, `harnessrl_decode_rows`, `harnessrl_draw_rows`), or None when it
+    cannot be had here. `defines`: extra `-D` flags (a test builds the scalar attention with
+    ("HARNESSRL_SCALAR_ATTENTION",) to compare it with the vectorized one)."""
     if os.environ.get("HARNESSRL_CPU_MATVEC", "1") == "0":
         return None
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
@@ -383,20 +540,22 @@ def load():
         return None
     errors = []
     for flags in FLAGS:
+        flags = [*flags, *(f"-D{d}" for d in defines)]
         key = hashlib.sha256("\0".join([SOURCE, " ".join(flags), version, _cpu_flags()]).encode()).hexdigest()[:16]
         path = _kernels_dir() / f"matvec-{key}.so"
         try:
             if not path.is_file():
                 _build(cc, flags, path)
             lib = ctypes.CDLL(str(path))
-            mv, step = lib.harnessrl_matvec, lib.harnessrl_decode_rows
+            mv, step, draw = lib.harnessrl_matvec, lib.harnessrl_decode_rows, lib.harnessrl_draw_rows
         except (OSError, AttributeError, subprocess.SubprocessError) as e:
             errors.append(f"{' '.join(flags)}: {getattr(e, 'stderr', None) or e}")
             continue
         mv.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 3
         step.argtypes = [ctypes.c_long] * 2 + [ctypes.c_void_p] * 13 + [ctypes.c_long] + [ctypes.c_void_p] * 2 \
             + [ctypes.c_long] * 7 + [ctypes.c_float] * 2 + [ctypes.c_void_p] * 2
-        mv.restype = step.restype = None
+        draw.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long] + [ctypes.c_void_p] * 4
+        mv.restype = step.restype = draw.restype = None
         return lib
     log.warning("cpu_matvec: could not build the kernel (%s); batch-1 decode keeps the torch step",
                 "; ".join(errors)[:2000])
