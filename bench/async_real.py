@@ -3,7 +3,7 @@
 One run, side by side: trajectories/s, generator occupancy against the Little's-law bound,
 masked fraction and max lag for staleness η = 0 (the synchronous baseline), 1, 2, 4, with
 per-turn env latency lognormal of CV 1 and CV 2 whose mean is `--env-ratio` (3) times the
-generation time of a turn. The definitions are those of `bench/async_vs_sync.py` (its
+generation time of a turn with every slot running (`--env-base`, below). The definitions are those of `bench/async_vs_sync.py` (its
 simulated twin), so the two benches compare.
 
 What is real: the local engine (`trainers.engine`, tiny-llama by default, `max_running_requests`
@@ -20,10 +20,18 @@ gets the gold action with `sleep <draw>;` before its command, so the wait happen
 sandbox). The draws are seeded per episode number: every η replays the same sequence.
 
 Calibration first: `--slots` concurrent generations on the engine alone choose gen_tokens so
-that a turn takes about `--gen-s`; then one synchronous warm-up batch on the whole stack (it
-also starts the warm sandboxes and fills the prefix cache, so η = 0 does not pay the cold
-start) measures t_gen, the turn time the engine takes among harnesses and hidden tests, and
-mean env = `--env-ratio` * t_gen. Little's law: N* = slots * (t_gen + t_env) / t_gen episodes in flight
+that a turn takes about `--gen-s` (t_gen alone, the full-batch turn), and the same turn with one
+row running gives the engine's row cost (what a row beyond the first adds to a step, as a
+fraction of a one-row step: ~0 on a GPU, 0.2-0.5 for this CPU engine); then one synchronous
+warm-up batch on the whole stack (it also starts the warm sandboxes and fills the prefix cache,
+so η = 0 does not pay the cold start) measures the turn time the engine takes among harnesses
+and hidden tests in a synchronous batch. Mean env = `--env-ratio` * the full-batch turn
+(`--env-base full-batch`, the default): the env is the workload's, the same for every η, and a
+multiple of the generation time the engine takes at capacity, where async runs it. With a row
+cost, the synchronous batch's turns run fewer rows and are shorter (1.22-1.34 s against 1.90 s
+alone and 2.06 s at η = 2 in one run), so `--env-base sync-turn` (the earlier definition) makes
+the env a multiple of the baseline's own scheduling: ~2x the turn the async run sees, not 3x.
+Little's law: N* = slots * (t_gen + t_env) / t_gen episodes in flight
 saturate the engine; the env pool is N* * 1.15 (as in the sim). With N = min(pool, (η+1) * B)
 admitted, the occupancy bound is min(1, N * t_gen / (slots * (t_gen + t_env))), t_gen being the
 turn time this run's engine actually took (gen_tokens * its mean busy time per decode step),
@@ -401,15 +409,18 @@ async def amain(args) -> int:
             ro.prewarm(tasks)
             # Warm-up: one synchronous batch on the whole stack (sandboxes started, prefix cache
             # warm, so η = 0 does not pay the cold start), which also measures the turn time the
-            # engine takes among harnesses and hidden tests; the env mean is set from that.
+            # engine takes among harnesses and hidden tests in a synchronous batch.
             warm = await run_eta(ro, backend, engine, client, pub, args, eta=0, cv=1.0, mean_env=args.env_ratio * t_gen,
                                  pool=B, tasks=tasks, steps=1)
             t_gen = warm["t_gen_s"]
-            mean_env = args.env_ratio * t_gen
-            need = args.slots * (t_gen + mean_env) / t_gen
+            t_base = t_gen_alone if args.env_base == "full-batch" else t_gen
+            mean_env = args.env_ratio * t_base
+            need = args.slots * (t_base + mean_env) / t_base
             pool = args.pool or math.ceil(need * (1 + args.pool_headroom))
-            print(f"warm-up batch ({warm['wall_s']} s): a turn takes {t_gen:.2f} s on the engine in the stack; mean env "
-                  f"{mean_env:.2f} s (x{args.env_ratio:g}); N* = {need:.1f}, pool {pool}; B = {B} "
+            print(f"warm-up batch ({warm['wall_s']} s): a turn takes {t_gen:.2f} s on the engine in the stack "
+                  f"(synchronous: few rows at a time); mean env {mean_env:.2f} s = {args.env_ratio:g} x the "
+                  f"{'full-batch turn alone' if args.env_base == 'full-batch' else 'synchronous turn'} "
+                  f"({t_base:.2f} s); N* = {need:.1f}, pool {pool}; B = {B} "
                   f"(G {args.group_size} x {args.groups_per_step}); turns {args.turns}; train {args.train_s:g} s; "
                   f"model {args.model}; load avg {os.getloadavg()[0]:.1f}", flush=True)
             for cv in cvs:
@@ -474,7 +485,7 @@ async def amain(args) -> int:
               f"{b['env_latency_measured_s']['p99']} s; target_met={target_met}")
     print(json.dumps({"bench": "async_real", "model": args.model, "slots": args.slots, "gen_tokens": args.gen_tokens,
                       "t_gen_alone_s": round(t_gen_alone, 3), "t_gen_one_row_s": round(t_one, 3),
-                      "engine_row_cost": round(row_cost, 3), "t_gen_in_stack_s": round(t_gen, 3), "mean_env_s": round(mean_env, 3), "pool": pool,
+                      "engine_row_cost": round(row_cost, 3), "t_gen_in_stack_s": round(t_gen, 3), "env_base": args.env_base, "mean_env_s": round(mean_env, 3), "pool": pool,
                       "batch": B, "turns": args.turns, "train_s": args.train_s, "best_eta_le_2": best,
                       "results": summary, "target_met": target_met}))
     return 0
@@ -486,7 +497,10 @@ def main() -> int:
     ap.add_argument("--slots", type=int, default=4, help="engine max_running_requests")
     ap.add_argument("--gen-s", type=float, default=1.0, help="target seconds of generation per turn at full batch")
     ap.add_argument("--gen-tokens", type=int, default=0, help="engine tokens per call; 0: calibrated from --gen-s")
-    ap.add_argument("--env-ratio", type=float, default=3.0, help="mean env latency per turn / t_gen")
+    ap.add_argument("--env-ratio", type=float, default=3.0, help="mean env latency per turn / the --env-base turn")
+    ap.add_argument("--env-base", choices=["full-batch", "sync-turn"], default="full-batch",
+                    help="the generation time the env mean is a multiple of: the calibrated turn with every slot "
+                         "running (default), or the turn measured in the synchronous warm-up batch")
     ap.add_argument("--turns", type=int, default=4, help="commands per episode (gold, fillers, submit)")
     ap.add_argument("--group-size", type=int, default=4)
     ap.add_argument("--groups-per-step", type=int, default=2)
