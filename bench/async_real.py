@@ -33,10 +33,23 @@ alone and 2.06 s at η = 2 in one run), so `--env-base sync-turn` (the earlier d
 the env a multiple of the baseline's own scheduling: ~2x the turn the async run sees, not 3x.
 Little's law: N* = slots * (t_gen + t_env) / t_gen episodes in flight
 saturate the engine; the env pool is N* * 1.15 (as in the sim). With N = min(pool, (η+1) * B)
-admitted, the occupancy bound is min(1, N * t_gen / (slots * (t_gen + t_env))), t_gen being the
-turn time this run's engine actually took (gen_tokens * its mean busy time per decode step),
-and occupancy is the engine's mean running requests / slots (its own row-weighted busy seconds,
-read from `/get_model_info` before and after). The engine runs in its own process, as SGLang
+admitted, the occupancy bound is min(1, N * W / (slots * (W + T_out))): W is an episode's engine
+work (its calls x t_gen, the turn time this run's engine actually took: gen_tokens * its mean
+busy time per decode step) and T_out its measured time outside the engine (its length, sandbox
+and hidden tests included, minus its calls' time at the proxy and engine, so queueing for the
+engine never lowers the bound). In the sim T_out is turns * t_env; on the real stack it also
+holds the harness's own work, start-up and exit and the hidden tests, which Little's law counts
+as surely as the injected waits. The bound with the injected waits alone (t_env = mean env, the
+sim's formula) is printed beside it (`bound_injected_env`). Occupancy is the engine's mean
+running requests / slots (its own row-weighted busy seconds, read from `/get_model_info`
+before and after).
+
+Masked fraction: the tokens the engine sampled for the consumed episodes (gen_tokens per call,
+each chunk with the weight version that decoded it) that are older than V - η at consumption,
+which is exactly what `mask` masks. The recorded token ids are the scripted stand-ins, whose
+lengths are not the engine's: the first turn (the gold edit, ~90 tokens) is 4-5x a filler's or
+the submit's, and it is the oldest turn, the one masking hits; their masked fraction, the
+scheduler's own count, is printed beside it (`masked_recorded_token_frac`). The engine runs in its own process, as SGLang
 does beside harnessrl (`--engine-in-process`: a thread of this one, sharing its GIL).
 
 Throughput is trajectories consumed / wall time of the η's run (batches, train waits and weight
@@ -80,7 +93,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from async_real_policy import GoldOverEngine, LatencyDraws  # noqa: E402
+from async_real_policy import GoldOverEngine, LatencyDraws, sampled_staleness  # noqa: E402
 
 
 def _pct(xs: list[float], q: float) -> float | None:
@@ -277,14 +290,25 @@ async def run_eta(ro, backend, engine, client, pub, args, *, eta: int, cv: float
     await sched.start()
     prober = asyncio.create_task(sample())
     marks, max_lag, batches = [], 0, []
+    sampled = {"stale": 0, "total": 0, "matched": 0}  # engine tokens of consumed episodes, by staleness
     try:
         for _ in range(steps or args.steps):
             batch = await sched.next_batch()
             V = sched.version
+            with backend._lock:
+                calls_now = list(backend.calls)
+            by_session: dict[str, list] = {}
+            for c in calls_now:
+                by_session.setdefault(c["session"], []).extend(c["chunks"])
             for traj in batch:
                 vs = token_versions(traj)
                 if vs:
                     max_lag = max(max_lag, V - min(vs))
+                if traj.session_id in by_session:
+                    stale, total = sampled_staleness(by_session[traj.session_id], V, eta)
+                    sampled["stale"] += stale
+                    sampled["total"] += total
+                    sampled["matched"] += 1
             batches += batch
             marks.append((time.monotonic(), len(batches)))
             await asyncio.sleep(args.train_s)
@@ -321,6 +345,17 @@ async def run_eta(ro, backend, engine, client, pub, args, *, eta: int, cv: float
     ep_s = [x.get("harness_s", 0.0) + x.get("reward_s", 0.0) + x.get("sandbox_s", 0.0)
             for x in (t.metadata.get("timings") or {} for t in batches)]
     bound_ep = min(1.0, n_adm * args.turns * t_gen / (args.slots * statistics.fmean(ep_s))) if ep_s else None
+    # Little's law with the environment the engine really sees: an episode's time outside the
+    # engine (injected waits, the harness's own work, start-up and exit, hidden tests, sandbox)
+    # = its length minus its calls' time at the proxy and engine (queueing, pauses and
+    # decoding, so contention for the engine does not lower the bound), against its engine
+    # work (calls x t_gen). `bound` (the injected waits alone) is kept beside it.
+    timed = [(e, t) for e, t in zip(ep_s, batches) if e > 0 and t.calls]
+    outside = [e - sum(c.gen_s + c.queue_s for c in t.calls) for e, t in timed]
+    work = statistics.fmean(len(t.calls) for _, t in timed) * t_gen if timed else 0.0
+    t_out = statistics.fmean(outside) if outside else None
+    bound_real = (min(1.0, n_adm * work / (args.slots * (work + t_out)))
+                  if t_out is not None and work + t_out > 0 else None)
     st = sched.stats
     env = [c.env_s for t in batches for c in t.calls if c.env_s is not None]
     calls = [c for c in backend.calls]
@@ -331,12 +366,15 @@ async def run_eta(ro, backend, engine, client, pub, args, *, eta: int, cv: float
             "steady_traj_per_s": steady, "harness_s": statistics.fmean(harness_s) if harness_s else None,
             "harness_outside_turns_s": statistics.fmean(h - t for h, t in zip(harness_s, turns_s)) if tim else None,
             "reward_s": statistics.fmean(x.get("reward_s", 0.0) for x in tim) if tim else None,
-            "sandbox_s": statistics.fmean(x.get("sandbox_s", 0.0) for x in tim) if tim else None, "occupancy": occ, "bound": bound, "bound_with_episode_overhead": bound_ep,
+            "sandbox_s": statistics.fmean(x.get("sandbox_s", 0.0) for x in tim) if tim else None, "occupancy": occ, "bound": bound_real if bound_real is not None else bound, "bound_with_episode_overhead": bound_ep,
             "episode_s": statistics.fmean(ep_s) if ep_s else None, "t_gen_s": t_gen,
             "engine_busy": busy_s / wall, "engine_on_cpu": (sched1[0] - sched0[0]) / wall,
             "engine_runqueue_wait": (sched1[1] - sched0[1]) / wall, "mean_in_flight": probe["in_flight"] / max(1, probe["n"]),
             "admission_limit": n_adm, "max_lag": max_lag,
-            "masked_token_frac": st.masked_tokens / max(1, st.masked_tokens + st.trained_tokens),
+            "masked_token_frac": sampled["stale"] / max(1, sampled["total"]),
+            "masked_recorded_token_frac": st.masked_tokens / max(1, st.masked_tokens + st.trained_tokens),
+            "sampled_tokens": sampled["total"], "episodes_matched": sampled["matched"],
+            "bound_injected_env": bound, "outside_engine_s": t_out, "engine_work_s": work,
             "staleness_hist": dict(sorted(st.staleness_hist.items())),
             "success_rate": sum((t.reward or 0) >= 1 for t in batches) / max(1, len(batches)),
             "infra_errors": sum(t.status == "infra_error" for t in batches),
@@ -445,7 +483,11 @@ async def amain(args) -> int:
                           f"{_pct(e, .5):>9.2f}/{_pct(e, .95):.2f}/{_pct(e, .99):.2f} "
                           f"{_pct(i, .5):>9.2f}/{_pct(i, .95):.2f}/{_pct(i, .99):.2f} "
                           f"{r['system_cpu_busy']:>5.0%} {r['own_cpu_cores']:>5.2f} {r['success_rate']:>5.2f}   "
-                          f"(steady {r['steady_ratio_vs_sync'] or float('nan'):.2f}x sync, t_gen {r['t_gen_s']:.2f}s, bound with episode overhead {r['bound_with_episode_overhead']:.2f} "
+                          f"(steady {r['steady_ratio_vs_sync'] or float('nan'):.2f}x sync, recorded (stand-in) tokens masked "
+                          f"{r['masked_recorded_token_frac']:.1%}, {r['sampled_tokens']} sampled tokens of {r['episodes_matched']} "
+                          f"episodes; bound with the injected waits alone {r['bound_injected_env']:.2f}, outside the engine "
+                          f"{r['outside_engine_s'] or float('nan'):.1f}s per episode against {r['engine_work_s']:.1f}s of engine work; "
+                          f"t_gen {r['t_gen_s']:.2f}s, bound with episode overhead {r['bound_with_episode_overhead']:.2f} "
                           f"(episode {r['episode_s']:.0f}s), engine busy {r['engine_busy']:.0%} (on a CPU {r['engine_on_cpu']:.2f} cores, waiting for one {r['engine_runqueue_wait']:.2f}), hist {r['staleness_hist']}; per "
                           f"episode: harness {r['harness_s']:.1f}s of which {r['harness_outside_turns_s']:.1f}s outside turns, "
                           f"hidden tests {r['reward_s']:.1f}s, sandbox {r['sandbox_s']:.2f}s; "
@@ -459,7 +501,8 @@ async def amain(args) -> int:
     def row(r: dict) -> dict:
         e, i = r["env_s"], r["injected_s"]
         keep = ("traj_per_s", "steady_traj_per_s", "ratio_vs_sync", "steady_ratio_vs_sync", "occupancy", "bound", "masked_token_frac",
-                "bound_with_episode_overhead", "episode_s", "harness_s", "harness_outside_turns_s", "reward_s", "max_lag", "mean_in_flight", "t_gen_s", "engine_busy", "engine_on_cpu", "engine_runqueue_wait", "system_cpu_busy",
+                "masked_recorded_token_frac", "sampled_tokens", "episodes_matched", "bound_injected_env",
+                "outside_engine_s", "engine_work_s", "bound_with_episode_overhead", "episode_s", "harness_s", "harness_outside_turns_s", "reward_s", "max_lag", "mean_in_flight", "t_gen_s", "engine_busy", "engine_on_cpu", "engine_runqueue_wait", "system_cpu_busy",
                 "own_cpu_cores", "success_rate", "infra_errors", "trajectories", "wall_s", "cpu_cores_by_part")
         out = {k: (round(r[k], 4) if isinstance(r[k], float) else r[k]) for k in keep}
         out["trajectories_per_s"] = out.pop("traj_per_s")

@@ -80,6 +80,20 @@ def spread_versions(chunks: list[tuple[int, str]], n: int) -> list[str]:
     return out
 
 
+def sampled_staleness(chunks: Iterable[tuple[int, str]], consumed_at: int, eta: int) -> tuple[int, int]:
+    """(engine tokens sampled by versions older than `consumed_at - eta`, engine tokens) of
+    one episode's calls: what the `mask` policy masks, counted in the tokens the engine
+    sampled (each call decodes `gen_tokens`, whatever the length of the scripted reply that
+    stands in for them). A chunk without a version (an engine that reports none) counts as
+    sampled and never as stale."""
+    stale = total = 0
+    for n, v in chunks:
+        total += n
+        if str(v).strip().lstrip("-").isdigit() and int(v) < consumed_at - eta:
+            stale += n
+    return stale, total
+
+
 class GoldOverEngine:
     """See the module doc. `tasks`: Task objects (problem statement, gold plan)."""
 
@@ -95,7 +109,8 @@ class GoldOverEngine:
         self.episodes: dict[str, int] = {}
         """proxy session id -> episode number k (order of first call)."""
         self.calls: list[dict] = []
-        """Per call: session, k, step, engine seconds, engine tokens, versions, wait injected."""
+        """Per call: session, k, step, engine seconds, engine tokens, versions, the engine's
+        (tokens, weight version) chunks, wait injected."""
         self._http = None
 
     def reset(self) -> None:
@@ -167,6 +182,7 @@ class GoldOverEngine:
         with self._lock:
             self.calls.append({"session": session, "k": k, "step": step, "t0": t0, "t1": t1,
                                "engine_tokens": sum(c for c, _ in chunks), "versions": sorted({v for _, v in chunks}),
+                               "chunks": chunks,
                                "wait_s": waits[step] if statement is not None and step < len(waits) else None})
         return GenerateResult(ids, [self.logprob] * len(ids), finish, versions[0] if versions else "",
                               len(input_ids), text=text, versions=versions)

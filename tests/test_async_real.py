@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-from async_real_policy import GoldOverEngine, LatencyDraws, sleepy_plan, spread_versions  # noqa: E402
+from async_real_policy import (  # noqa: E402
+    GoldOverEngine, LatencyDraws, sampled_staleness, sleepy_plan, spread_versions)
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -48,6 +49,16 @@ def test_spread_versions_maps_returned_tokens_onto_the_engine_chunks():
     assert spread_versions([(30, "3"), (10, "4")], 8) == ["3"] * 6 + ["4"] * 2
     assert spread_versions([(5, "1")], 3) == ["1"] * 3
     assert spread_versions([(1, "1"), (1, "2")], 4) == ["1", "1", "2", "2"]
+
+
+def test_sampled_staleness_counts_the_engine_tokens_mask_would_mask():
+    chunks = [(100, "3"), (20, "4"), (80, "5"), (5, "")]
+    # Consumed at V = 6 under η = 2: versions < 4 are masked (the scheduler's `v < V - η`).
+    assert sampled_staleness(chunks, consumed_at=6, eta=2) == (100, 205)
+    assert sampled_staleness(chunks, consumed_at=7, eta=2) == (120, 205)  # 4 < 5 now too
+    assert sampled_staleness(chunks, consumed_at=5, eta=2) == (0, 205)  # 3 = V - η: still in
+    assert sampled_staleness(chunks, consumed_at=9, eta=0) == (200, 205)  # unversioned: never stale
+    assert sampled_staleness([], consumed_at=3, eta=1) == (0, 0)
 
 
 def _prompt(tok, statement: str) -> list[int]:
@@ -103,5 +114,9 @@ def test_gold_over_engine_runs_real_engine_tokens_and_versions_straddle_a_weight
     assert 0 < n0 < len(expected) and res.versions == ["0"] * n0 + ["1"] * (len(expected) - n0)
     first, second = backend.calls
     assert first["engine_tokens"] == 400 and first["versions"] == ["0", "1"] and first["k"] == 0
+    assert [v for _, v in first["chunks"]] == ["0", "1"] and sum(n for n, _ in first["chunks"]) == 400
+    assert first["chunks"][0][0] >= 1  # decoding had begun under version 0
+    assert sampled_staleness(first["chunks"], consumed_at=2, eta=1) == (first["chunks"][0][0], 400)
+    assert second["chunks"] == [(400, "1")]
     assert second["engine_tokens"] == 400 and second["versions"] == ["1"] and second["k"] == 1
     assert first["wait_s"] == draws.draws(0)[0] and second["wait_s"] == draws.draws(1)[0]
