@@ -300,35 +300,20 @@ async def run_eta(ro, backend, engine, client, pub, args, *, eta: int, cv: float
     await sched.start()
     prober = asyncio.create_task(sample())
     marks, max_lag, batches = [], 0, []
-    sampled = {"stale": 0, "total": 0, "matched": 0}  # engine tokens of consumed episodes, by staleness
-    per_batch: list[tuple[int, int]] = []  # (stale, total) engine tokens of each batch
+    n_steps = steps or args.steps
+    k = max(1, n_steps // 2) - 1  # the sim's steady state: the batches after batch k (the second half)
+    slot_marks: dict[int, tuple[float, float]] = {}  # batch index -> (time, engine slot seconds)
     try:
-        n_steps = steps or args.steps
-        k_mark = max(1, n_steps // 2) - 1  # the steady window: after batch k_mark to the last batch
-        slot_marks: dict[int, tuple[float, float]] = {}  # batch index -> (time, engine slot seconds)
         for i in range(n_steps):
             batch = await sched.next_batch()
             V = sched.version
-            with backend._lock:
-                calls_now = list(backend.calls)
-            by_session: dict[str, list] = {}
-            for c in calls_now:
-                by_session.setdefault(c["session"], []).extend(c["chunks"])
-            b_stale = b_total = 0
             for traj in batch:
                 vs = token_versions(traj)
                 if vs:
                     max_lag = max(max_lag, V - min(vs))
-                if traj.session_id in by_session:
-                    stale, total = sampled_staleness(by_session[traj.session_id], V, eta)
-                    b_stale, b_total = b_stale + stale, b_total + total
-                    sampled["matched"] += 1
-            sampled["stale"] += b_stale
-            sampled["total"] += b_total
-            per_batch.append((b_stale, b_total))
             batches += batch
             marks.append((time.monotonic(), len(batches)))
-            if i in (k_mark, n_steps - 1):
+            if i in (k, n_steps - 1):
                 slot_marks[i] = (time.monotonic(), (await client.model_info())["timing"]["slot_s"])
             await asyncio.sleep(args.train_s)
             pub.version += 1
@@ -354,11 +339,23 @@ async def run_eta(ro, backend, engine, client, pub, args, *, eta: int, cv: float
     slot_s = info1["timing"]["slot_s"] - info0["timing"]["slot_s"]
     step_s = busy_s / steps_done if steps_done else float("nan")
     t_gen = args.gen_tokens * step_s
-    k = max(1, len(marks) // 2) - 1  # the sim's steady state: the second half of the batches
     steady = (marks[-1][1] - marks[k][1]) / max(marks[-1][0] - marks[k][0], 1e-9) if len(marks) >= 4 else None
-    # Masking at the steady state (the same batches): the first batches of a run cannot hold
-    # tokens older than V - η (there were no such versions yet), so the whole run's fraction
-    # understates what a long run masks (the sim: ~3% over 8 batches, 8-10% over 24).
+    # The masked fraction in the engine's sampled tokens, batch by batch (the scheduler puts each
+    # trajectory's consumption version in its metadata), and at the steady state (the same
+    # batches as the rate): the first batches of a run cannot hold tokens older than V - η
+    # (there were no such versions yet), so the whole run's fraction understates what a long
+    # run masks (the sim: ~3% over 8 batches, 8-10% over 24).
+    calls = list(backend.calls)
+    chunks_of: dict[str, list] = {}
+    for c in calls:
+        chunks_of.setdefault(c["session"], []).extend(c["chunks"])
+    per_batch: list[tuple[int, int]] = []  # (stale, total) engine tokens of each batch
+    matched = 0
+    for a, (_, b) in zip([0] + [n for _, n in marks[:-1]], marks):
+        counts = [sampled_staleness(chunks_of[t.session_id], t.metadata["consumed_at_version"], eta)
+                  for t in batches[a:b] if t.session_id in chunks_of]
+        matched += len(counts)
+        per_batch.append((sum(x for x, _ in counts), sum(y for _, y in counts)))
     tail = per_batch[k + 1:] if len(marks) >= 4 else per_batch
     steady_masked = sum(a for a, _ in tail) / max(1, sum(b for _, b in tail))
     # The engine's occupancy over the same window (its slot seconds read at both ends).
@@ -385,7 +382,6 @@ async def run_eta(ro, backend, engine, client, pub, args, *, eta: int, cv: float
                   if t_out is not None and work + t_out > 0 else None)
     st = sched.stats
     env = [c.env_s for t in batches for c in t.calls if c.env_s is not None]
-    calls = [c for c in backend.calls]
     tim = [t.metadata.get("timings") or {} for t in batches]
     turns_s = [sum(c.gen_s + c.queue_s + (c.env_s or 0) for c in t.calls) for t in batches]
     harness_s = [x.get("harness_s", 0.0) for x in tim]
@@ -398,10 +394,10 @@ async def run_eta(ro, backend, engine, client, pub, args, *, eta: int, cv: float
             "engine_busy": busy_s / wall, "engine_on_cpu": (sched1[0] - sched0[0]) / wall,
             "engine_runqueue_wait": (sched1[1] - sched0[1]) / wall, "mean_in_flight": probe["in_flight"] / max(1, probe["n"]),
             "admission_limit": n_adm, "max_lag": max_lag,
-            "masked_token_frac": sampled["stale"] / max(1, sampled["total"]),
+            "masked_token_frac": sum(x for x, _ in per_batch) / max(1, sum(y for _, y in per_batch)),
             "steady_masked_token_frac": steady_masked, "steady_occupancy": steady_occ,
             "masked_recorded_token_frac": st.masked_tokens / max(1, st.masked_tokens + st.trained_tokens),
-            "sampled_tokens": sampled["total"], "episodes_matched": sampled["matched"],
+            "sampled_tokens": sum(y for _, y in per_batch), "episodes_matched": matched,
             "bound_injected_env": bound, "outside_engine_s": t_out, "engine_work_s": work,
             "staleness_hist": dict(sorted(st.staleness_hist.items())),
             "success_rate": sum((t.reward or 0) >= 1 for t in batches) / max(1, len(batches)),
