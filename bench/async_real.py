@@ -337,6 +337,7 @@ async def run_eta(ro, backend, engine, client, pub, args, *, eta: int, cv: float
     steps_done = info1["steps"] - info0["steps"]
     busy_s = info1["timing"]["busy_s"] - info0["timing"]["busy_s"]
     slot_s = info1["timing"]["slot_s"] - info0["timing"]["slot_s"]
+    prefill_s = info1["timing"]["prefill_s"] - info0["timing"]["prefill_s"]
     step_s = busy_s / steps_done if steps_done else float("nan")
     t_gen = args.gen_tokens * step_s
     steady = (marks[-1][1] - marks[k][1]) / max(marks[-1][0] - marks[k][0], 1e-9) if len(marks) >= 4 else None
@@ -376,7 +377,8 @@ async def run_eta(ro, backend, engine, client, pub, args, *, eta: int, cv: float
     # work (calls x t_gen). `bound` (the injected waits alone) is kept beside it.
     timed = [(e, t) for e, t in zip(ep_s, batches) if e > 0 and t.calls]
     outside = [e - sum(c.gen_s + c.queue_s for c in t.calls) for e, t in timed]
-    work = statistics.fmean(len(t.calls) for _, t in timed) * t_gen if timed else 0.0
+    calls_per_episode = statistics.fmean(len(t.calls) for _, t in timed) if timed else None
+    work = (calls_per_episode or 0.0) * t_gen
     t_out = statistics.fmean(outside) if outside else None
     bound_real = (min(1.0, n_adm * work / (args.slots * (work + t_out)))
                   if t_out is not None and work + t_out > 0 else None)
@@ -391,7 +393,7 @@ async def run_eta(ro, backend, engine, client, pub, args, *, eta: int, cv: float
             "reward_s": statistics.fmean(x.get("reward_s", 0.0) for x in tim) if tim else None,
             "sandbox_s": statistics.fmean(x.get("sandbox_s", 0.0) for x in tim) if tim else None, "occupancy": occ, "bound": bound_real if bound_real is not None else bound, "bound_with_episode_overhead": bound_ep,
             "episode_s": statistics.fmean(ep_s) if ep_s else None, "t_gen_s": t_gen,
-            "engine_busy": busy_s / wall, "engine_on_cpu": (sched1[0] - sched0[0]) / wall,
+            "engine_busy": busy_s / wall, "engine_prefill_frac": prefill_s / busy_s if busy_s else None, "engine_on_cpu": (sched1[0] - sched0[0]) / wall,
             "engine_runqueue_wait": (sched1[1] - sched0[1]) / wall, "mean_in_flight": probe["in_flight"] / max(1, probe["n"]),
             "admission_limit": n_adm, "max_lag": max_lag,
             "masked_token_frac": sum(x for x, _ in per_batch) / max(1, sum(y for _, y in per_batch)),
@@ -399,6 +401,7 @@ async def run_eta(ro, backend, engine, client, pub, args, *, eta: int, cv: float
             "masked_recorded_token_frac": st.masked_tokens / max(1, st.masked_tokens + st.trained_tokens),
             "sampled_tokens": sum(y for _, y in per_batch), "episodes_matched": matched,
             "bound_injected_env": bound, "outside_engine_s": t_out, "engine_work_s": work,
+            "calls_per_episode": calls_per_episode,
             "staleness_hist": dict(sorted(st.staleness_hist.items())),
             "success_rate": sum((t.reward or 0) >= 1 for t in batches) / max(1, len(batches)),
             "infra_errors": sum(t.status == "infra_error" for t in batches),
@@ -438,6 +441,19 @@ async def amain(args) -> int:
     else:
         engine = EngineProcess(args.model, args.slots, args.engine_threads)
     client = EngineClient(engine.url)
+    cores = None  # the engine's core kept for it alone (limits.CoreReservation), where it can be
+    cpu_split = "engine shares every core with the environment"
+    if args.engine_core and not args.engine_in_process:
+        from harnessrl.sandboxes.limits import CoreReservation
+        try:  # the engine's stepping thread alone on a core; its HTTP threads with the environment
+            tid = (await client.model_info()).get("scheduler_tid")
+            if not tid:
+                raise ValueError("the engine reports no scheduler_tid")
+            cores = CoreReservation([tid])
+            cpu_split = cores.describe()
+        except ValueError as e:
+            cpu_split = f"engine shares every core with the environment ({e})"
+    print(f"cpu: {cpu_split}", flush=True)
     tok = load_tokenizer(args.model)
     vocab = len(tok)
     try:
@@ -477,12 +493,25 @@ async def amain(args) -> int:
             t_gen = warm["t_gen_s"]
             t_base = t_gen_alone if args.env_base == "full-batch" else t_gen
             mean_env = args.env_ratio * t_base
-            need = args.slots * (t_base + mean_env) / t_base
+            need_injected = args.slots * (t_base + mean_env) / t_base
+            # Little's law with the time an episode really spends outside the engine (measured in
+            # the warm-up batch: the injected waits plus the harness's start-up and exit, its own
+            # work, the hidden tests and the sandbox) against its engine work at full batch
+            # (its calls x the full-batch turn): the injected waits alone undercount what an
+            # episode holds a pool slot for, so a pool sized by them cannot fill the engine.
+            calls = warm["calls_per_episode"]
+            if args.pool_basis == "measured" and warm["outside_engine_s"] and calls:
+                work_full = calls * t_base
+                need = args.slots * (work_full + warm["outside_engine_s"]) / work_full
+            else:
+                need = need_injected
             pool = args.pool or math.ceil(need * (1 + args.pool_headroom))
             print(f"warm-up batch ({warm['wall_s']} s): a turn takes {t_gen:.2f} s on the engine in the stack "
                   f"(synchronous: few rows at a time); mean env {mean_env:.2f} s = {args.env_ratio:g} x the "
                   f"{'full-batch turn alone' if args.env_base == 'full-batch' else 'synchronous turn'} "
-                  f"({t_base:.2f} s); N* = {need:.1f}, pool {pool}; B = {B} "
+                  f"({t_base:.2f} s); outside the engine {warm['outside_engine_s'] or float('nan'):.1f} s an episode "
+                  f"({warm['calls_per_episode'] or float('nan'):.1f} calls); N* = {need:.1f} ({args.pool_basis}; "
+                  f"{need_injected:.1f} with the injected waits alone), pool {pool}; B = {B} "
                   f"(G {args.group_size} x {args.groups_per_step}); turns {args.turns}; train {args.train_s:g} s; "
                   f"model {args.model}; load avg {os.getloadavg()[0]:.1f}", flush=True)
             for cv in cvs:
@@ -513,7 +542,7 @@ async def amain(args) -> int:
                           f"episodes; bound with the injected waits alone {r['bound_injected_env']:.2f}, outside the engine "
                           f"{r['outside_engine_s'] or float('nan'):.1f}s per episode against {r['engine_work_s']:.1f}s of engine work; "
                           f"t_gen {r['t_gen_s']:.2f}s, bound with episode overhead {r['bound_with_episode_overhead']:.2f} "
-                          f"(episode {r['episode_s']:.0f}s), engine busy {r['engine_busy']:.0%} (on a CPU {r['engine_on_cpu']:.2f} cores, waiting for one {r['engine_runqueue_wait']:.2f}), hist {r['staleness_hist']}; per "
+                          f"(episode {r['episode_s']:.0f}s), engine busy {r['engine_busy']:.0%} ({r['engine_prefill_frac'] or 0:.1%} of it prefill; on a CPU {r['engine_on_cpu']:.2f} cores, waiting for one {r['engine_runqueue_wait']:.2f}), hist {r['staleness_hist']}; per "
                           f"episode: harness {r['harness_s']:.1f}s of which {r['harness_outside_turns_s']:.1f}s outside turns, "
                           f"hidden tests {r['reward_s']:.1f}s, sandbox {r['sandbox_s']:.2f}s; "
                           f"{r['trajectories']} traj in {r['wall_s']}s, load {r['loadavg']:.1f}; CPU cores by part "
@@ -522,12 +551,14 @@ async def amain(args) -> int:
     finally:
         await client.aclose()
         engine.stop()
+        if cores is not None:
+            cores.release()
 
     def row(r: dict) -> dict:
         e, i = r["env_s"], r["injected_s"]
         keep = ("traj_per_s", "steady_traj_per_s", "ratio_vs_sync", "steady_ratio_vs_sync", "occupancy", "bound", "masked_token_frac",
                 "steady_masked_token_frac", "steady_occupancy", "masked_recorded_token_frac", "sampled_tokens", "episodes_matched", "bound_injected_env",
-                "outside_engine_s", "engine_work_s", "bound_with_episode_overhead", "episode_s", "harness_s", "harness_outside_turns_s", "reward_s", "max_lag", "mean_in_flight", "t_gen_s", "engine_busy", "engine_on_cpu", "engine_runqueue_wait", "system_cpu_busy",
+                "outside_engine_s", "engine_work_s", "bound_with_episode_overhead", "episode_s", "harness_s", "harness_outside_turns_s", "reward_s", "max_lag", "mean_in_flight", "t_gen_s", "engine_busy", "engine_prefill_frac", "engine_on_cpu", "engine_runqueue_wait", "system_cpu_busy",
                 "own_cpu_cores", "success_rate", "infra_errors", "trajectories", "wall_s", "cpu_cores_by_part")
         out = {k: (round(r[k], 4) if isinstance(r[k], float) else r[k]) for k in keep}
         out["trajectories_per_s"] = out.pop("traj_per_s")
@@ -567,7 +598,7 @@ async def amain(args) -> int:
               f"{b['env_latency_measured_s']['p99']} s; target_met={target_met}")
     print(json.dumps({"bench": "async_real", "model": args.model, "slots": args.slots, "gen_tokens": args.gen_tokens,
                       "t_gen_alone_s": round(t_gen_alone, 3), "t_gen_one_row_s": round(t_one, 3),
-                      "engine_row_cost": round(row_cost, 3), "t_gen_in_stack_s": round(t_gen, 3), "env_base": args.env_base, "mean_env_s": round(mean_env, 3), "pool": pool,
+                      "engine_row_cost": round(row_cost, 3), "t_gen_in_stack_s": round(t_gen, 3), "env_base": args.env_base, "mean_env_s": round(mean_env, 3), "cpu_split": cpu_split, "pool": pool, "pool_basis": args.pool_basis, "n_star": round(need, 2), "n_star_injected": round(need_injected, 2), "warmup_outside_engine_s": warm["outside_engine_s"],
                       "batch": B, "turns": args.turns, "train_s": args.train_s, "best_eta_le_2": best,
                       "results": summary, "target_met": target_met}))
     return 0
@@ -592,9 +623,15 @@ def main() -> int:
     ap.add_argument("--train-s", type=float, default=2.0, help="trainer time per step (other hardware: a wait)")
     ap.add_argument("--pool", type=int, default=0, help="env pool; 0: N* x (1 + --pool-headroom)")
     ap.add_argument("--pool-headroom", type=float, default=0.15)
+    ap.add_argument("--pool-basis", choices=["measured", "injected"], default="measured",
+                    help="N* from the warm-up's measured time outside the engine per episode (default), or from "
+                         "the injected waits alone (the sim's formula)")
     ap.add_argument("--clip-s", type=float, default=45.0, help="longest injected wait (mini's command timeout is 60 s)")
     ap.add_argument("--calib-prompt", type=int, default=1500, help="prompt ids per calibration request")
     ap.add_argument("--engine-threads", type=int, default=1)
+    ap.add_argument("--engine-core", action=argparse.BooleanOptionalAction, default=True,
+                    help="keep one core for the engine's stepping thread alone, every other task of the machine on "
+                         "the rest (sandboxes.limits.CoreReservation; the CPU analogue of the generator's own GPU)")
     ap.add_argument("--engine-in-process", action="store_true",
                     help="run the engine in a thread of this process (default: its own process, as in a deployment)")
     ap.add_argument("--seed", type=int, default=0)

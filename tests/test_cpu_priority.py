@@ -184,3 +184,62 @@ def test_docker_sandboxes_yield_the_cpu_to_the_host_and_env_nice_zero_keeps_dock
             sb.close()
     finally:
         backend.reap(run_id=backend.run_id)
+
+
+ENGINE_LIKE = """
+import os, sys, threading, time
+stop = threading.Event()
+threads = [threading.Thread(target=stop.wait) for _ in range(2)]
+[t.start() for t in threads]
+print("ready", flush=True)
+sys.stdin.readline()  # the test has reserved the cores: report every thread's set, then a late thread's
+late = threading.Thread(target=stop.wait); late.start()
+masks = {t: sorted(os.sched_getaffinity(int(t))) for t in os.listdir("/proc/self/task")}
+print(repr(masks), flush=True)
+stop.set()
+"""
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="a core for the engine needs two cores")
+def test_core_reservation_keeps_the_engines_core_for_it_and_gives_every_mask_back():
+    """The engine's process (every thread, and threads it starts later) runs on the reserved core
+    only; this process, a process it starts afterwards (a harness) and the machine's other
+    processes run on the rest; release() restores every mask."""
+    from harnessrl.sandboxes.limits import CoreReservation
+
+    before = os.sched_getaffinity(0)
+    other = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.readline()"],
+                             stdin=subprocess.PIPE, text=True)  # a process of the machine started before
+    engine = subprocess.Popen([sys.executable, "-c", ENGINE_LIKE], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert engine.stdout.readline().strip() == "ready"
+        res = CoreReservation.for_process(engine.pid)
+        try:
+            last = max(before)
+            assert res.engine == {last} and res.env == before - {last}
+            engine.stdin.write("go\n"); engine.stdin.flush()
+            masks = eval(engine.stdout.readline())  # noqa: S307 - our own child's repr of a dict
+            assert len(masks) >= 4 and all(m == [last] for m in masks.values()), masks
+            assert os.sched_getaffinity(0) == before - {last}
+            assert os.sched_getaffinity(other.pid) == before - {last}
+            harness = subprocess.run([sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"],
+                                     capture_output=True, text=True, check=True)
+            assert eval(harness.stdout) == sorted(before - {last})  # noqa: S307
+            assert "alone on core(s) [%d]" % last in res.describe()
+        finally:
+            res.release()
+        assert os.sched_getaffinity(0) == before
+        assert os.sched_getaffinity(other.pid) == before
+    finally:
+        for p in (other, engine):
+            p.kill()
+            p.wait()
+
+
+def test_core_reservation_refuses_when_no_core_would_be_left_for_the_environment():
+    from harnessrl.sandboxes.limits import CoreReservation
+
+    n = len(os.sched_getaffinity(0))
+    with pytest.raises(ValueError, match=f"cannot reserve {n} core"):
+        CoreReservation([os.getpid()], cores=n)

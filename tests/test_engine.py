@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -167,6 +168,33 @@ def test_batch_input_equals_single_requests(http, tok, hf):
                                      "sampling_params": {"max_new_tokens": 8, "temperature": 0}})
     assert r.status_code == 200, r.text
     assert [b["output_ids"] for b in r.json()] == [_greedy(hf, p, 8) for p in prompts]
+
+
+def test_model_info_names_the_thread_that_steps_the_model(http, tok):
+    """`scheduler_tid` is the OS id of the thread whose CPU time grows with decoding (what a
+    bench pins to a core of its own): a thread of this process (the engine runs in-process
+    here), and the one that gained the most CPU over a 48-token generation."""
+    tid = http.get("/get_model_info").json()["scheduler_tid"]
+    assert str(tid) in os.listdir("/proc/self/task")
+
+    def cpu() -> dict[int, int]:
+        out = {}
+        for t in os.listdir("/proc/self/task"):
+            try:
+                with open(f"/proc/self/task/{t}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                out[int(t)] = int(fields[11]) + int(fields[12])  # utime + stime, in ticks
+            except OSError:
+                pass
+        return out
+
+    c0 = cpu()
+    r = http.post("/generate", json={"input_ids": _prompts(tok, 4), "sampling_params": {
+        "max_new_tokens": 48, "temperature": 0, "ignore_eos": True}})
+    assert r.status_code == 200, r.text
+    c1 = cpu()
+    gained = {t: c1[t] - c0.get(t, 0) for t in c1}
+    assert max(gained, key=gained.get) == tid, gained
 
 
 def test_model_info_counts_steps_and_busy_seconds_weighted_by_rows(http, tok):

@@ -62,6 +62,9 @@ class Scheduler:
         self.default_gen = torch.Generator().manual_seed(random_seed)
         self.paused: str | None = None  # None or the pause mode
         self.steps = 0
+        self.native_tid: int | None = None
+        """The OS thread id of the loop that steps the model (for pinning it to a core of its own:
+        `sandboxes.limits.CoreReservation`), set when the loop starts."""
         # wall seconds this thread spent in prefills and in decode steps (where a call's time goes);
         # busy_s: loop iterations that ended with rows running (their admission included), and
         # slot_s: the same seconds each weighted by the rows running (a generator's occupancy is
@@ -153,6 +156,7 @@ class Scheduler:
                     or (self.paused is None and (self._waiting or self._running)))
 
     def _loop(self) -> None:
+        self.native_tid = threading.get_native_id()
         torch.set_grad_enabled(False)  # grad mode is per thread
         if self.num_threads:
             # OpenMP's thread count is per calling thread: set it on the thread that runs the model

@@ -314,6 +314,7 @@ def build_app(state: EngineState) -> FastAPI:
             "prefix_cache": sched.prefix_cache.report(),
             "speculative": dict(sched.spec_stats),
             "steps": sched.steps,
+            "scheduler_tid": sched.native_tid,
             "timing": dict(sched.timing),
             **sched.load(),
         }
