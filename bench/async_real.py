@@ -452,7 +452,7 @@ async def amain(args) -> int:
             cores = CoreReservation([tid])
             cpu_split = cores.describe()
         except ValueError as e:
-            cpu_split = f"engine shares every core with the environment ({e})"
+            cpu_split += f" ({e})"
     print(f"cpu: {cpu_split}", flush=True)
     tok = load_tokenizer(args.model)
     vocab = len(tok)
@@ -510,7 +510,7 @@ async def amain(args) -> int:
                   f"(synchronous: few rows at a time); mean env {mean_env:.2f} s = {args.env_ratio:g} x the "
                   f"{'full-batch turn alone' if args.env_base == 'full-batch' else 'synchronous turn'} "
                   f"({t_base:.2f} s); outside the engine {warm['outside_engine_s'] or float('nan'):.1f} s an episode "
-                  f"({warm['calls_per_episode'] or float('nan'):.1f} calls); N* = {need:.1f} ({args.pool_basis}; "
+                  f"({calls or float('nan'):.1f} calls); N* = {need:.1f} ({args.pool_basis}; "
                   f"{need_injected:.1f} with the injected waits alone), pool {pool}; B = {B} "
                   f"(G {args.group_size} x {args.groups_per_step}); turns {args.turns}; train {args.train_s:g} s; "
                   f"model {args.model}; load avg {os.getloadavg()[0]:.1f}", flush=True)

@@ -187,10 +187,10 @@ def test_docker_sandboxes_yield_the_cpu_to_the_host_and_env_nice_zero_keeps_dock
 
 
 ENGINE_LIKE = """
-import os, sys, threading, time
+import os, sys, threading
 stop = threading.Event()
-threads = [threading.Thread(target=stop.wait) for _ in range(2)]
-[t.start() for t in threads]
+for _ in range(2):
+    threading.Thread(target=stop.wait).start()
 print("ready", flush=True)
 sys.stdin.readline()  # the test has reserved the cores: report every thread's set, then a late thread's
 late = threading.Thread(target=stop.wait); late.start()
