@@ -220,6 +220,24 @@ def test_model_info_counts_steps_and_busy_seconds_weighted_by_rows(http, tok):
     assert 1.0 * busy < slots <= 3 * busy + 1e-9
 
 
+def test_a_command_whose_caller_gave_up_is_skipped_and_the_loop_goes_on(engine, http, tok):
+    """`Scheduler.call` futures are cancelled when their caller stops waiting (a timeout around
+    `/get_model_info`'s counters, a dropped connection): the loop skips them instead of dying
+    on the cancelled future, and the next command and generation are served."""
+    import threading
+
+    sched = engine.state.scheduler
+    hold, ran = threading.Event(), []
+    first = sched.call(lambda s: hold.wait(30))  # holds the loop while the second one is queued
+    second = sched.call(lambda s: ran.append(1))
+    assert second.cancel()  # not started yet: the loop is still inside the first
+    hold.set()
+    assert first.result(timeout=30) is True
+    assert sched.call(lambda s: s.native_tid).result(timeout=30) == sched.native_tid
+    assert ran == [] and sched.alive
+    assert len(_ids(_gen(http, _prompts(tok, 1)[0], max_new_tokens=4, temperature=0, ignore_eos=True))) == 4
+
+
 def test_streamed_chunks_concatenate_to_the_non_streamed_result(http, tok):
     prompt = _prompts(tok, 2)[1]
     whole = _gen(http, prompt, max_new_tokens=20, temperature=0)

@@ -170,6 +170,8 @@ class Scheduler:
                 commands = list(self._commands)
                 self._commands.clear()
             for fn, fut in commands:
+                if not fut.set_running_or_notify_cancel():
+                    continue  # its caller gave up (a timeout, a dropped connection)
                 try:
                     fut.set_result(fn(self))
                 except BaseException as e:  # the caller gets the error, the engine goes on

@@ -299,8 +299,22 @@ def build_app(state: EngineState) -> FastAPI:
             return _error(503, "engine loop is not running")
         return PlainTextResponse("")
 
+    def _counters(s) -> dict:
+        return {"speculative": dict(s.spec_stats), "steps": s.steps, "timing": dict(s.timing)}
+
     @app.get("/get_model_info")
     async def get_model_info():
+        # The counters are read on the stepping thread between two steps, so one reading never
+        # holds half a step (busy seconds counted, slot seconds not yet) and a request whose
+        # answer has already gone out has its last step counted.
+        counters = None
+        if sched.alive:
+            try:
+                counters = await asyncio.wait_for(asyncio.wrap_future(sched.call(_counters)), 30)
+            except asyncio.TimeoutError:
+                pass
+        if counters is None:  # a dead or stuck loop: the counters as they are
+            counters = _counters(sched)
         return {
             "model_path": state.model_path,
             "tokenizer_path": state.tokenizer_path or state.model_path,
@@ -312,10 +326,8 @@ def build_app(state: EngineState) -> FastAPI:
             "max_running_requests": cfg.max_running_requests,
             "logprob_space": sched.logprob_space,
             "prefix_cache": sched.prefix_cache.report(),
-            "speculative": dict(sched.spec_stats),
-            "steps": sched.steps,
             "scheduler_tid": sched.native_tid,
-            "timing": dict(sched.timing),
+            **counters,
             **sched.load(),
         }
 
