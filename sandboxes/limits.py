@@ -190,7 +190,28 @@ def env_nice() -> int:
     return value
 
 
-def yield_cpu(pid: int, group: bool = True) -> bool:
+def sandbox_nice() -> int:
+    """The nice value of the sandboxes' work (their commands, hidden tests and resets; for Docker,
+    the weight of their cgroup): HARNESSRL_SANDBOX_NICE (0-19), else `env_nice()`'s. Apart from
+    the harness processes' because they weigh differently: each harness session is weighed on
+    its own, while every Docker sandbox of the machine shares the one cgroup's weight, so at
+    nice 10 forty sandboxes together weigh as much as one harness; with the engine's stepping
+    thread on a core of its own (`CoreReservation`) nothing needs them that low, and their work
+    (a command the harness waits for, the hidden tests a finished episode waits for) is what
+    the episodes wait on (bench/async_real.py sets 0 then)."""
+    raw = os.environ.get("HARNESSRL_SANDBOX_NICE", "").strip()
+    if not raw:
+        return env_nice()
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"HARNESSRL_SANDBOX_NICE must be an integer 0-19, not {raw!r}") from None
+    if not 0 <= value <= 19:
+        raise ValueError(f"HARNESSRL_SANDBOX_NICE must be an integer 0-19, not {raw!r}")
+    return value
+
+
+def yield_cpu(pid: int, group: bool = True, nice: int | None = None) -> bool:
     """Lower the CPU priority of `pid`, a process that leads its own session (a harness, a
     sandbox command), by `env_nice()`, so that with every core busy the
     engine and harnessrl's own threads get the CPU first and the environment the rest; when
@@ -205,8 +226,9 @@ def yield_cpu(pid: int, group: bool = True) -> bool:
     whose group is someone else's too. The kernel lets an unprivileged process set a group nice
     at most once per 0.1 s machine-wide (root is not limited); a launch that meets the limit
     keeps group nice 0. `group=False`: the nice value only (for a process whose work runs in a
-    session of its own further down, as bwrap's `--new-session` starts)."""
-    nice = env_nice()
+    session of its own further down, as bwrap's `--new-session` starts). `nice`: in place of
+    `env_nice()` (a sandbox's command: `sandbox_nice()`)."""
+    nice = env_nice() if nice is None else nice
     if nice <= 0:
         return False
     try:
@@ -256,10 +278,11 @@ def docker_cgroup_parent(driver: str, version: str) -> tuple[str | None, str]:
     at full speed (a weight limits nothing then; each container's own `cpus` quota still
     applies). None, leaving Docker's default, when the environment does not yield
     (`HARNESSRL_ENV_NICE=0`), Docker uses the systemd cgroup driver (which takes only
-    slices), or this process cannot write the cgroup files (not root)."""
-    nice = env_nice()
+    slices), or this process cannot write the cgroup files (not root). The nice value is
+    `sandbox_nice()` (HARNESSRL_SANDBOX_NICE, else HARNESSRL_ENV_NICE's)."""
+    nice = sandbox_nice()
     if nice <= 0:
-        return None, "HARNESSRL_ENV_NICE=0: sandboxes keep Docker's cgroup weight"
+        return None, "sandbox nice 0 (HARNESSRL_SANDBOX_NICE / HARNESSRL_ENV_NICE): sandboxes keep Docker's cgroup weight"
     if driver != "cgroupfs":
         return None, f"Docker's cgroup driver is {driver!r}, not cgroupfs: sandboxes keep its cgroup weight"
     shares = nice_weight(nice)

@@ -38,7 +38,7 @@ from harnessrl.sandboxes.base import (ExecResult, RepoSpec, SandboxDied, Sandbox
                                       SandboxUnavailable)
 from harnessrl.sandboxes.bwrap import BASE_ENV, Binds, Identity, isolation, prepare, probe
 from harnessrl.sandboxes.hostfs import own, remove
-from harnessrl.sandboxes.limits import Cgroup, LoopDisk, umount, yield_cpu
+from harnessrl.sandboxes.limits import Cgroup, LoopDisk, sandbox_nice, umount, yield_cpu
 from harnessrl.sandboxes.repo import DIFF_SCRIPT, FINALIZE_SCRIPT, RESET_SCRIPT, materialize, spec_key
 
 __all__ = ["LocalConfig", "LocalBackend", "LocalSandbox", "bwrap_works"]
@@ -329,7 +329,7 @@ class LocalSandbox:
         # The environment takes the CPU the engine leaves (limits.yield_cpu): the nice value reaches
         # the command; the session bwrap's --new-session starts keeps a group nice of 0 (set from
         # inside, the kernel rate-limits it to one write per 0.1 s machine-wide, so it is not).
-        yield_cpu(proc.pid, group=False)
+        yield_cpu(proc.pid, group=False, nice=sandbox_nice())
         out, err = bytearray(), bytearray()
         readers = [threading.Thread(target=_pump, args=(proc.stdout, out, limit), daemon=True)]
         if not merge:

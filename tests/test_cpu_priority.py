@@ -15,7 +15,7 @@ import pytest
 from harnessrl.adapters import prefork
 from harnessrl.adapters.prefork import Prefork
 from harnessrl.adapters.proc import clean_env, run_host
-from harnessrl.sandboxes.limits import env_nice, yield_cpu
+from harnessrl.sandboxes.limits import env_nice, sandbox_nice, yield_cpu
 
 PROBE = """
 import json, os
@@ -67,6 +67,17 @@ def test_env_nice_is_validated_and_yield_cpu_refuses_a_process_sharing_its_sessi
             env_nice()
     monkeypatch.delenv("HARNESSRL_ENV_NICE")
     assert env_nice() == 10
+    assert sandbox_nice() == 10  # the harnesses' unless set apart
+    monkeypatch.setenv("HARNESSRL_ENV_NICE", "4")
+    assert sandbox_nice() == 4
+    monkeypatch.setenv("HARNESSRL_SANDBOX_NICE", "0")
+    assert (sandbox_nice(), env_nice()) == (0, 4)
+    for bad in ("x", "-2", "20"):
+        monkeypatch.setenv("HARNESSRL_SANDBOX_NICE", bad)
+        with pytest.raises(ValueError, match="HARNESSRL_SANDBOX_NICE must be an integer 0-19"):
+            sandbox_nice()
+    monkeypatch.delenv("HARNESSRL_SANDBOX_NICE")
+    monkeypatch.delenv("HARNESSRL_ENV_NICE")
     # A child in our session: lowering its group's priority would lower ours; refused, untouched.
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
@@ -110,6 +121,9 @@ def test_local_sandbox_commands_run_below_harnessrl(tmp_path, monkeypatch):
         assert r.output.split() == [str(min(19, mine + 10))] * 2
         monkeypatch.setenv("HARNESSRL_ENV_NICE", "0")
         assert sb.exec(["bash", "-c", "nice"], timeout=30).output.split() == [str(mine)]
+        monkeypatch.setenv("HARNESSRL_ENV_NICE", "10")  # sandboxes apart from the harnesses
+        monkeypatch.setenv("HARNESSRL_SANDBOX_NICE", "2")
+        assert sb.exec(["bash", "-c", "nice"], timeout=30).output.split() == [str(min(19, mine + 2))]
     finally:
         sb.close()
 
@@ -172,6 +186,9 @@ def test_docker_sandboxes_yield_the_cpu_to_the_host_and_env_nice_zero_keeps_dock
             assert box_s < 0.4 * host_s, (host_s, box_s)  # expected ~0.11 (110 / 1024)
         finally:
             sb.close()
+        monkeypatch.setenv("HARNESSRL_SANDBOX_NICE", "0")  # the harnesses stay at 10, the sandboxes level
+        assert DockerBackend(DockerConfig(run_id=backend.run_id)).cgroup_parent is None
+        monkeypatch.delenv("HARNESSRL_SANDBOX_NICE")
         monkeypatch.setenv("HARNESSRL_ENV_NICE", "0")
         level = DockerBackend(DockerConfig(run_id=backend.run_id))
         assert level.cgroup_parent is None
