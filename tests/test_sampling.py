@@ -256,3 +256,18 @@ def test_reported_logprobs_are_the_processed_table_bit_for_bit():
     assert ids2 == ids and lps2 == lps
     for t, lp, top in zip(ids, lps, tops2):
         assert dict((ix, x) for x, ix in top).get(t, lp) == lp
+
+
+def test_temperature_one_rows_skip_the_division_with_the_same_bits_and_gradient():
+    """Rows all at temperature 1 skip `logits / 1` (exact in IEEE): the table equals the divided
+    one bit for bit, a mixed batch still divides, and the gradient reaches the logits."""
+    gen = torch.Generator().manual_seed(3)
+    logits = (torch.randn(3, 49152, generator=gen) * 5).requires_grad_()
+    ones = torch.ones(3)
+    table = processed_logprobs(logits, ones, ones, torch.full((3,), -1))
+    assert torch.equal(table, torch.log_softmax(logits / ones[:, None], dim=-1))
+    table[:, 7].sum().backward()
+    assert logits.grad is not None and bool((logits.grad[:, 7] > 0).all())
+    mixed = torch.tensor([1.0, 0.5, 1.0])
+    assert torch.equal(processed_logprobs(logits.detach(), mixed, ones, torch.full((3,), -1)),
+                       torch.log_softmax(logits.detach() / mixed[:, None], dim=-1))

@@ -65,7 +65,8 @@ def processed_logprobs(logits: torch.Tensor, temperature: torch.Tensor, top_p: t
     n, v = logits.shape
     greedy = temperature <= 0
     temps = torch.where(greedy, torch.ones_like(temperature), temperature).to(logits.dtype)
-    scaled = logits / temps[:, None]
+    # x / 1 is x exactly: rows all at temperature 1 (the common case) skip a pass over [N, V]
+    scaled = logits if bool((temps == 1).all()) else logits / temps[:, None]
     k_on = (top_k > 0) & (top_k < v)
     p_on = top_p < 1.0
     if not bool((greedy | k_on | p_on).any()):
