@@ -179,15 +179,23 @@ weight (`docker_cgroup_parent`). Override with HARNESSRL_ENV_NICE (0: the same p
 most 19)."""
 
 
-def env_nice() -> int:
-    raw = os.environ.get("HARNESSRL_ENV_NICE", "").strip()
+def _nice_from(variable: str) -> int | None:
+    """A nice value 0-19 from the environment variable, None when it is unset or empty."""
+    raw = os.environ.get(variable, "").strip()
+    if not raw:
+        return None
     try:
-        value = int(raw) if raw else ENV_NICE
+        value = int(raw)
     except ValueError:
-        raise ValueError(f"HARNESSRL_ENV_NICE must be an integer 0-19, not {raw!r}") from None
+        raise ValueError(f"{variable} must be an integer 0-19, not {raw!r}") from None
     if not 0 <= value <= 19:
-        raise ValueError(f"HARNESSRL_ENV_NICE must be an integer 0-19, not {raw!r}")
+        raise ValueError(f"{variable} must be an integer 0-19, not {raw!r}")
     return value
+
+
+def env_nice() -> int:
+    value = _nice_from("HARNESSRL_ENV_NICE")
+    return ENV_NICE if value is None else value
 
 
 def sandbox_nice() -> int:
@@ -199,16 +207,8 @@ def sandbox_nice() -> int:
     thread on a core of its own (`CoreReservation`) nothing needs them that low, and their work
     (a command the harness waits for, the hidden tests a finished episode waits for) is what
     the episodes wait on (bench/async_real.py sets 0 then)."""
-    raw = os.environ.get("HARNESSRL_SANDBOX_NICE", "").strip()
-    if not raw:
-        return env_nice()
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"HARNESSRL_SANDBOX_NICE must be an integer 0-19, not {raw!r}") from None
-    if not 0 <= value <= 19:
-        raise ValueError(f"HARNESSRL_SANDBOX_NICE must be an integer 0-19, not {raw!r}")
-    return value
+    value = _nice_from("HARNESSRL_SANDBOX_NICE")
+    return env_nice() if value is None else value
 
 
 def yield_cpu(pid: int, group: bool = True, nice: int | None = None) -> bool:
