@@ -24,7 +24,8 @@ from harnessrl.adapters.toolchain import require
 
 MAX_FILES = 40
 """aider is given every tracked file of a small repo (up to this many) so the model sees code."""
-PREFORK = Prefork(preload=("litellm",), late=("HOME", "OPENAI_API_KEY", "OPENAI_API_BASE"))
+PREFORK = Prefork(preload=("litellm",), late=("HOME", "OPENAI_API_KEY", "OPENAI_API_BASE"),
+                  complete_models=("litellm", "openai"))
 """aider imports litellm lazily, on its first model call; a warm interpreter has it already
 (adapters/prefork.py)."""
 BASE_ENV = {"LITELLM_LOCAL_MODEL_COST_MAP": "True"}

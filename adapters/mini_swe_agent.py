@@ -40,7 +40,8 @@ PREFORK = Prefork(
               "litellm.llms.github_copilot.authenticator", "litellm.llms.github_copilot.per_user_auth",
               "litellm.integrations.generic_api.generic_api_callback", "litellm._service_logger",
               "litellm.litellm_core_utils.logging_callback_manager",
-              "litellm.llms.openai.chat.gpt_audio_transformation", "litellm.llms.openai_like.dynamic_config"))
+              "litellm.llms.openai.chat.gpt_audio_transformation", "litellm.llms.openai_like.dynamic_config"),
+    complete_models=("litellm", "openai"))
 
 
 class MiniSweAgentAdapter:

@@ -1,10 +1,12 @@
 """The fork server's own side: run by a harness's interpreter, stdlib only (it imports nothing
 of harnessrl, whose venv it is not in). See adapters/prefork.py for the contract.
 
-    python prefork_server.py '{"socket": PATH, "preload": [...], "late": [...], "optional": [...]}'
+    python prefork_server.py '{"socket": PATH, "preload": [...], "late": [...], "optional": [...],
+                               "complete_models": [...]}'
 
 Start-up: import the preload modules, then the optional ones (one that is not installed is
-skipped), while recording which `late` environment keys they read (and from which module),
+skipped), build the deferred schemas of the pydantic models of the `complete_models` packages,
+while recording which `late` environment keys they read (and from which module),
 then refuse (one JSON line on stdout, `ok: false` and the reason) if a late key was read
 outside `ALLOWED_READERS`, a thread was started or an import failed; else freeze the heap,
 listen and say `{"ok": true, "pid": N, "skipped": [the optional modules not installed]}`.
@@ -15,7 +17,8 @@ the nice value and sets its session group's to `group_nice` (see harnessrl's
 `sandboxes.limits.yield_cpu`). The server forks; the child leads a
 new session, takes the fds, the whole environment, the cwd and `sys.path` a plain
 `python argv[0]` would have, and runs the script as `__main__`, so the interpreter exits as
-it would (atexit, thread joins, flushes). The server answers `{"pid": N}` and, when it has
+it would (exit status, traceback, thread joins, atexit, flushes; then `os._exit`, without
+the heap's teardown: see adapters/prefork.py). The server answers `{"pid": N}` and, when it has
 reaped the child, `{"returncode": rc}` (negative: killed by that signal). EOF on its stdin
 (its owner is gone) kills every child's process group and ends the server.
 """
@@ -82,6 +85,8 @@ def _prepare(spec, skipped):
                     skipped.append(name)  # not in this venv: the harness never imports it either
                     continue
                 raise
+        name = "complete_models"
+        _complete_models(set(spec.get("complete_models", ())))
     except BaseException as e:  # noqa: BLE001 - any import failure means: launch plainly
         return f"preload {name!r} failed: {type(e).__name__}: {e}"
     finally:
@@ -93,6 +98,33 @@ def _prepare(spec, skipped):
     if threads != 1 or threading.active_count() != 1:
         return f"the preload started threads ({threads}): forking would be unsafe"
     return None
+
+
+def _complete_models(packages):
+    """Build now the schemas that pydantic models of `packages` (top-level names) deferred to
+    their first use (`defer_build`), so that no child builds them again. Each is rebuilt with
+    its own module's and defining scope's names only (`_types_namespace={}`, not the frame of
+    whoever happened to use it first); one that does not resolve yet stays deferred, as before.
+    Returns how many were built."""
+    pydantic = sys.modules.get("pydantic")
+    base = getattr(pydantic, "BaseModel", None)
+    if not packages or not isinstance(base, type):
+        return 0
+    seen, todo, built = set(), [base], 0
+    while todo:
+        for cls in type.__subclasses__(todo.pop()):
+            if cls in seen:
+                continue
+            seen.add(cls)
+            todo.append(cls)
+            if (getattr(cls, "__module__", None) or "").split(".")[0] not in packages \
+                    or cls.__dict__.get("__pydantic_complete__") is not False:
+                continue
+            try:
+                built += bool(cls.model_rebuild(raise_errors=False, _types_namespace={}))
+            except Exception:  # noqa: BLE001 - this pydantic's rebuild differs: it builds lazily, as before
+                pass
+    return built
 
 
 def _recv_exact(conn, n):
@@ -239,11 +271,79 @@ def main():
     return _serve(spec, zygote_pp, skipped)
 
 
+def _run_as_main(path):
+    """Run the script as `__main__` and end as the interpreter would (Py_RunMain): an uncaught
+    exception's traceback (from the script's frames on) and status 1, `SystemExit`'s status or
+    message, then non-daemon threads joined, atexit handlers run, buffered files and stdio
+    flushed (status 120 if stdio cannot be), KeyboardInterrupt re-raised as SIGINT; then
+    `os._exit`, skipping the teardown of the heap shared with the server."""
+    import runpy
+    code, sigint = 0, False
+    try:
+        runpy.run_path(path, run_name="__main__")
+    except SystemExit as e:
+        code = _exit_status(e.code)
+    except BaseException as e:  # noqa: BLE001 - printed and turned into the status, as python does
+        tb = e.__traceback__
+        while tb is not None and tb.tb_frame.f_code.co_filename != path:
+            tb = tb.tb_next
+        if tb is not None:  # python's own hook prints the exception's traceback, whatever it is passed
+            e.__traceback__ = tb
+        _quiet_call(sys.excepthook, type(e), e, e.__traceback__)
+        code, sigint = 1, isinstance(e, KeyboardInterrupt)
+    import threading
+    _quiet_call(getattr(threading, "_shutdown", lambda: None))
+    import atexit
+    atexit._run_exitfuncs()
+    code = _flush_all(code)
+    if sigint:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    os._exit(code)
+
+
+def _exit_status(value):
+    if value is None:
+        return 0
+    if isinstance(value, int):
+        return value & 0xFF
+    _quiet_call(lambda: (print(value, file=sys.stderr), sys.stderr.flush()))
+    return 1
+
+
+def _flush_all(code):
+    """Flush what the interpreter's teardown would have: buffered files still open (their
+    objects were made after the fork, so `gc.get_objects` holds them: the frozen heap is
+    apart), then stdout and stderr."""
+    import io
+    buffered = (io.BufferedWriter, io.BufferedRandom, io.BufferedRWPair, io.TextIOWrapper)
+    std = {id(sys.stdout), id(sys.stderr), id(sys.__stdout__), id(sys.__stderr__)}
+    for obj in gc.get_objects():
+        if isinstance(obj, buffered) and id(obj) not in std:
+            _quiet_call(lambda: obj.closed or obj.flush())
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if stream is not None and not stream.closed:
+                stream.flush()
+        except Exception:  # noqa: BLE001 - as python: a failed flush of stdio at exit is status 120
+            code = 120
+    for stream in (sys.__stdout__, sys.__stderr__):  # replaced ones: their teardown flushed them
+        if stream is not None and stream not in (sys.stdout, sys.stderr):
+            _quiet_call(lambda: stream.closed or stream.flush())
+    return code
+
+
+def _quiet_call(fn, *args):
+    try:
+        fn(*args)
+    except Exception:  # noqa: BLE001
+        pass
+
+
 if __name__ == "__main__":
     job = main()
     if job is None:
         sys.exit(0)
     _become(*job)
     del job
-    import runpy
-    runpy.run_path(sys.argv[0], run_name="__main__")
+    _run_as_main(sys.argv[0])

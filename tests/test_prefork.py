@@ -93,6 +93,127 @@ def test_exit_codes_signals_and_crashes_read_as_for_a_plain_process(world):
     assert "ValueError: boom" in run_host([str(tmp / "s0")], env(), str(tmp), 60, prefork=WARM).stderr
 
 
+ENDING = """
+import atexit, os, sys, threading, time
+import warm_dep
+out = sys.argv[1]
+def late():
+    time.sleep(0.3)
+    open(out + ".thread", "w").write("joined")
+threading.Thread(target=late).start()  # not a daemon: the exit waits for it
+atexit.register(lambda: open(out + ".atexit", "w").write(
+    "after the thread" if os.path.exists(out + ".thread") else "before the thread"))
+f = open(out + ".unclosed", "w")  # never closed: the interpreter's exit flushes it
+f.write("kept")
+print("buffered stdout, no newline", end="")
+"""
+
+
+@pytest.mark.parametrize("tail,code", [("", 0), ("raise ValueError('boom')", 1), ("raise KeyboardInterrupt", -2),
+                                       ("sys.exit(256)", 0), ("sys.exit(-1)", 255), ("sys.exit(['a', 1])", 1)])
+def test_a_forked_child_ends_as_a_plain_process_does(world, tail, code):
+    """The end of a plain interpreter, step by step: status (or signal), the traceback as the
+    script's own, non-daemon threads joined before atexit handlers, unclosed files and stdout
+    flushed. The forked child then leaves without tearing down the server's heap."""
+    tmp, _, env = world
+    script = tmp / "ending"
+    script.write_text(f"#!{sys.executable}\n{ENDING}{tail}\n")
+    script.chmod(0o755)
+    got = {}
+    for how in ("plain", "forked"):
+        out = tmp / how
+        run = run_host([str(script), str(out)], env(), str(tmp), 60, prefork=WARM if how == "forked" else None)
+        assert run.launch == how
+        files = {ext: Path(f"{out}.{ext}").read_text() for ext in ("thread", "atexit", "unclosed")}
+        got[how] = (run.exit_code, run.stdout, run.stderr.replace(str(out), "OUT"), files)
+    assert got["forked"] == got["plain"]
+    exit_code, stdout, stderr, files = got["plain"]
+    assert exit_code == code and stdout == "buffered stdout, no newline"
+    assert files == {"thread": "joined", "atexit": "after the thread", "unclosed": "kept"}
+    if "ValueError" in tail:
+        assert stderr.startswith("Traceback (most recent call last):\n") and f'File "{script}"' in stderr
+        assert "runpy" not in stderr and "prefork_server" not in stderr
+    if "['a', 1]" in tail:
+        assert stderr == "['a', 1]\n"
+
+
+def test_the_forked_child_skips_the_teardown_of_the_heap_it_shares_with_the_server(world):
+    """What os._exit skips, and only that: finalizers of objects still alive at exit. An
+    object the server preloaded writes a file in `__del__`; a plain interpreter's teardown
+    runs it, the forked child does not (it would touch, so copy, every page of the heap)."""
+    tmp, _, env = world
+    torn = tmp / "torn"
+    (tmp / "lib" / "del_dep.py").write_text(
+        f"class D:\n    def __del__(self, _open=open):\n        _open({str(torn)!r}, 'a').write('torn down')\n"
+        "d = D()\n")
+    script = tmp / "del"
+    script.write_text(f"#!{sys.executable}\nimport del_dep\n")
+    script.chmod(0o755)
+    plain = run_host([str(script)], env(), str(tmp), 60)
+    assert (plain.launch, plain.exit_code, torn.read_text()) == ("plain", 0, "torn down")
+    torn.unlink()
+    forked = run_host([str(script)], env(), str(tmp), 60, prefork=Prefork(("del_dep",), ("HOME",)))
+    assert (forked.launch, forked.exit_code, torn.exists()) == ("forked", 0, False)
+
+
+MODELS = """
+from typing import Optional
+from pydantic import BaseModel, ConfigDict
+
+class Item(BaseModel):
+    model_config = ConfigDict(defer_build=True)
+    name: str
+    child: Optional["Item"] = None
+    price: "Price"
+
+Price = float
+
+class Dangling(BaseModel):
+    model_config = ConfigDict(defer_build=True)
+    x: "NotDefinedYet"
+
+class Eager(BaseModel):
+    y: int
+"""
+
+
+def test_deferred_pydantic_models_are_built_once_in_the_server_and_validate_as_in_a_plain_launch(world):
+    """`complete_models`: the deferred schemas of the named packages' models are built in the
+    server (each child gets them ready); forward references resolve from the model's own
+    module; one that cannot resolve yet stays deferred and fails in the child exactly as it
+    does in a plain launch."""
+    tmp, _, env = world
+    (tmp / "lib" / "models_dep.py").write_text(MODELS)
+    script = tmp / "models"
+    script.write_text(f"#!{sys.executable}\n" + textwrap.dedent("""
+        import json, models_dep as m
+        ready = {n: getattr(m, n).__dict__.get("__pydantic_complete__") for n in ("Item", "Dangling", "Eager")}
+        item = m.Item.model_validate({"name": "a", "price": "2.5", "child": {"name": "b", "price": 1}})
+        try:
+            m.Dangling(x=1)
+            dangling = "built"
+        except Exception as e:
+            dangling = type(e).__name__
+        print(json.dumps({"ready": ready, "item": item.model_dump(), "dangling": dangling}))
+    """))
+    script.chmod(0o755)
+    warm = Prefork(("models_dep",), ("HOME",), complete_models=("models_dep",))
+    plain = _probe(run_host([str(script)], env(), str(tmp), 60))
+    runs = [run_host([str(script)], env(), str(tmp), 60, prefork=warm) for _ in range(2)]
+    assert [r.launch for r in runs] == ["forked", "forked"]
+    forked = [_probe(r) for r in runs]
+    assert plain["ready"] == {"Item": False, "Dangling": False, "Eager": True}
+    for f in forked:
+        assert f["ready"] == {"Item": True, "Dangling": False, "Eager": True}
+        assert f["item"] == plain["item"] == {"name": "a", "child": {"name": "b", "child": None, "price": 1.0},
+                                              "price": 2.5}
+        assert f["dangling"] == plain["dangling"] == "PydanticUserError"
+    # Not named: nothing is built ahead.
+    prefork.close_all()
+    cold = run_host([str(script)], env(), str(tmp), 60, prefork=Prefork(("models_dep",), ("HOME",)))
+    assert cold.launch == "forked" and _probe(cold)["ready"]["Item"] is False
+
+
 TREE = """
 import os, subprocess, sys, time
 a = subprocess.Popen(["sleep", "86400"])
