@@ -15,8 +15,11 @@ bomb); to keep a server running across commands, start it with `setsid -f` and w
 command until it is up. Containers carry
 `harnessrl.managed=1` and a run id, so `reap()` removes what a crashed run left. Commands and
 resets go through PID 1 (sandbox_init.py) over `docker attach`, not `docker exec` (a runc start
-each, about 125 ms of the host's CPU); nothing the container prints is logged by the daemon. Files cross as tar streams
-(put_archive / get_archive), never on a command line. If the container is gone, every call
+each, about 125 ms of the host's CPU); PID 1 keeps pytest imported (`DockerConfig.warm_python`),
+and the grader's `python3 -I --check-hash-based-pycs always runner.py` runs in a fork of it
+(sandbox_init.py says what such a fork is and is not). Nothing the container prints is
+logged by the daemon. Files cross as tar streams (put_archive / get_archive), never on a
+command line. If the container is gone, every call
 raises SandboxDied; a command past its timeout is killed and reported with exit_code -1.
 The containers' cgroups go under one with the CPU weight of a process at the environment's
 nice value (`limits.docker_cgroup_parent`), so with every core busy they yield to the engine.
@@ -60,6 +63,9 @@ HOME = "/home/agent"
 # PID 1 of every sandbox: reaps orphans, cannot be signalled from inside, runs commands and
 # resets for the host over `docker attach` (see sandbox_init.py).
 _INIT = Path(__file__).with_name("sandbox_init.py").read_text()
+#: PID 1's interpreter flags when it keeps a warm python (DockerConfig.warm_python), and so
+#: the flags of a python that may fork from it: the grader's runner's (gym/rewards.py).
+WARM_PYTHON_FLAGS = ("-I", "--check-hash-based-pycs", "always")
 # Every exec: `timeout` puts the command in its own process group; the group dies with it.
 # $1=1 merges stderr into stdout at the source, so their order is kept (PID 1 reads the two apart).
 _WRAP = """[ "$1" = 1 ] && exec 2>&1
@@ -116,6 +122,11 @@ class DockerConfig(BaseModel):
     would not take put_archive), so this per-file limit and `shm_size` are what is enforced."""
     diff_limit: int = Field(default=256 << 20, gt=0)
     """Most bytes of the agent's diff read back (past it the diff is cut and noted)."""
+    warm_python: tuple[str, ...] = ("pytest", "pluggy", "_pytest.config:default_plugins")
+    """Modules PID 1 imports at start, before any command (sandbox_init.py): an exec of
+    `python3 -I --check-hash-based-pycs always SCRIPT ...` with no env of its own then runs in
+    a fork of it (the grader's hidden-test runner skips ~0.2 s of CPU of pytest's imports an
+    episode). Empty: PID 1 runs `python3 -S` and every python is a new interpreter."""
 
 
 def _client():
@@ -184,8 +195,11 @@ class DockerBackend:
         base_sha = self.client.images.get(image).labels.get("harnessrl.base_sha", "")
         c = self._limits(spec)
         reset_argv = ["bash", "-c", _RESET, "harnessrl", spec.workdir, base_sha, PRISTINE_DIR]
+        init = ["python3", "-S", "-c", _INIT, json.dumps(reset_argv)]
+        if c.warm_python:
+            init = ["python3", *WARM_PYTHON_FLAGS, *init[2:], json.dumps({"warm": list(c.warm_python)})]
         container = self.client.containers.create(
-            image, ["python3", "-S", "-c", _INIT, json.dumps(reset_argv)], stdin_open=True,
+            image, init, stdin_open=True,
             user="1000:1000", working_dir=spec.workdir,
             network_mode="none", read_only=True, cap_drop=["ALL"], security_opt=["no-new-privileges"],
             mem_limit=c.memory, memswap_limit=c.memory, pids_limit=c.pids_limit,
@@ -247,6 +261,8 @@ class _Channel:
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.ready = threading.Event()
+        self.warm = False
+        """PID 1 said its warm-up held (sandbox_init.py): warm python runs fork from it."""
         self.closed: str | None = None  # why the stream ended, once it has
         self._send_lock = threading.Lock()
         self._lock = threading.Lock()
@@ -301,6 +317,7 @@ class _Channel:
                     line, buf = buf.split(b"\n", 1)
                     msg = json.loads(line)
                     if msg.get("ready"):
+                        self.warm = bool(msg.get("warm"))
                         self.ready.set()
                         continue
                     with self._lock:
@@ -336,6 +353,8 @@ class DockerSandbox:
         self._api = container.client.api
         self._ctl: _Channel | None = None  # PID 1's attach stream: commands and resets
         self._ctl_lock = threading.Lock()
+        self.warm_runs = 0
+        """Execs PID 1 ran in a fork of its warm python (DockerConfig.warm_python)."""
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self, timeout: float = 120.0) -> None:
@@ -419,10 +438,13 @@ class DockerSandbox:
         wrapped = ["bash", "-c", _WRAP, "harnessrl-exec", "0" if demux else "1",
                    f"{max(timeout, 0.001):.3f}", *argv]
         limit = limit or self.config.output_limit
+        msg = {"op": "exec", "argv": wrapped, "env": env or {}, "cwd": workdir or self.workdir, "limit": limit,
+               "merge": not demux}
+        if self.config.warm_python and not env and len(argv) > 4 and argv[1:4] == list(WARM_PYTHON_FLAGS) \
+                and not argv[4].startswith("-"):  # PID 1 runs it in a fork of its warm interpreter if it can
+            msg["warm"] = {"argv": list(argv), "timeout": max(timeout, 0.001)}
         t0 = time.monotonic()
-        ctl, rid, q = self._request({"op": "exec", "argv": wrapped, "env": env or {},
-                                     "cwd": workdir or self.workdir, "limit": limit,
-                                     "merge": not demux}, "exec")
+        ctl, rid, q = self._request(msg, "exec")
         out, err = bytearray(), bytearray()
         code, size, forced, ended = None, 0, False, False
         deadline = t0 + timeout + self.config.kill_grace_s
@@ -449,6 +471,7 @@ class DockerSandbox:
                     err += base64.b64decode(msg["e"])
                 elif "rc" in msg:
                     code, size = msg["rc"], msg.get("size", 0)
+                    self.warm_runs += bool(msg.get("warm"))
                     break
         finally:
             ctl.done(rid)

@@ -22,6 +22,22 @@
     time of the previous reset (or of start) appended; answers {"id", "rc", "err"}.
   Anything else is answered {"id", "rc": -1, "err"}. A `docker exec` costs the host about
   125 ms of CPU (dockerd, containerd, a runc start); a command this way costs a fork.
+- Warm python (argv[2], JSON `{"warm": [modules]}`): PID 1 runs as `python3 -I
+  --check-hash-based-pycs always` and imports those modules before its ready line, so before
+  any command of the agent's, from the image's read-only paths (an entry `pkg.mod:NAMES` also
+  imports `pkg.<n>` for each n in `pkg.mod.NAMES`: pytest's built-in plugins). An exec with
+  `"warm": {"argv", "timeout"}` whose argv starts this same interpreter with these same flags
+  and a script, and sets no environment of its own, is run by a fork of PID 1 instead of a new
+  interpreter (the grader's pytest runner: ~0.2 s of CPU an episode for pytest's imports):
+  the child is dumpable again as after an exec, holds only its three stdio fds, gets
+  `sys.argv`, `sys.path` and `__main__` as `python3 FLAGS script` would, and exits with its
+  status; at `timeout` seconds PID 1 kills its process group (status 137, as `timeout -k`'s
+  SIGKILL), and kills what is left of the group when it exits (as the exec wrapper does).
+  Otherwise (a warm-up that failed, another interpreter or flags) the request's plain `argv`
+  runs. What a fork shares with PID 1 beyond a fresh interpreter: the string hash seed (set
+  iteration order is the same in every such run; `random` is reseeded by fork); its
+  environment lacks only the `SHLVL` and `_` the exec wrapper's bash adds, and it leads its
+  own session and process group (a new interpreter is the child of `timeout` there).
 """
 import binascii
 import ctypes
@@ -33,6 +49,8 @@ import sys
 import time
 
 SEND_CHUNK = 1 << 16
+WARM_FLAGS = ["-I", "--check-hash-based-pycs", "always"]
+WARM = {"ok": False, "path": []}  # set once, before the ready line: the warm-up held, sys.path then
 
 
 def _send(obj):
@@ -42,8 +60,10 @@ def _send(obj):
 
 
 class Command:
-    def __init__(self, rid, pid, out_r, err_r, limit):
+    def __init__(self, rid, pid, out_r, err_r, limit, deadline=None):
         self.rid, self.pid, self.limit, self.size = rid, pid, limit, 0
+        self.deadline = deadline  # warm runs only: PID 1 kills the group then (no `timeout` wraps them)
+        self.warm = deadline is not None
         self.fds = {out_r: "o", err_r: "e"} if err_r is not None else {out_r: "o"}
 
     def pump(self, fd, drain=False):
@@ -71,13 +91,88 @@ class Command:
             if self.pump(fd, drain=True):  # still open: a left-over process holds it
                 os.close(fd)
                 del self.fds[fd]
-        _send({"id": self.rid, "rc": rc, "size": self.size})
+        _send({"id": self.rid, "rc": rc, "size": self.size, **({"warm": True} if self.warm else {})})
+
+
+def _which(name, path):
+    if "/" in name:
+        return name
+    for d in path.split(os.pathsep):
+        f = os.path.join(d or ".", name)
+        if os.path.isfile(f) and os.access(f, os.X_OK):
+            return f
+    return None
+
+
+def _warm_script(req):
+    """The script argv a fork of PID 1 may run for this request (see the module docstring), or None."""
+    warm = req.get("warm")
+    if not WARM["ok"] or not isinstance(warm, dict) or req.get("env"):
+        return None
+    argv = [str(a) for a in warm.get("argv") or []]
+    if len(argv) < 5 or argv[1:4] != WARM_FLAGS or argv[4].startswith("-"):
+        return None
+    exe = _which(argv[0], os.environ.get("PATH", os.defpath))
+    if exe is None or os.path.realpath(exe) != os.path.realpath(sys.executable):
+        return None
+    return argv[4:]
+
+
+def _run_warm(args):
+    """In the forked child, stdio in place: be `python3 FLAGS args...`, then exit with its status."""
+    ctypes.CDLL(None).prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE, 1: as a new interpreter would be
+    for fd in [int(f) for f in os.listdir("/proc/self/fd")]:
+        if fd > 2:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # what a new interpreter sets up
+    for sig in (signal.SIGPIPE, signal.SIGXFSZ):
+        signal.signal(sig, signal.SIG_IGN)
+    os.environ["PWD"] = os.getcwd()  # as the exec wrapper's bash exports it (SHLVL and `_` are all it adds besides)
+    sys.argv = list(args)
+    script_dir = [] if getattr(sys.flags, "safe_path", False) else [os.path.dirname(os.path.abspath(args[0]))]
+    sys.path[:] = script_dir + WARM["path"]
+    code = 0
+    try:
+        import runpy
+        runpy.run_path(args[0], run_name="__main__")
+    except SystemExit as e:
+        code = 0 if e.code is None else e.code if isinstance(e.code, int) else 1
+        if not isinstance(e.code, (int, type(None))):
+            _flush(sys.stdout)  # python flushes stdout before it writes the message or traceback
+            print(e.code, file=sys.stderr)
+    except BaseException as e:  # noqa: BLE001 - printed as python prints it, from the script's frames on
+        _flush(sys.stdout)
+        tb = e.__traceback__
+        while tb is not None and tb.tb_frame.f_code.co_filename != args[0]:
+            tb = tb.tb_next
+        if tb is not None:
+            e.__traceback__ = tb
+        sys.excepthook(type(e), e, e.__traceback__)
+        code = 1
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001
+            code = code or 120
+    os._exit(code & 0xFF)
+
+
+def _flush(stream):
+    try:
+        stream.flush()
+    except Exception:  # noqa: BLE001
+        pass
 
 
 def _spawn(req):
     argv, cwd = [str(a) for a in req["argv"]], str(req.get("cwd") or "/")
     env = dict(os.environ)
     env.update({str(k): str(v) for k, v in (req.get("env") or {}).items()})
+    script = _warm_script(req)
+    deadline = time.monotonic() + float(req["warm"].get("timeout") or 60.0) if script else None
     out_r, out_w = os.pipe()
     err_r, err_w = (None, out_w) if req.get("merge") else os.pipe()
     pid = os.fork()
@@ -96,6 +191,8 @@ def _spawn(req):
             except OSError as e:
                 os.write(2, f"harnessrl: cannot run in {cwd}: {e.strerror}\n".encode())
                 os._exit(126)
+            if script:
+                _run_warm(script)
             os.execvpe(argv[0], argv, env)
         except BaseException as e:  # noqa: BLE001 - the child must never return into the loop
             try:
@@ -107,7 +204,7 @@ def _spawn(req):
     for fd in (out_r, err_r):
         if fd is not None:
             os.set_blocking(fd, False)
-    return Command(req.get("id"), pid, out_r, err_r, int(req.get("limit") or (4 << 20)))
+    return Command(req.get("id"), pid, out_r, err_r, int(req.get("limit") or (4 << 20)), deadline)
 
 
 def _reap(exited, wanted=None):
@@ -139,6 +236,13 @@ def _reset(argv, exited):
     return {"rc": exited.pop(pid), "err": err.decode("utf-8", "replace")[-4000:]}
 
 
+def _kill_group(pgid):
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except OSError:  # ESRCH: nothing is left in it
+        pass
+
+
 def _kill_all():
     for _ in range(50):  # again, so a child forked while the first sweep ran dies too
         try:
@@ -147,22 +251,54 @@ def _kill_all():
             return
 
 
+def _warm_up(modules):
+    """Import `modules` (see the module docstring); True when all of them came in."""
+    import importlib
+    cwd = os.getcwd()  # `-c` puts '' (the cwd: the repository) first on sys.path before 3.11
+    WARM["path"] = [p for p in sys.path if p and p not in (".", cwd)]
+    sys.path[:] = WARM["path"]
+    try:
+        for entry in modules:
+            name, _, listed = str(entry).partition(":")
+            mod = importlib.import_module(name)
+            for sub in (getattr(mod, listed) if listed else ()):
+                try:
+                    importlib.import_module(f"{name.rpartition('.')[0]}.{sub}")
+                except ImportError:
+                    pass  # a plugin this version does not have: the runner skips it too
+    except Exception:  # noqa: BLE001 - no warm runs then: every python is a new interpreter
+        return False
+    return sys.flags.isolated == 1 and importlib.import_module("_imp").check_hash_based_pycs == "always"
+
+
 def main():
     signal.signal(signal.SIGINT, signal.SIG_DFL)  # Python's KeyboardInterrupt handler would let it die
     ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE, 0
     reset_argv = json.loads(sys.argv[1]) if len(sys.argv) > 1 else None
+    options = json.loads(sys.argv[2]) if len(sys.argv) > 2 else {}
+    if options.get("warm"):
+        WARM["ok"] = _warm_up(options["warm"])
+        import gc
+        gc.collect()
+        gc.freeze()  # the forks' collections skip (so do not copy) the warm heap
     since = time.time()  # anything changed after this (by ctime) is the agent's doing
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
-    _send({"ready": True})  # the host's start() waits for this line
+    _send({"ready": True, "warm": WARM["ok"]})  # the host's start() waits for this line
     stdin_open, buf = True, b""
     commands = {}  # pid -> Command
     exited = {}  # pid -> exit code, of every reaped child not yet answered for
     while True:
         fds = [wake_r] + [fd for c in commands.values() for fd in c.fds] + ([0] if stdin_open else [])
-        ready = select.select(fds, [], [], 5.0)[0]
+        deadlines = [c.deadline for c in commands.values() if c.deadline is not None]
+        wait = min([5.0] + [max(0.0, d - time.monotonic()) for d in deadlines])
+        ready = select.select(fds, [], [], wait)[0]
+        for c in commands.values():
+            if c.deadline is not None and time.monotonic() >= c.deadline:
+                _kill_group(c.pid)  # a warm run past its timeout: the whole group, as `timeout -k` would
+                c.deadline = None
         if wake_r in ready:
             os.read(wake_r, 4096)
         for c in list(commands.values()):
@@ -171,7 +307,10 @@ def main():
                     c.pump(fd)
         _reap(exited)
         for pid in [p for p in exited if p in commands]:
-            commands.pop(pid).finish(exited.pop(pid))
+            c = commands.pop(pid)
+            if c.warm:
+                _kill_group(pid)  # what the warm run left in its group (the exec wrapper's job otherwise)
+            c.finish(exited.pop(pid))
         exited.clear()  # orphans reparented to us: nobody asks for them
         if 0 not in ready:
             continue

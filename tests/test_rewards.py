@@ -122,6 +122,26 @@ def test_gold_plan_is_rewarded_with_per_test_detail(sb):
 
 
 @pytest.mark.docker
+@pytest.mark.timeout(240)
+def test_hidden_tests_run_in_a_fork_of_the_warm_init_and_score_as_in_a_new_interpreter(docker_backend):
+    """DockerConfig.warm_python: the runner forks from PID 1's warm python instead of starting
+    one; the verdict, test by test with its messages, is the one a new interpreter gives."""
+    from harnessrl.sandboxes.docker import DockerBackend, DockerConfig
+    cold = DockerBackend(DockerConfig(run_id=docker_backend.run_id, warm_python=()))
+    got = {}
+    for kind, backend in (("warm", docker_backend), ("cold", cold)):
+        sandbox = backend.create(CALC2.repo_spec())
+        try:
+            r = score(sandbox, CALC2)
+            got[kind] = (r.reward, r.reason, [(t.node_id, t.status, t.message) for t in r.tests], sandbox.warm_runs)
+        finally:
+            sandbox.close()
+    assert got["warm"][:3] == got["cold"][:3]
+    assert got["warm"][0] == 0.0 and any(status == "failed" and msg for _, status, msg in got["warm"][2])
+    assert (got["warm"][3], got["cold"][3]) == (1, 0)
+
+
+@pytest.mark.docker
 @pytest.mark.timeout(180)
 def test_untouched_repo_scores_zero_with_failing_tests_named(sb):
     r = score(sb, CALC2)
