@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -18,29 +19,19 @@ import pytest
 
 from harnessrl.sandboxes import RepoSpec, SandboxError
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from repo_helpers import one_commit_repo  # noqa: E402
+
 pytestmark = pytest.mark.bwrap
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: to plant root-only files, to have a "
                                "uid to drop to, to loop-mount a quota")
 SECRET = "hunter2-do-not-leak-7f3a"
 
 
-def _git(cwd, *args):
-    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
-           "GIT_COMMITTER_EMAIL": "t@t", "GIT_AUTHOR_DATE": "2024-01-01T00:00:00Z",
-           "GIT_COMMITTER_DATE": "2024-01-01T00:00:00Z"}
-    return subprocess.run(["git", *args], cwd=cwd, env=env, check=True, capture_output=True,
-                          text=True).stdout.strip()
-
-
 @pytest.fixture(scope="module")
 def spec(tmp_path_factory):
     d = tmp_path_factory.mktemp("src") / "sec"
-    d.mkdir()
-    _git(d, "init", "-q", "-b", "main")
-    (d / "mod.py").write_text("X = 1\n")
-    _git(d, "add", "-A")
-    _git(d, "commit", "-qm", "base")
-    return RepoSpec("sec-test", str(d), _git(d, "rev-parse", "HEAD"),
+    return RepoSpec("sec-test", str(d), one_commit_repo(d, {"mod.py": "X = 1\n"}),
                     setup_commands=("mkdir -p ~/.cache && echo set-up > ~/.cache/marker",))
 
 

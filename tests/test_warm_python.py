@@ -8,13 +8,18 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
+import sys
+import time
 import uuid
+from pathlib import Path
 
 import pytest
 
 from harnessrl.sandboxes import RepoSpec
 from harnessrl.sandboxes.docker import WARM_PYTHON_FLAGS
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from repo_helpers import one_commit_repo  # noqa: E402
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(180)]
 
@@ -34,23 +39,12 @@ print(json.dumps({
 '''
 
 
-def _git(cwd, *args):
-    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
-           "GIT_COMMITTER_EMAIL": "t@t", "GIT_AUTHOR_DATE": "2024-01-01T00:00:00Z",
-           "GIT_COMMITTER_DATE": "2024-01-01T00:00:00Z"}
-    return subprocess.run(["git", *args], cwd=cwd, env=env, check=True, capture_output=True, text=True).stdout.strip()
-
-
 @pytest.fixture(scope="module")
 def backends(tmp_path_factory):
     from harnessrl.sandboxes.docker import DockerBackend, DockerConfig
     repo = tmp_path_factory.mktemp("warm") / "repo"
-    repo.mkdir()
-    _git(repo, "init", "-q", "-b", "main")
-    (repo / "calc.py").write_text("def add(a, b):\n    return a + b\n")
-    _git(repo, "add", "-A")
-    _git(repo, "commit", "-qm", "base")
-    spec = RepoSpec(repo_id="warm-python", source=str(repo), base_commit=_git(repo, "rev-parse", "HEAD"))
+    base = one_commit_repo(repo, {"calc.py": "def add(a, b):\n    return a + b\n"})
+    spec = RepoSpec(repo_id="warm-python", source=str(repo), base_commit=base)
     run_id = f"warm-{uuid.uuid4().hex[:8]}"
     try:
         warm = DockerBackend(DockerConfig(run_id=run_id))
@@ -127,7 +121,12 @@ def _sleeping(sb, seconds: str) -> int:
 
 def test_a_warm_run_dies_at_its_timeout_with_its_group_and_leaves_nothing_behind(backends):
     sb = backends("warm")
-    sb.exec("setsid -f sleep 4323")  # the count below sees a process that outlives its command
+    # The count below sees a process that outlives its command (which waits until setsid has
+    # left its group: the wrapper kills the group when the command ends).
+    sb.exec("setsid -f sleep 4323; sleep 1")
+    deadline = time.monotonic() + 10
+    while _sleeping(sb, "4323") != 1 and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert _sleeping(sb, "4323") == 1
     before = sb.warm_runs
     hang = ("import subprocess, time\nsubprocess.Popen(['sleep', '4321'])\nprint('started', flush=True)\n"
