@@ -473,7 +473,8 @@ async def amain(args) -> int:
         t_gen = await calibrate(engine.url, args.slots, args.calib_prompt, args.gen_tokens, vocab, args.seed + 1)
         # The 32-token probe's time per token carries its 200-id prefill and the noise of a short
         # run (229-387 tokens were chosen for the same --gen-s 2): rescale by the measured turn,
-        # four times at most (twice stopped 21% short of 3 s in one run: 479 tokens = 2.37 s), until it is within 10% of --gen-s.
+        # four times at most, until it is within 10% of --gen-s (twice stopped 21% short of 3 s in
+        # one run: 479 tokens = 2.37 s).
         for k in range(4):
             if not chosen or abs(t_gen / args.gen_s - 1) <= 0.10:
                 break

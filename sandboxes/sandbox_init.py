@@ -139,10 +139,11 @@ def _run_warm(args):
         import runpy
         runpy.run_path(args[0], run_name="__main__")
     except SystemExit as e:
-        code = 0 if e.code is None else e.code if isinstance(e.code, int) else 1
-        if not isinstance(e.code, (int, type(None))):
-            _flush(sys.stdout)  # python flushes stdout before it writes the message or traceback
-            print(e.code, file=sys.stderr)
+        code = 0 if e.code is None else e.code
+        if not isinstance(code, int):  # a message: python flushes stdout, prints it, exits 1
+            _flush(sys.stdout)
+            print(code, file=sys.stderr)
+            code = 1
     except BaseException as e:  # noqa: BLE001 - printed as python prints it, from the script's frames on
         _flush(sys.stdout)
         tb = e.__traceback__
