@@ -11,6 +11,9 @@ without reset (an abandoned episode). A dead idle sandbox is closed, never hande
 a background thread replaces every one closed since, so in steady state an episode's release
 makes the next one's acquire warm and nothing is rebuilt. An acquire that finds none idle waits
 for one being started for its key, else creates one itself (past `size`: closed on release).
+`resize` changes `size` for every key (filling up, or closing idle surplus); `settle` waits
+until nothing is being started (e.g. between two measured runs, so one run's refills do not
+load the next).
 
 A key may give its own `make` (how one sandbox is created, e.g. with a private directory
 bind-mounted into each) and `on_close` (called after the pool closes one of its sandboxes);
@@ -95,21 +98,21 @@ class SandboxPool:
     def acquire(self, spec: RepoSpec, mounts: Sequence[Any] = (), *, make: Callable[[], Sandbox] | None = None,
                 on_close: Callable[[Sandbox], None] | None = None) -> Sandbox:
         key = self._key(spec, mounts, make, on_close)
-        sb, dead = None, []
-        with self._cond:
-            while sb is None:
-                while self._idle[key] and sb is None:
-                    cand = self._idle[key].pop()
-                    if cand.alive():
-                        sb = cand
-                    else:
-                        dead.append(cand)
-                if sb is not None or not self._pending[key] or self._closed:
-                    break
-                self._cond.wait(1.0)  # one being started for this key lands soon
-            self._held[key] += 1  # counted before a create below, so refills do not overshoot
-        for d in dead:
-            self._close(key, d)
+        while True:
+            with self._cond:
+                sb = None
+                while not self._idle[key] and self._pending[key] and not self._closed:
+                    self._cond.wait(1.0)  # one being started for this key lands soon
+                if self._idle[key]:
+                    sb = self._idle[key].pop()
+                self._held[key] += 1  # counted before a create below, so refills do not overshoot
+            # Asked outside the lock: a backend's liveness check is a round trip (Docker's
+            # inspect), and sixty episodes starting at once must not queue behind each other's.
+            if sb is None or sb.alive():
+                break
+            with self._cond:
+                self._held[key] -= 1
+            self._close(key, sb)  # died while idle: never handed out
         if sb is None:
             try:
                 sb = self._makers[key][0]()
@@ -162,6 +165,35 @@ class SandboxPool:
             sb.close()
             return
         self._drop(owned[0], sb)
+
+    def resize(self, size: int) -> None:
+        """Keep `size` sandboxes per key from now on: every key seen so far is filled up to it in
+        the background, or its idle surplus closed (held ones close when released)."""
+        if size < 0:
+            raise ValueError(f"size must be >= 0, got {size}")
+        surplus = []
+        with self._cond:
+            self.config = self.config.model_copy(update={"size": size})
+            keys = list(self._makers)
+            for key in keys:
+                while self._idle[key] and self._count(key) > size:
+                    surplus.append((key, self._idle[key].pop(0)))
+        for key, sb in surplus:
+            self._close(key, sb)
+        for key in keys:
+            self._schedule(key)
+
+    def settle(self, timeout: float | None = None) -> bool:
+        """Wait until no sandbox is being started (prewarms and refills landed); False when
+        `timeout` seconds passed first."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while any(self._pending.values()) and not self._closed:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._cond.wait(1.0 if left is None else min(1.0, left))
+        return True
 
     def idle(self, spec: RepoSpec, mounts: Sequence[Any] = ()) -> int:
         with self._cond:

@@ -124,6 +124,62 @@ def test_concurrent_acquires_never_share_and_wait_for_a_sandbox_being_started():
         assert len({id(x) for x in got}) == 4 and len(backend.made) == 4  # the prewarmed ones, no extra
 
 
+def test_liveness_checks_of_concurrent_acquires_run_side_by_side_not_under_the_pool_lock():
+    # Docker's liveness check is a round trip; two acquires must be able to ask at once. Each
+    # check waits for the other at a barrier: under the pool's lock the second never arrives.
+    backend = MemoryBackend()
+    barrier = threading.Barrier(2, timeout=10)
+    met: list[bool] = []
+    with SandboxPool(backend, PoolConfig(size=2)) as pool:
+        pool.prewarm(SPEC)
+        for sb in backend.made:
+            def alive(sb=sb):
+                try:
+                    barrier.wait()
+                    met.append(True)
+                except threading.BrokenBarrierError:
+                    met.append(False)
+                return not sb.closed
+            sb.alive = alive
+        with ThreadPoolExecutor(2) as ex:
+            got = list(ex.map(lambda _: pool.acquire(SPEC), range(2)))
+    assert met == [True, True] and {id(x) for x in got} == {id(x) for x in backend.made}
+
+
+def test_resize_fills_every_key_up_and_closes_idle_surplus_and_settle_waits_for_the_starts():
+    backend = MemoryBackend()
+    with SandboxPool(backend, PoolConfig(size=1)) as pool:
+        pool.prewarm(SPEC)
+        pool.prewarm(SPEC, [("/h", "/t", True)])
+        held = pool.acquire(SPEC)
+        pool.resize(3)
+        assert pool.settle(timeout=30)  # the four starts landed
+        assert pool.idle(SPEC) == 2 and pool.idle(SPEC, [("/h", "/t", True)]) == 3 and len(backend.made) == 6
+        assert pool.config.size == 3
+        pool.resize(1)
+        assert pool.idle(SPEC) == 0 and pool.idle(SPEC, [("/h", "/t", True)]) == 1  # held one counts
+        assert sum(sb.closed for sb in backend.made) == 4 and not held.closed
+        assert pool.release(held) is not None and not held.closed and pool.idle(SPEC) == 1
+        with pytest.raises(ValueError, match="size must be >= 0"):
+            pool.resize(-1)
+
+
+def test_settle_returns_false_while_a_start_is_still_running():
+    backend = MemoryBackend()
+    gate = threading.Event()
+    slow = backend.create
+
+    def create(spec, mounts=(), env=None, start=True):
+        gate.wait(30)
+        return slow(spec, mounts, env, start)
+    backend.create = create
+    with SandboxPool(backend, PoolConfig(size=1)) as pool:
+        pool.prewarm(SPEC, wait=False)
+        assert pool.settle(timeout=0.2) is False
+        gate.set()
+        assert pool.settle(timeout=30) and pool.idle(SPEC) == 1
+
+
 def test_a_revoked_view_refuses_late_calls_and_release_waits_for_calls_in_flight():
     backend = MemoryBackend()
     from harnessrl.gym.sandbox_source import SandboxView
