@@ -282,8 +282,10 @@ def _run_as_main(path):
     try:
         runpy.run_path(path, run_name="__main__")
     except SystemExit as e:
+        _quiet_call(sys.stdout.flush)  # python flushes stdio before it prints a message (flush_io)
         code = _exit_status(e.code)
     except BaseException as e:  # noqa: BLE001 - printed and turned into the status, as python does
+        _quiet_call(sys.stdout.flush)  # ... and before the traceback: one pipe keeps python's order
         tb = e.__traceback__
         while tb is not None and tb.tb_frame.f_code.co_filename != path:
             tb = tb.tb_next

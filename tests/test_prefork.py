@@ -137,6 +137,27 @@ def test_a_forked_child_ends_as_a_plain_process_does(world, tail, code):
         assert stderr == "['a', 1]\n"
 
 
+@pytest.mark.parametrize("tail", ["raise ValueError('boom')", "sys.exit('a message')"])
+def test_on_one_pipe_buffered_stdout_comes_before_the_traceback_or_message_as_in_python(world, tail):
+    """Python flushes stdout before it prints an uncaught exception or SystemExit's message, so a
+    harness whose stdout and stderr share one pipe reads them in that order; so does a forked one."""
+    tmp, _, env = world
+    script = tmp / "merged"
+    script.write_text(f"#!{sys.executable}\nimport os, sys\nos.dup2(1, 2)\n"
+                      f"print('buffered stdout', end='')\n{tail}\n")
+    script.chmod(0o755)
+    got = {}
+    for how in ("plain", "forked"):
+        run = run_host([str(script)], env(), str(tmp), 60, prefork=WARM if how == "forked" else None)
+        assert run.launch == how
+        got[how] = (run.exit_code, run.stdout, run.stderr)
+    assert got["forked"] == got["plain"]
+    exit_code, stdout, stderr = got["plain"]
+    assert exit_code == 1 and stderr == ""
+    assert stdout.startswith("buffered stdout")  # flushed first, then the traceback or message
+    assert stdout.endswith("ValueError: boom\n" if "ValueError" in tail else "buffered stdouta message\n")
+
+
 def test_the_forked_child_skips_the_teardown_of_the_heap_it_shares_with_the_server(world):
     """What os._exit skips, and only that: finalizers of objects still alive at exit. An
     object the server preloaded writes a file in `__del__`; a plain interpreter's teardown
