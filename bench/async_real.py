@@ -75,9 +75,13 @@ Shape: lag is set by N / B (episodes in flight over the batch): saturating the e
 N* = slots * (1 + env ratio) = 4 * slots in flight, so B = 8 with 4 slots (N* / B = 2) makes the
 average episode span two versions and η = 2 masks the tail (12.3% of sampled tokens in one run,
 8-10% over 24 simulated batches), while a larger B with the same slots lets the synchronous
-baseline saturate the engine too. The defaults, 8 slots and B = 20 (G 4 x 5 groups,
-N* / B = 1.6), keep the episodes within fewer versions while the synchronous batch still waits
-for its slowest of 20; `--gen-s 3` (a full-batch turn of ~3 s) keeps the harnesses' CPU, which
+baseline saturate the engine too. The admission counts whole groups until they are consumed,
+and a finished episode waits for the rest of its group, so only ~70% of (η + 1) * B run at
+once (~42 of 60 at B = 20, η = 2, whatever the pool): with the measured N* (~50: the harness,
+hidden tests and sandbox add ~12 s an episode to the injected waits), B = 20 left the pool
+(58) a quarter empty and occupancy at 73-82% of the bound. The defaults, 8 slots and B = 24
+(G 4 x 6 groups: ~50 running at η = 2, N* / B ~2), let η = 2 fill the pool while the
+synchronous batch still waits for its slowest of 24; `--gen-s 3` (a full-batch turn of ~3 s) keeps the harnesses' CPU, which
 grows with the trajectory rate, from starving the engine on 2 cores. The per-episode harness CPU (mini-swe-agent's start-up) and the hidden tests
 compete with the engine for the 2 cores: see the `cpu`/`own` columns.
 
@@ -273,6 +277,10 @@ async def run_eta(ro, backend, engine, client, pub, args, *, eta: int, cv: float
     from harnessrl.gym.scheduler import RolloutScheduler, SchedulerConfig, token_versions
     from harnessrl.trainers.weight_sync import DiskWeightSync
 
+    # Every run starts on a full warm pool: the sandboxes the last run's cancelled episodes
+    # discarded are replaced before the clock starts, not while this run is measured.
+    if ro.sandboxes is not None and not await asyncio.to_thread(ro.sandboxes.pool.settle, 600):
+        print("warning: the sandbox pool was still starting sandboxes after 600 s", flush=True)
     backend.reset()
     backend.draws = LatencyDraws(mean_env, cv, args.seed, args.turns, clip_s=args.clip_s)
     B = args.group_size * args.groups_per_step
@@ -299,7 +307,7 @@ async def run_eta(ro, backend, engine, client, pub, args, *, eta: int, cv: float
     cpu0, own0, t0 = _cpu_busy(), _own_cpu() + eng0, time.monotonic()
     await sched.start()
     prober = asyncio.create_task(sample())
-    marks, max_lag, batches = [], 0, []
+    marks, max_lag, batches, sync_s = [], 0, [], []
     n_steps = steps or args.steps
     k = max(1, n_steps // 2) - 1  # the sim's steady state: the batches after batch k (the second half)
     slot_marks: dict[int, tuple[float, float]] = {}  # batch index -> (time, engine slot seconds)
@@ -318,8 +326,10 @@ async def run_eta(ro, backend, engine, client, pub, args, *, eta: int, cv: float
             await asyncio.sleep(args.train_s)
             pub.version += 1
             v = await sync.push(pub)
-            await sched.advance_version(v)
-            ro.set_policy_version(v)
+            sync_s.append(sync.last_sync_s)
+            if i < n_steps - 1:  # after the last batch no new group is admitted only to be cancelled
+                await sched.advance_version(v)
+                ro.set_policy_version(v)
         wall = time.monotonic() - t0
     finally:
         prober.cancel()
@@ -358,6 +368,11 @@ async def run_eta(ro, backend, engine, client, pub, args, *, eta: int, cv: float
         matched += len(counts)
         per_batch.append((sum(x for x, _ in counts), sum(y for _, y in counts)))
     tail = per_batch[k + 1:] if len(marks) >= 4 else per_batch
+    # A call's time at the engine (its slot wait, pauses, prefill and decode) in the steady
+    # window against t_gen (gen_tokens x the mean decode step): the gap is what the bound,
+    # which counts t_gen alone, does not see (the fill's burst inflates the whole run's).
+    steady_batches = batches[marks[k][1]:] if len(marks) >= 4 else batches
+    steady_call_s = [c.gen_s + c.queue_s for t in steady_batches for c in t.calls]
     steady_masked = sum(a for a, _ in tail) / max(1, sum(b for _, b in tail))
     # The engine's occupancy over the same window (its slot seconds read at both ends).
     (ta, sa), (tb, sb) = slot_marks.get(k, (0.0, 0.0)), slot_marks.get(len(marks) - 1, (0.0, 0.0))
@@ -396,6 +411,8 @@ async def run_eta(ro, backend, engine, client, pub, args, *, eta: int, cv: float
             "engine_busy": busy_s / wall, "engine_prefill_frac": prefill_s / busy_s if busy_s else None, "engine_on_cpu": (sched1[0] - sched0[0]) / wall,
             "engine_runqueue_wait": (sched1[1] - sched0[1]) / wall, "mean_in_flight": probe["in_flight"] / max(1, probe["n"]),
             "admission_limit": n_adm, "max_lag": max_lag,
+            "steady_engine_call_s": statistics.fmean(steady_call_s) if steady_call_s else None,
+            "weight_sync_s": statistics.fmean(sync_s) if sync_s else None,
             "masked_token_frac": sum(x for x, _ in per_batch) / max(1, sum(y for _, y in per_batch)),
             "steady_masked_token_frac": steady_masked, "steady_occupancy": steady_occ,
             "masked_recorded_token_frac": st.masked_tokens / max(1, st.masked_tokens + st.trained_tokens),
@@ -516,13 +533,22 @@ async def amain(args) -> int:
             else:
                 need = need_injected
             pool = args.pool or math.ceil(need * (1 + args.pool_headroom))
+            # Warm sandboxes per task: the pool's groups spread over the tasks, plus one group
+            # for the task that runs a straggler beside its next groups. With G x 2 (the old
+            # size) half of the episodes at η = 2 waited 1-17 s for a container being created
+            # on the loaded machine (5.0 s an episode, against 0.12 s at η = 0).
+            per_task = args.group_size * (math.ceil(math.ceil(pool / args.group_size) / len(tasks)) + 1)
+            if ro.sandboxes is not None and per_task > ro.sandboxes.pool.config.size:
+                ro.sandboxes.pool.resize(per_task)
+            ro_pool_size = ro.sandboxes.pool.config.size if ro.sandboxes is not None else 0
             print(f"warm-up batch ({warm['wall_s']} s): a turn takes {t_gen:.2f} s on the engine in the stack "
                   f"(synchronous: few rows at a time); mean env {mean_env:.2f} s = {args.env_ratio:g} x the "
                   f"{'full-batch turn alone' if args.env_base == 'full-batch' else 'synchronous turn'} "
                   f"({t_base:.2f} s); outside the engine {warm['outside_engine_s'] or float('nan'):.1f} s an episode "
                   f"({calls or float('nan'):.1f} calls); N* = {need:.1f} ({args.pool_basis}; "
                   f"{need_injected:.1f} with the injected waits alone), pool {pool}; B = {B} "
-                  f"(G {args.group_size} x {args.groups_per_step}); turns {args.turns}; train {args.train_s:g} s; "
+                  f"(G {args.group_size} x {args.groups_per_step}); warm sandboxes per task "
+                  f"{ro_pool_size}; turns {args.turns}; train {args.train_s:g} s; "
                   f"model {args.model}; load avg {os.getloadavg()[0]:.1f}", flush=True)
             for cv in cvs:
                 name = f"lognormal_cv{cv:g}"
@@ -551,7 +577,7 @@ async def amain(args) -> int:
                           f"{r['masked_recorded_token_frac']:.1%}, {r['sampled_tokens']} sampled tokens of {r['episodes_matched']} "
                           f"episodes; bound with the injected waits alone {r['bound_injected_env']:.2f}, outside the engine "
                           f"{r['outside_engine_s'] or float('nan'):.1f}s per episode against {r['engine_work_s']:.1f}s of engine work; "
-                          f"t_gen {r['t_gen_s']:.2f}s, bound with episode overhead {r['bound_with_episode_overhead']:.2f} "
+                          f"t_gen {r['t_gen_s']:.2f}s (a call at the engine {r['steady_engine_call_s'] or float('nan'):.2f}s at the steady state), weight sync {r['weight_sync_s'] or float('nan'):.2f}s, bound with episode overhead {r['bound_with_episode_overhead']:.2f} "
                           f"(episode {r['episode_s']:.0f}s), engine busy {r['engine_busy']:.0%} ({r['engine_prefill_frac'] or 0:.1%} of it prefill; on a CPU {r['engine_on_cpu']:.2f} cores, waiting for one {r['engine_runqueue_wait']:.2f}), hist {r['staleness_hist']}; per "
                           f"episode: harness {r['harness_s']:.1f}s of which {r['harness_outside_turns_s']:.1f}s outside turns, "
                           f"hidden tests {r['reward_s']:.1f}s, sandbox {r['sandbox_s']:.2f}s; "
@@ -568,7 +594,7 @@ async def amain(args) -> int:
         e, i = r["env_s"], r["injected_s"]
         keep = ("traj_per_s", "steady_traj_per_s", "ratio_vs_sync", "steady_ratio_vs_sync", "occupancy", "bound", "masked_token_frac",
                 "steady_masked_token_frac", "steady_occupancy", "masked_recorded_token_frac", "sampled_tokens", "episodes_matched", "bound_injected_env",
-                "outside_engine_s", "engine_work_s", "bound_with_episode_overhead", "episode_s", "harness_s", "harness_outside_turns_s", "reward_s", "max_lag", "mean_in_flight", "t_gen_s", "engine_busy", "engine_prefill_frac", "engine_on_cpu", "engine_runqueue_wait", "system_cpu_busy",
+                "outside_engine_s", "engine_work_s", "bound_with_episode_overhead", "episode_s", "harness_s", "harness_outside_turns_s", "steady_engine_call_s", "weight_sync_s", "reward_s", "max_lag", "mean_in_flight", "t_gen_s", "engine_busy", "engine_prefill_frac", "engine_on_cpu", "engine_runqueue_wait", "system_cpu_busy",
                 "own_cpu_cores", "success_rate", "infra_errors", "trajectories", "wall_s", "cpu_cores_by_part")
         out = {k: (round(r[k], 4) if isinstance(r[k], float) else r[k]) for k in keep}
         out["trajectories_per_s"] = out.pop("traj_per_s")
@@ -608,7 +634,7 @@ async def amain(args) -> int:
               f"{b['env_latency_measured_s']['p99']} s; target_met={target_met}")
     print(json.dumps({"bench": "async_real", "model": args.model, "slots": args.slots, "gen_tokens": args.gen_tokens,
                       "t_gen_alone_s": round(t_gen_alone, 3), "t_gen_one_row_s": round(t_one, 3),
-                      "engine_row_cost": round(row_cost, 3), "t_gen_in_stack_s": round(t_gen, 3), "env_base": args.env_base, "mean_env_s": round(mean_env, 3), "cpu_split": cpu_split, "pool": pool, "pool_basis": args.pool_basis, "n_star": round(need, 2), "n_star_injected": round(need_injected, 2), "warmup_outside_engine_s": warm["outside_engine_s"],
+                      "engine_row_cost": round(row_cost, 3), "t_gen_in_stack_s": round(t_gen, 3), "env_base": args.env_base, "mean_env_s": round(mean_env, 3), "cpu_split": cpu_split, "pool": pool, "sandboxes_per_task": ro_pool_size, "pool_basis": args.pool_basis, "n_star": round(need, 2), "n_star_injected": round(need_injected, 2), "warmup_outside_engine_s": warm["outside_engine_s"],
                       "batch": B, "turns": args.turns, "train_s": args.train_s, "best_eta_le_2": best,
                       "results": summary, "target_met": target_met}))
     return 0
@@ -626,7 +652,7 @@ def main() -> int:
                          "running (default), or the turn measured in the synchronous warm-up batch")
     ap.add_argument("--turns", type=int, default=4, help="commands per episode (gold, fillers, submit)")
     ap.add_argument("--group-size", type=int, default=4)
-    ap.add_argument("--groups-per-step", type=int, default=5)
+    ap.add_argument("--groups-per-step", type=int, default=6)
     ap.add_argument("--steps", type=int, default=None, help="batches per η (default 8)")
     ap.add_argument("--etas", default=None, help="default 0,1,2,4")
     ap.add_argument("--cvs", default=None, help="default 1,2")
