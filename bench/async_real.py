@@ -80,7 +80,7 @@ and a finished episode waits for the rest of its group, so only ~70% of (η + 1)
 once (~42 of 60 at B = 20, η = 2, whatever the pool): with the measured N* (~50: the harness,
 hidden tests and sandbox add ~12 s an episode to the injected waits), B = 20 left the pool
 (58) a quarter empty and occupancy at 73-82% of the bound. The defaults, 8 slots and B = 24
-(G 4 x 6 groups: the η = 2 window of 72 reaches past the pool, 39-41 in three runs, so the
+(G 4 x 6 groups: the η = 2 window of 72 reaches past the pool, 39-41 in four runs, so the
 pool is what binds, as the bound assumes), keep ~1.6-1.7 batches in flight while the
 synchronous batch still waits for its slowest of 24; `--gen-s 3` (a full-batch turn of ~3 s)
 keeps the harnesses' CPU, which grows with the trajectory rate, from starving the engine on 2
