@@ -542,7 +542,7 @@ async def amain(args) -> int:
             per_task = args.group_size * (math.ceil(math.ceil(pool / args.group_size) / len(tasks)) + 1)
             if ro.sandboxes is not None and per_task > ro.sandboxes.pool.config.size:
                 ro.sandboxes.pool.resize(per_task)
-            ro_pool_size = ro.sandboxes.pool.config.size if ro.sandboxes is not None else 0
+            sandboxes_per_task = ro.sandboxes.pool.config.size if ro.sandboxes is not None else 0
             print(f"warm-up batch ({warm['wall_s']} s): a turn takes {t_gen:.2f} s on the engine in the stack "
                   f"(synchronous: few rows at a time); mean env {mean_env:.2f} s = {args.env_ratio:g} x the "
                   f"{'full-batch turn alone' if args.env_base == 'full-batch' else 'synchronous turn'} "
@@ -550,7 +550,7 @@ async def amain(args) -> int:
                   f"({calls or float('nan'):.1f} calls); N* = {need:.1f} ({args.pool_basis}; "
                   f"{need_injected:.1f} with the injected waits alone), pool {pool}; B = {B} "
                   f"(G {args.group_size} x {args.groups_per_step}); warm sandboxes per task "
-                  f"{ro_pool_size}; turns {args.turns}; train {args.train_s:g} s; "
+                  f"{sandboxes_per_task}; turns {args.turns}; train {args.train_s:g} s; "
                   f"model {args.model}; load avg {os.getloadavg()[0]:.1f}", flush=True)
             for cv in cvs:
                 name = f"lognormal_cv{cv:g}"
@@ -636,7 +636,7 @@ async def amain(args) -> int:
               f"{b['env_latency_measured_s']['p99']} s; target_met={target_met}")
     print(json.dumps({"bench": "async_real", "model": args.model, "slots": args.slots, "gen_tokens": args.gen_tokens,
                       "t_gen_alone_s": round(t_gen_alone, 3), "t_gen_one_row_s": round(t_one, 3),
-                      "engine_row_cost": round(row_cost, 3), "t_gen_in_stack_s": round(t_gen, 3), "env_base": args.env_base, "mean_env_s": round(mean_env, 3), "cpu_split": cpu_split, "pool": pool, "sandboxes_per_task": ro_pool_size, "pool_basis": args.pool_basis, "n_star": round(need, 2), "n_star_injected": round(need_injected, 2), "warmup_outside_engine_s": warm["outside_engine_s"],
+                      "engine_row_cost": round(row_cost, 3), "t_gen_in_stack_s": round(t_gen, 3), "env_base": args.env_base, "mean_env_s": round(mean_env, 3), "cpu_split": cpu_split, "pool": pool, "sandboxes_per_task": sandboxes_per_task, "pool_basis": args.pool_basis, "n_star": round(need, 2), "n_star_injected": round(need_injected, 2), "warmup_outside_engine_s": warm["outside_engine_s"],
                       "batch": B, "turns": args.turns, "train_s": args.train_s, "best_eta_le_2": best,
                       "results": summary, "target_met": target_met}))
     return 0
