@@ -58,14 +58,15 @@ trainer: a group consumed at V keeps its tokens older than V - η in the record 
 loss, so the generation they took is lost (the masked fraction). `wait` loses no token: at V
 the trainer first waits for every group in flight that started at a version <= V - η (at V + 1
 its first turn would be past η) and takes it into this batch, so a batch may hold more than B
-(`batch_sizes`). While it waits, the episodes in flight go on and the pool refills (at η = 2 the
-pool binds, not the admission), so the wait delays the next version rather than the generation;
-whatever it does cost is in the rate, and the trainer's wait per batch is printed
-(`trainer_wait_s`). η = 0 runs once, under `wait`, the synchronous baseline (`mask` is the
-same there: the admission starts only the step's own groups). With B = 24 and ~1.6 batches in
-flight, the first turn of a typical episode is consumed at lag 2, on the edge: under `mask`
-the steady masked fraction was 1.9-9.5% in five runs of the same code, the higher the faster
-the run (versions come faster).
+(`batch_sizes`). While it waits the episodes in flight go on, but the version holds, so the
+admission ((V + η + 1) groups_per_step groups started) can bind before the pool does: with the
+engine at its capacity the two ran at the same rate (1.91x vs 1.89x in one run), below it
+`wait` ran 15% slower (2.11x vs 2.47x, 33.6 episodes in flight against 40.1); the trainer's
+wait per batch is printed (`trainer_wait_s`). η = 0 runs once, under `wait`, the synchronous
+baseline (`mask` is the same there: the admission starts only the step's own groups). With
+B = 24 and ~1.6 batches in flight, the first turn of a typical episode is consumed at lag 2,
+on the edge: under `mask` the steady masked fraction was 1.9-9.5% over 4 batches in four runs
+and 0.6-8.0% over 6 in three, the higher the faster the run (versions come at rate / B).
 
 Throughput is trajectories consumed / wall time; the ratio is against η = 0's whole-run rate (a
 synchronous run has no fill: its batches are alike, and its whole-run rate is the better
