@@ -380,8 +380,9 @@ async def run_eta(ro, backend, engine, client, pub, args, *, eta: int, cv: float
     for c in calls:
         chunks_of.setdefault(c["session"], []).extend(c["chunks"])
     per_batch: list[tuple[int, int]] = []  # (stale, total) engine tokens of each batch
+    spans = list(zip([0] + [n for _, n in marks[:-1]], [n for _, n in marks]))  # each batch's [a, b) in `batches`
     matched = 0
-    for a, (_, b) in zip([0] + [n for _, n in marks[:-1]], marks):
+    for a, b in spans:
         counts = [sampled_staleness(chunks_of[t.session_id], t.metadata["consumed_at_version"], eta)
                   for t in batches[a:b] if t.session_id in chunks_of]
         matched += len(counts)
@@ -430,7 +431,7 @@ async def run_eta(ro, backend, engine, client, pub, args, *, eta: int, cv: float
             "engine_busy": busy_s / wall, "engine_prefill_frac": prefill_s / busy_s if busy_s else None, "engine_on_cpu": (sched1[0] - sched0[0]) / wall,
             "engine_runqueue_wait": (sched1[1] - sched0[1]) / wall, "mean_in_flight": probe["in_flight"] / max(1, probe["n"]),
             "admission_limit": n_adm, "max_lag": max_lag, "policy": policy,
-            "batch_sizes": [b - a for a, b in zip([0] + [n for _, n in marks[:-1]], [n for _, n in marks])],
+            "batch_sizes": [b - a for a, b in spans], "eta": eta,
             "trainer_wait_s": st.wait_s / max(1, len(marks)),
             "steady_engine_call_s": statistics.fmean(steady_call_s) if steady_call_s else None,
             "weight_sync_s": statistics.fmean(sync_s) if sync_s else None,
@@ -623,7 +624,7 @@ async def amain(args) -> int:
                 "steady_masked_token_frac", "steady_occupancy", "masked_recorded_token_frac", "sampled_tokens", "episodes_matched", "bound_injected_env",
                 "outside_engine_s", "engine_work_s", "bound_with_episode_overhead", "episode_s", "harness_s", "harness_outside_turns_s", "steady_engine_call_s", "weight_sync_s", "reward_s", "max_lag", "mean_in_flight", "t_gen_s", "engine_busy", "engine_prefill_frac", "engine_on_cpu", "engine_runqueue_wait", "system_cpu_busy",
                 "own_cpu_cores", "success_rate", "infra_errors", "trajectories", "wall_s", "cpu_cores_by_part",
-                "policy", "trainer_wait_s", "batch_sizes")
+                "eta", "policy", "trainer_wait_s", "batch_sizes")
         out = {k: (round(r[k], 4) if isinstance(r[k], float) else r[k]) for k in keep}
         out["trajectories_per_s"] = out.pop("traj_per_s")
         out["occupancy_over_bound"] = round(r["occupancy"] / r["bound"], 4) if r["bound"] else None
@@ -636,7 +637,7 @@ async def amain(args) -> int:
 
     summary = {name: {str(e): row(r) for e, r in rows.items()} for name, rows in results.items()}
     first = summary[f"lognormal_cv{cvs[0]:g}"]
-    cands = [k for k in first if 0 < int(k.split("/")[0]) <= 2]
+    cands = [k for k, r in first.items() if 0 < r["eta"] <= 2]
 
     def judged(r: dict) -> tuple[float, float, float]:
         """(ratio, masked, occupancy / bound) the target reads: the steady state's (the second
@@ -650,7 +651,7 @@ async def amain(args) -> int:
         return ratio >= 2.5 and masked <= 0.05 and occ >= 0.85
 
     best = max(cands, key=lambda k: (ok(first[k]), judged(first[k])[0])) if cands else None
-    lag_ok = all(r["max_lag"] <= int(k.split("/")[0]) for d in summary.values() for k, r in d.items())
+    lag_ok = all(r["max_lag"] <= r["eta"] for d in summary.values() for r in d.values())
     target_met = bool(best is not None and ok(first[str(best)]) and lag_ok)
     if best is not None:
         b = first[best]
