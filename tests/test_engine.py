@@ -220,6 +220,28 @@ def test_model_info_counts_steps_and_busy_seconds_weighted_by_rows(http, tok):
     assert 1.0 * busy < slots <= 3 * busy + 1e-9
 
 
+def test_model_info_splits_decode_steps_by_rows_running(http, tok):
+    """`decode_by_rows`: plain decode steps and their seconds per batch size, the engine's step
+    curve a bench fits. Three greedy rows of 24 tokens joined together: every plain step of the
+    call is counted under the rows it ran, the counts add up to the plain steps taken, and the
+    seconds to at most the decode seconds (a speculative verify is neither)."""
+    def counters():
+        i = http.get("/get_model_info").json()
+        return i["steps"], i["timing"], i["speculative"]["verify_steps"], i["decode_by_rows"]
+
+    s0, t0, v0, d0 = counters()
+    r = http.post("/generate", json={"input_ids": _prompts(tok, 3), "sampling_params": {
+        "max_new_tokens": 24, "temperature": 0, "ignore_eos": True}})
+    assert r.status_code == 200, r.text
+    s1, t1, v1, d1 = counters()
+    delta = {int(n): (c - d0.get(n, [0, 0.0])[0], x - d0.get(n, [0, 0.0])[1]) for n, (c, x) in d1.items()}
+    delta = {n: v for n, v in delta.items() if v[0]}
+    assert set(delta) <= {1, 2, 3} and delta.get(3, (0, 0))[0] >= 20, delta  # the rows decode together
+    assert sum(c for c, _ in delta.values()) == (s1 - s0) - (v1 - v0)
+    secs = sum(x for _, x in delta.values())
+    assert 0 < secs <= t1["decode_s"] - t0["decode_s"] + 1e-9
+
+
 def test_a_command_whose_caller_gave_up_is_skipped_and_the_loop_goes_on(engine, http, tok):
     """`Scheduler.call` futures are cancelled when their caller stops waiting (a timeout around
     `/get_model_info`'s counters, a dropped connection): the loop skips them instead of dying

@@ -70,6 +70,11 @@ class Scheduler:
         # slot_s: the same seconds each weighted by the rows running (a generator's occupancy is
         # slot_s / (wall * max_running)). Read by `/get_model_info` for benches in another process.
         self.timing = {"prefill_s": 0.0, "decode_s": 0.0, "busy_s": 0.0, "slot_s": 0.0}
+        self.decode_by_rows: dict[int, list] = {}
+        """Rows running -> [plain decode steps, their seconds] (speculative verifies are in
+        `spec_stats`): the engine's step time as a function of its batch (a CPU engine's grows
+        with every row, a GPU's barely), which a bench fits to know what a full-batch turn costs
+        on the machine as it runs, not only at a calibration."""
         self.prefix_cache = PrefixCache(prefix_cache_bytes)
         self.lookup_ngram = prompt_lookup_ngram
         # speculative steps (`_speculative_step`): verify passes, draft tokens proposed and accepted
@@ -184,12 +189,17 @@ class Scheduler:
                 self._admit()
                 if self._running:
                     rows = len(self._running)
+                    verified = self.spec_stats["verify_steps"]
                     t0 = time.perf_counter()
                     self._decode_step()
                     t1 = time.perf_counter()
                     self.timing["decode_s"] += t1 - t0
                     self.timing["busy_s"] += t1 - ta
                     self.timing["slot_s"] += rows * (t1 - ta)
+                    if self.spec_stats["verify_steps"] == verified:  # a plain step (a verify is not one)
+                        per = self.decode_by_rows.setdefault(rows, [0, 0.0])
+                        per[0] += 1
+                        per[1] += t1 - t0
             except Exception as e:  # a failed forward must not kill the server
                 log.error("engine step failed: %s", traceback.format_exc())
                 self._fail_running(f"engine error: {type(e).__name__}: {e}")

@@ -300,7 +300,8 @@ def build_app(state: EngineState) -> FastAPI:
         return PlainTextResponse("")
 
     def _counters(s) -> dict:
-        return {"speculative": dict(s.spec_stats), "steps": s.steps, "timing": dict(s.timing)}
+        return {"speculative": dict(s.spec_stats), "steps": s.steps, "timing": dict(s.timing),
+                "decode_by_rows": {str(n): list(v) for n, v in sorted(s.decode_by_rows.items())}}
 
     @app.get("/get_model_info")
     async def get_model_info():
