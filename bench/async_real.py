@@ -25,9 +25,20 @@ row running gives the engine's row cost (what a row beyond the first adds to a s
 fraction of a one-row step: ~0 on a GPU, 0.2-0.5 for this CPU engine); then one synchronous
 warm-up batch on the whole stack (it also starts the warm sandboxes and fills the prefix cache,
 so η = 0 does not pay the cold start) measures the turn time the engine takes among harnesses
-and hidden tests in a synchronous batch. Mean env = `--env-ratio` * the full-batch turn
-(`--env-base full-batch`, the default): the env is the workload's, the same for every η, and a
-multiple of the generation time the engine takes at capacity, where async runs it. With a row
+and hidden tests in a synchronous batch, and its full-batch turn there: gen_tokens x its decode
+step at `--slots` rows (the engine's `decode_by_rows`: the steps it took at that many rows, or the
+line fitted through every batch size's step). Mean env = `--env-ratio` * that full-batch turn
+in the stack (`--env-base full-batch`, the default): the env is the workload's, the same for
+every η, and a multiple of the generation time the engine takes at capacity, where async runs
+it, on the harness's real prompts. Until stop 38 the base was the calibration's turn alone
+(`--env-base full-batch-alone`), on a synthetic 1,500-id prompt: the stack's real prompts are
+shorter, so its steps were faster (1.71-2.11 s a turn at η = 2 against 2.83-2.90 s calibrated
+in two runs) and the env was 3.7-5x the generation the async rows really saw, not 3x, which
+flattered their ratio. Every row now prints the env over its own run's full-batch turn
+(`env_over_gen`, the `e/g` column: the VM's speed moves within the hour), and the target counts a
+row only when that is at most `--env-ratio` x (1 + `--env-tolerance`, 0.15) and the baseline's
+at least `--env-ratio` / 1.15 (a faster engine in the async row, or a slower one in the
+baseline, would flatter the ratio). With a row
 cost, the synchronous batch's turns run fewer rows and are shorter (1.22-1.34 s against 1.90 s
 alone and 2.06 s at η = 2 in one run), so `--env-base sync-turn` (the earlier definition) makes
 the env a multiple of the baseline's own scheduling: ~2x the turn the async run sees, not 3x.
@@ -132,6 +143,37 @@ from async_real_policy import GoldOverEngine, LatencyDraws, sampled_staleness  #
 def _pct(xs: list[float], q: float) -> float | None:
     from harnessrl.gym.rollout import percentile
     return percentile(xs, q)
+
+
+def rows_delta(info0: dict, info1: dict) -> dict[int, tuple[int, float]]:
+    """The engine's plain decode steps between two `/get_model_info` readings, by rows running:
+    {rows: (steps, seconds)} (`decode_by_rows`)."""
+    a, b = info0.get("decode_by_rows") or {}, info1.get("decode_by_rows") or {}
+    out = {}
+    for n, (c, x) in b.items():
+        c0, x0 = a.get(n, (0, 0.0))
+        if c - c0 > 0:
+            out[int(n)] = (c - c0, x - x0)
+    return out
+
+
+def step_at(delta: dict[int, tuple[int, float]], rows: int, min_steps: int = 100) -> float | None:
+    """Seconds of one plain decode step with `rows` running, as the engine took them: the mean
+    of the steps it took at `rows` where there are `min_steps` of them, else the least-squares
+    line a + b (n - 1) through each batch size's mean step, weighted by its steps (a CPU
+    engine's step grows about linearly with its rows). None without two batch sizes to fit."""
+    c, x = delta.get(rows, (0, 0.0))
+    if c >= min_steps:
+        return x / c
+    pts = [(n, k, t / k) for n, (k, t) in delta.items() if k > 0]
+    w = sum(k for _, k, _ in pts)
+    if len({n for n, _, _ in pts}) < 2 or w == 0:
+        return x / c if c else None
+    mn = sum(k * (n - 1) for n, k, _ in pts) / w
+    my = sum(k * y for _, k, y in pts) / w
+    sxx = sum(k * (n - 1 - mn) ** 2 for n, k, _ in pts)
+    b = sum(k * (n - 1 - mn) * (y - my) for n, k, y in pts) / sxx
+    return my + b * (rows - 1 - mn)
 
 
 def _cpu_busy() -> tuple[float, float]:
@@ -369,6 +411,12 @@ async def run_eta(ro, backend, engine, client, pub, args, *, eta: int, cv: float
     prefill_s = info1["timing"]["prefill_s"] - info0["timing"]["prefill_s"]
     step_s = busy_s / steps_done if steps_done else float("nan")
     t_gen = args.gen_tokens * step_s
+    # The full-batch turn as the engine took it in this run (gen_tokens x its step at `slots`
+    # rows, among the harnesses, sandboxes and hidden tests): what the env is a multiple of, so
+    # how many times the generation the injected env really was here (the VM's speed moves).
+    by_rows = rows_delta(info0, info1)
+    full_step = step_at(by_rows, args.slots)
+    t_full = args.gen_tokens * full_step if full_step else None
     steady = (marks[-1][1] - marks[k][1]) / max(marks[-1][0] - marks[k][0], 1e-9) if len(marks) >= 4 else None
     # The masked fraction in the engine's sampled tokens, batch by batch (the scheduler puts each
     # trajectory's consumption version in its metadata), and at the steady state (the same
@@ -428,6 +476,9 @@ async def run_eta(ro, backend, engine, client, pub, args, *, eta: int, cv: float
             "reward_s": statistics.fmean(x.get("reward_s", 0.0) for x in tim) if tim else None,
             "sandbox_s": statistics.fmean(x.get("sandbox_s", 0.0) for x in tim) if tim else None, "occupancy": occ, "bound": bound_real if bound_real is not None else bound, "bound_with_episode_overhead": bound_ep,
             "episode_s": statistics.fmean(ep_s) if ep_s else None, "t_gen_s": t_gen,
+            "t_full_batch_s": t_full, "env_over_gen": mean_env / t_full if t_full else None,
+            "full_batch_steps": by_rows.get(args.slots, (0, 0.0))[0],
+            "step_ms_by_rows": {n: round(1e3 * x / k, 3) for n, (k, x) in sorted(by_rows.items())},
             "engine_busy": busy_s / wall, "engine_prefill_frac": prefill_s / busy_s if busy_s else None, "engine_on_cpu": (sched1[0] - sched0[0]) / wall,
             "engine_runqueue_wait": (sched1[1] - sched0[1]) / wall, "mean_in_flight": probe["in_flight"] / max(1, probe["n"]),
             "admission_limit": n_adm, "max_lag": max_lag, "policy": policy,
@@ -546,7 +597,11 @@ async def amain(args) -> int:
             warm = await run_eta(ro, backend, engine, client, pub, args, eta=0, cv=1.0, mean_env=args.env_ratio * t_gen,
                                  pool=B, tasks=tasks, steps=1, policy="wait")
             t_gen = warm["t_gen_s"]
-            t_base = t_gen_alone if args.env_base == "full-batch" else t_gen
+            t_full_stack = warm["t_full_batch_s"]
+            if args.env_base == "full-batch" and not t_full_stack:
+                raise SystemExit("the warm-up batch gave no full-batch step to measure the turn by "
+                                 f"(steps by rows: {warm['step_ms_by_rows']}); try --env-base full-batch-alone")
+            t_base = {"full-batch": t_full_stack, "full-batch-alone": t_gen_alone, "sync-turn": t_gen}[args.env_base]
             mean_env = args.env_ratio * t_base
             need_injected = args.slots * (t_base + mean_env) / t_base
             # Little's law with the time an episode really spends outside the engine (measured in
@@ -569,10 +624,13 @@ async def amain(args) -> int:
             if ro.sandboxes is not None and per_task > ro.sandboxes.pool.config.size:
                 ro.sandboxes.pool.resize(per_task)
             sandboxes_per_task = ro.sandboxes.pool.config.size if ro.sandboxes is not None else 0
+            base_name = {"full-batch": "full-batch turn in the stack", "full-batch-alone": "full-batch turn alone",
+                         "sync-turn": "synchronous turn"}[args.env_base]
             print(f"warm-up batch ({warm['wall_s']} s): a turn takes {t_gen:.2f} s on the engine in the stack "
-                  f"(synchronous: few rows at a time); mean env {mean_env:.2f} s = {args.env_ratio:g} x the "
-                  f"{'full-batch turn alone' if args.env_base == 'full-batch' else 'synchronous turn'} "
-                  f"({t_base:.2f} s); outside the engine {warm['outside_engine_s'] or float('nan'):.1f} s an episode "
+                  f"(synchronous: few rows at a time), a full-batch turn {t_full_stack or float('nan'):.2f} s "
+                  f"({warm['full_batch_steps']} steps at {args.slots} rows; {t_gen_alone:.2f} s alone at "
+                  f"calibration); step ms by rows {warm['step_ms_by_rows']}; mean env {mean_env:.2f} s = "
+                  f"{args.env_ratio:g} x the {base_name} ({t_base:.2f} s); outside the engine {warm['outside_engine_s'] or float('nan'):.1f} s an episode "
                   f"({calls or float('nan'):.1f} calls); N* = {need:.1f} ({args.pool_basis}; "
                   f"{need_injected:.1f} with the injected waits alone), pool {pool}; B = {B} "
                   f"(G {args.group_size} x {args.groups_per_step}); warm sandboxes per task "
@@ -582,7 +640,7 @@ async def amain(args) -> int:
                 name = f"lognormal_cv{cv:g}"
                 print(f"\n== {name}: mean env {mean_env:.2f} s per turn, clipped at {args.clip_s:g} s")
                 print(f"{'η':>3} {'policy':>6} {'traj/s':>7} {'x sync':>7} {'occ':>5} {'bound':>6} {'occ/bnd':>7} "
-                      f"{'inflt':>5} {'lag':>4} {'masked':>7} {'env p50/p95/p99 (measured)':>27} {'injected p50/p95/p99':>21} "
+                      f"{'inflt':>5} {'lag':>4} {'e/g':>5} {'masked':>7} {'env p50/p95/p99 (measured)':>27} {'injected p50/p95/p99':>21} "
                       f"{'cpu':>5} {'own':>5} {'succ':>5}", flush=True)
                 rows: dict[str, dict] = {}
                 for eta, policy in runs:
@@ -596,7 +654,8 @@ async def amain(args) -> int:
                     e, i = r["env_s"], r["injected_s"]
                     print(f"{eta:>3} {policy:>6} {r['traj_per_s']:>7.3f} {r['ratio_vs_sync']:>6.2f}x "
                           f"{r['occupancy']:>5.2f} {r['bound']:>6.2f} {r['occupancy'] / r['bound']:>7.2f} "
-                          f"{r['mean_in_flight']:>5.1f} {r['max_lag']:>4} {r['masked_token_frac']:>7.1%} "
+                          f"{r['mean_in_flight']:>5.1f} {r['max_lag']:>4} {r['env_over_gen'] or float('nan'):>5.2f} "
+                          f"{r['masked_token_frac']:>7.1%} "
                           f"{_pct(e, .5):>9.2f}/{_pct(e, .95):.2f}/{_pct(e, .99):.2f} "
                           f"{_pct(i, .5):>9.2f}/{_pct(i, .95):.2f}/{_pct(i, .99):.2f} "
                           f"{r['system_cpu_busy']:>5.0%} {r['own_cpu_cores']:>5.2f} {r['success_rate']:>5.2f}   "
@@ -605,6 +664,9 @@ async def amain(args) -> int:
                           f"{r['masked_recorded_token_frac']:.1%}, {r['sampled_tokens']} sampled tokens of {r['episodes_matched']} "
                           f"episodes; bound with the injected waits alone {r['bound_injected_env']:.2f}, outside the engine "
                           f"{r['outside_engine_s'] or float('nan'):.1f}s per episode against {r['engine_work_s']:.1f}s of engine work; "
+                          f"the env {r['env_over_gen'] or float('nan'):.2f}x this run's full-batch turn "
+                          f"({r['t_full_batch_s'] or float('nan'):.2f}s, {r['full_batch_steps']} steps at {args.slots} rows; "
+                          f"step ms by rows {r['step_ms_by_rows']}); "
                           f"t_gen {r['t_gen_s']:.2f}s (a call at the engine {r['steady_engine_call_s'] or float('nan'):.2f}s at the steady state), weight sync {r['weight_sync_s'] or float('nan'):.2f}s, bound with episode overhead {r['bound_with_episode_overhead']:.2f} "
                           f"(episode {r['episode_s']:.0f}s), engine busy {r['engine_busy']:.0%} ({r['engine_prefill_frac'] or 0:.1%} of it prefill; on a CPU {r['engine_on_cpu']:.2f} cores, waiting for one {r['engine_runqueue_wait']:.2f}), hist {r['staleness_hist']}; per "
                           f"episode: harness {r['harness_s']:.1f}s of which {r['harness_outside_turns_s']:.1f}s outside turns, "
@@ -624,7 +686,8 @@ async def amain(args) -> int:
                 "steady_masked_token_frac", "steady_occupancy", "masked_recorded_token_frac", "sampled_tokens", "episodes_matched", "bound_injected_env",
                 "outside_engine_s", "engine_work_s", "bound_with_episode_overhead", "episode_s", "harness_s", "harness_outside_turns_s", "steady_engine_call_s", "weight_sync_s", "reward_s", "max_lag", "mean_in_flight", "t_gen_s", "engine_busy", "engine_prefill_frac", "engine_on_cpu", "engine_runqueue_wait", "system_cpu_busy",
                 "own_cpu_cores", "success_rate", "infra_errors", "trajectories", "wall_s", "cpu_cores_by_part",
-                "eta", "policy", "trainer_wait_s", "batch_sizes")
+                "eta", "policy", "trainer_wait_s", "batch_sizes", "t_full_batch_s", "env_over_gen",
+                "full_batch_steps", "step_ms_by_rows")
         out = {k: (round(r[k], 4) if isinstance(r[k], float) else r[k]) for k in keep}
         out["trajectories_per_s"] = out.pop("traj_per_s")
         out["occupancy_over_bound"] = round(r["occupancy"] / r["bound"], 4) if r["bound"] else None
@@ -646,9 +709,20 @@ async def amain(args) -> int:
             return r["steady_ratio_vs_sync"], r["steady_masked_token_frac"], r["steady_occupancy_over_bound"]
         return r["ratio_vs_sync"], r["masked_token_fraction"], r["occupancy_over_bound"] or 0.0
 
+    base_row = next(iter(first.values()))  # η = 0, the synchronous baseline (the first row run)
+    hi, lo = args.env_ratio * (1 + args.env_tolerance), args.env_ratio / (1 + args.env_tolerance)
+
+    def env_honest(r: dict) -> bool:
+        """The ratio counts only where the engine's speed did not flatter it: the async row's env at
+        most env_ratio (1 + tol) times the full-batch turn its own run took (a faster engine makes
+        the env a larger multiple and async's gain larger), the baseline's at least env_ratio / (1 +
+        tol) (a slower engine in the baseline makes it slower)."""
+        e, e0 = r["env_over_gen"], base_row["env_over_gen"]
+        return e is not None and e0 is not None and e <= hi and e0 >= lo
+
     def ok(r: dict) -> bool:
         ratio, masked, occ = judged(r)
-        return ratio >= 2.5 and masked <= 0.05 and occ >= 0.85
+        return ratio >= 2.5 and masked <= 0.05 and occ >= 0.85 and env_honest(r)
 
     best = max(cands, key=lambda k: (ok(first[k]), judged(first[k])[0])) if cands else None
     lag_ok = all(r["max_lag"] <= r["eta"] for d in summary.values() for r in d.values())
@@ -660,10 +734,14 @@ async def amain(args) -> int:
               f"sampled tokens masked, occupancy {occ:.0%} of the bound (whole run: {b['ratio_vs_sync']:.2f}x, "
               f"{b['masked_token_fraction']:.1%} masked, {b['occupancy_over_bound']:.0%} of the bound); measured env "
               f"p50/p95/p99 {b['env_latency_measured_s']['p50']}/{b['env_latency_measured_s']['p95']}/"
-              f"{b['env_latency_measured_s']['p99']} s; target_met={target_met}")
+              f"{b['env_latency_measured_s']['p99']} s; the env {b['env_over_gen'] or float('nan'):.2f}x that run's "
+              f"full-batch turn and {base_row['env_over_gen'] or float('nan'):.2f}x the baseline's (counted within "
+              f"{lo:.2f}-{hi:.2f}: {env_honest(b)}); target_met={target_met}")
     print(json.dumps({"bench": "async_real", "model": args.model, "slots": args.slots, "gen_tokens": args.gen_tokens,
                       "t_gen_alone_s": round(t_gen_alone, 3), "t_gen_one_row_s": round(t_one, 3),
-                      "engine_row_cost": round(row_cost, 3), "t_gen_in_stack_s": round(t_gen, 3), "env_base": args.env_base, "mean_env_s": round(mean_env, 3), "cpu_split": cpu_split, "pool": pool, "sandboxes_per_task": sandboxes_per_task, "pool_basis": args.pool_basis, "n_star": round(need, 2), "n_star_injected": round(need_injected, 2), "warmup_outside_engine_s": warm["outside_engine_s"],
+                      "engine_row_cost": round(row_cost, 3), "t_gen_in_stack_s": round(t_gen, 3),
+                      "t_full_batch_in_stack_s": round(t_full_stack, 3) if t_full_stack else None,
+                      "env_tolerance": args.env_tolerance, "env_base": args.env_base, "mean_env_s": round(mean_env, 3), "cpu_split": cpu_split, "pool": pool, "sandboxes_per_task": sandboxes_per_task, "pool_basis": args.pool_basis, "n_star": round(need, 2), "n_star_injected": round(need_injected, 2), "warmup_outside_engine_s": warm["outside_engine_s"],
                       "batch": B, "turns": args.turns, "train_s": args.train_s, "best_eta_le_2": best,
                       "results": summary, "target_met": target_met}))
     return 0
@@ -676,7 +754,10 @@ def main() -> int:
     ap.add_argument("--gen-s", type=float, default=3.0, help="target seconds of generation per turn at full batch")
     ap.add_argument("--gen-tokens", type=int, default=0, help="engine tokens per call; 0: calibrated from --gen-s")
     ap.add_argument("--env-ratio", type=float, default=3.0, help="mean env latency per turn / the --env-base turn")
-    ap.add_argument("--env-base", choices=["full-batch", "sync-turn"], default="full-batch",
+    ap.add_argument("--env-tolerance", type=float, default=0.15,
+                    help="the target counts a row only if its env was at most env-ratio x (1 + this) times its run's "
+                         "full-batch turn, and the baseline's at least env-ratio / (1 + this)")
+    ap.add_argument("--env-base", choices=["full-batch", "full-batch-alone", "sync-turn"], default="full-batch",
                     help="the generation time the env mean is a multiple of: the calibrated turn with every slot "
                          "running (default), or the turn measured in the synchronous warm-up batch")
     ap.add_argument("--turns", type=int, default=4, help="commands per episode (gold, fillers, submit)")

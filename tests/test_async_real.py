@@ -120,3 +120,24 @@ def test_gold_over_engine_runs_real_engine_tokens_and_versions_straddle_a_weight
     assert second["chunks"] == [(400, "1")]
     assert second["engine_tokens"] == 400 and second["versions"] == ["1"] and second["k"] == 1
     assert first["wait_s"] == draws.draws(0)[0] and second["wait_s"] == draws.draws(1)[0]
+
+
+def test_full_batch_step_is_read_where_taken_else_fitted_over_the_engines_step_curve():
+    """async_real's honesty check reads the full-batch turn each run took from the engine's
+    `decode_by_rows`: between two readings, the steps at `slots` rows where there are enough,
+    else the weighted line through every batch size's mean step."""
+    import async_real
+
+    before = {"decode_by_rows": {"1": [10, 0.02], "4": [5, 0.02]}}
+    after = {"decode_by_rows": {"1": [110, 0.22], "4": [55, 0.22], "6": [40, 0.2], "8": [3, 0.018]}}
+    delta = async_real.rows_delta(before, after)
+    assert delta == {1: (100, pytest.approx(0.2)), 4: (50, pytest.approx(0.2)), 6: (40, pytest.approx(0.2)),
+                     8: (3, pytest.approx(0.018))}
+    # 2 ms + 0.5 ms a row beyond the first: 8 rows (3 steps taken, too few) read off the line
+    line = {1: (100, 0.2), 2: (50, 0.125), 5: (10, 0.04)}
+    assert async_real.step_at(line, 8) == pytest.approx(0.0055)
+    assert async_real.step_at(line, 1) == pytest.approx(0.002)
+    assert async_real.step_at({8: (200, 1.0), 1: (100, 0.2)}, 8) == pytest.approx(0.005)  # taken: its own mean
+    assert async_real.step_at({8: (20, 0.2)}, 8) == pytest.approx(0.01)  # one size: its mean, however few
+    assert async_real.step_at({1: (20, 0.2)}, 8) is None  # nothing to fit a line through
+    assert async_real.step_at({}, 8) is None
