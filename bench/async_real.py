@@ -353,6 +353,29 @@ async def run_eta(ro, backend, engine, client, pub, args, *, eta: int, cv: float
     ro.set_policy_version(sched.version)
     probe = {"n": 0, "in_flight": 0.0}
 
+    follow: list[float] = []  # the env mean in force at each of the tracker's readings
+
+    async def follow_engine() -> None:
+        """The env follows the engine's speed (`--env-follow`): every `--follow-s` seconds the
+        full-batch turn over the last `--follow-window-s` of the engine's decode steps (gen_tokens x
+        its mean step at `--slots` rows, from `decode_by_rows`) sets the mean of the draws to come
+        to `--env-ratio` times it, so the env stays that multiple of the generation however this
+        VM's speed moves."""
+        snaps: list[tuple[float, dict]] = []
+        while True:
+            info = await client.model_info()
+            now = time.monotonic()
+            snaps.append((now, info))
+            while len(snaps) > 2 and now - snaps[1][0] >= args.follow_window_s:
+                snaps.pop(0)
+            # Only full-batch steps the engine took in the window move the env (no line fitted
+            # through a few rows' steps: a synchronous tail's would be extrapolated, and noisy).
+            n, secs = rows_delta(snaps[0][1], info).get(args.slots, (0, 0.0))
+            if n >= 100 and secs > 0:
+                backend.draws.set_mean(args.env_ratio * args.gen_tokens * secs / n)
+            follow.append(backend.draws.mean_s)
+            await asyncio.sleep(args.follow_s)
+
     async def sample() -> None:
         while True:
             await asyncio.sleep(0.02)
@@ -368,10 +391,12 @@ async def run_eta(ro, backend, engine, client, pub, args, *, eta: int, cv: float
     cpu0, own0, t0 = _cpu_busy(), _own_cpu() + eng0, time.monotonic()
     await sched.start()
     prober = asyncio.create_task(sample())
+    follower = asyncio.create_task(follow_engine()) if args.env_follow else None
     marks, max_lag, batches, sync_s = [], 0, [], []
     n_steps = steps or args.steps
     k = max(1, n_steps // 2) - 1  # the sim's steady state: the batches after batch k (the second half)
     slot_marks: dict[int, tuple[float, float]] = {}  # batch index -> (time, engine slot seconds)
+    info_marks: dict[int, dict] = {}  # batch index -> the engine's counters then (the steady window's steps)
     try:
         for i in range(n_steps):
             batch = await sched.next_batch()
@@ -383,7 +408,9 @@ async def run_eta(ro, backend, engine, client, pub, args, *, eta: int, cv: float
             batches += batch
             marks.append((time.monotonic(), len(batches)))
             if i in (k, n_steps - 1):
-                slot_marks[i] = (time.monotonic(), (await client.model_info())["timing"]["slot_s"])
+                info = await client.model_info()
+                slot_marks[i] = (time.monotonic(), info["timing"]["slot_s"])
+                info_marks[i] = info
             await asyncio.sleep(args.train_s)
             pub.version += 1
             v = await sync.push(pub)
@@ -394,6 +421,8 @@ async def run_eta(ro, backend, engine, client, pub, args, *, eta: int, cv: float
         wall = time.monotonic() - t0
     finally:
         prober.cancel()
+        if follower is not None:
+            follower.cancel()
         await sched.close()
     cpu1, eng1, sched1 = _cpu_busy(), engine_cpu(), engine_sched()
     own1, parts1, self1 = _own_cpu() + eng1, _cpu_parts(), _self_cpu()
@@ -417,6 +446,11 @@ async def run_eta(ro, backend, engine, client, pub, args, *, eta: int, cv: float
     by_rows = rows_delta(info0, info1)
     full_step = step_at(by_rows, args.slots)
     t_full = args.gen_tokens * full_step if full_step else None
+    steady_step = (step_at(rows_delta(info_marks[k], info_marks[n_steps - 1]), args.slots)
+                   if k in info_marks and n_steps - 1 in info_marks else None)
+    t_full_steady = args.gen_tokens * steady_step if steady_step else None
+    # The env mean this run had: the tracker's readings' average when it follows the engine.
+    mean_env = statistics.fmean(follow) if follow else mean_env
     steady = (marks[-1][1] - marks[k][1]) / max(marks[-1][0] - marks[k][0], 1e-9) if len(marks) >= 4 else None
     # The masked fraction in the engine's sampled tokens, batch by batch (the scheduler puts each
     # trajectory's consumption version in its metadata), and at the steady state (the same
@@ -477,6 +511,7 @@ async def run_eta(ro, backend, engine, client, pub, args, *, eta: int, cv: float
             "sandbox_s": statistics.fmean(x.get("sandbox_s", 0.0) for x in tim) if tim else None, "occupancy": occ, "bound": bound_real if bound_real is not None else bound, "bound_with_episode_overhead": bound_ep,
             "episode_s": statistics.fmean(ep_s) if ep_s else None, "t_gen_s": t_gen,
             "t_full_batch_s": t_full, "env_over_gen": mean_env / t_full if t_full else None,
+            "t_full_batch_steady_s": t_full_steady, "mean_env_s": mean_env,
             "full_batch_steps": by_rows.get(args.slots, (0, 0.0))[0],
             "step_ms_by_rows": {n: round(1e3 * x / k, 3) for n, (k, x) in sorted(by_rows.items())},
             "engine_busy": busy_s / wall, "engine_prefill_frac": prefill_s / busy_s if busy_s else None, "engine_on_cpu": (sched1[0] - sched0[0]) / wall,
@@ -567,6 +602,7 @@ async def amain(args) -> int:
         if chosen:
             args.gen_tokens = max(8, round(args.gen_s / step))
         t_gen = await calibrate(engine.url, args.slots, args.calib_prompt, args.gen_tokens, vocab, args.seed + 1)
+        tries = [(args.gen_tokens, round(t_gen, 3))]  # every (tokens, seconds) measured, printed
         # The 32-token probe's time per token carries its 200-id prefill and the noise of a short
         # run (229-387 tokens were chosen for the same --gen-s 2): rescale by the measured turn,
         # four times at most, until it is within 10% of --gen-s (twice stopped 21% short of 3 s in
@@ -576,6 +612,7 @@ async def amain(args) -> int:
                 break
             args.gen_tokens = max(8, round(args.gen_tokens * args.gen_s / t_gen))
             t_gen = await calibrate(engine.url, args.slots, args.calib_prompt, args.gen_tokens, vocab, args.seed + 2 + k)
+            tries.append((args.gen_tokens, round(t_gen, 3)))
         t_gen_alone = t_gen
         # The same turn with one row running: how much a row beyond the first costs the engine
         # (0 on a GPU-like engine; async's gain over sync shrinks as it grows: a synchronous
@@ -584,7 +621,8 @@ async def amain(args) -> int:
         row_cost = (t_gen_alone / t_one - 1) / (args.slots - 1) if args.slots > 1 else 0.0
         print(f"calibration: {args.slots} concurrent x {args.gen_tokens} tokens = {t_gen:.2f} s per turn on the engine "
               f"alone (prompt {args.calib_prompt} cached ids + 200 new); one row alone {t_one:.2f} s: each row beyond "
-              f"the first costs {row_cost:.2f} of a one-row step", flush=True)
+              f"the first costs {row_cost:.2f} of a one-row step (tokens, seconds tried: 32-token probe "
+              f"{32 * step:.2f} s, then {tries})", flush=True)
         backend = GoldOverEngine(engine.url, tok, task_objs, LatencyDraws(1.0, 1.0, args.seed, args.turns),
                                  args.gen_tokens)
         pub = Republisher(resolve_model(args.model))
@@ -646,10 +684,24 @@ async def amain(args) -> int:
                 for eta, policy in runs:
                     r = await run_eta(ro, backend, engine, client, pub, args, eta=eta, cv=cv, mean_env=mean_env,
                                       pool=pool, tasks=tasks, policy=policy)
-                    base = next(iter(rows.values()))["traj_per_s"] if rows else r["traj_per_s"]
-                    r["ratio_vs_sync"] = r["traj_per_s"] / base if base else None
-                    r["steady_ratio_vs_sync"] = (r["steady_traj_per_s"] / base
-                                                 if base and r["steady_traj_per_s"] is not None else None)
+                    b0 = next(iter(rows.values())) if rows else r
+                    base = b0["traj_per_s"]
+                    r["raw_ratio_vs_sync"] = r["traj_per_s"] / base if base else None
+                    r["raw_steady_ratio_vs_sync"] = (r["steady_traj_per_s"] / base
+                                                     if base and r["steady_traj_per_s"] is not None else None)
+                    # With the env following the engine, every duration of the workload is in units
+                    # of the full-batch turn, so rows run at different engine speeds compare in
+                    # trajectories per full-batch turn (each rate times the turn over its own window).
+                    per_turn = args.env_follow and all(x is not None for x in (
+                        b0["t_full_batch_s"], r["t_full_batch_s"], r["t_full_batch_steady_s"]))
+                    if per_turn:
+                        unit = base * b0["t_full_batch_s"]
+                        r["ratio_vs_sync"] = r["traj_per_s"] * r["t_full_batch_s"] / unit
+                        r["steady_ratio_vs_sync"] = (r["steady_traj_per_s"] * r["t_full_batch_steady_s"] / unit
+                                                     if r["steady_traj_per_s"] is not None else None)
+                    else:
+                        r["ratio_vs_sync"], r["steady_ratio_vs_sync"] = r["raw_ratio_vs_sync"], r["raw_steady_ratio_vs_sync"]
+                    r["ratio_basis"] = "per full-batch turn" if per_turn else "per second"
                     rows[f"{eta}/{policy}"] = r
                     e, i = r["env_s"], r["injected_s"]
                     print(f"{eta:>3} {policy:>6} {r['traj_per_s']:>7.3f} {r['ratio_vs_sync']:>6.2f}x "
@@ -659,7 +711,8 @@ async def amain(args) -> int:
                           f"{_pct(e, .5):>9.2f}/{_pct(e, .95):.2f}/{_pct(e, .99):.2f} "
                           f"{_pct(i, .5):>9.2f}/{_pct(i, .95):.2f}/{_pct(i, .99):.2f} "
                           f"{r['system_cpu_busy']:>5.0%} {r['own_cpu_cores']:>5.2f} {r['success_rate']:>5.2f}   "
-                          f"(steady {r['steady_ratio_vs_sync'] or float('nan'):.2f}x sync, {r['steady_masked_token_frac']:.1%} "
+                          f"(steady {r['steady_ratio_vs_sync'] or float('nan'):.2f}x sync {r['ratio_basis']} "
+                          f"({r['raw_steady_ratio_vs_sync'] or float('nan'):.2f}x per second), {r['steady_masked_token_frac']:.1%} "
                           f"masked and occupancy {(r['steady_occupancy'] or float('nan')) / r['bound']:.0%} of the bound at the steady state; the trainer waited {r['trainer_wait_s']:.1f}s a batch, batches of {r['batch_sizes']}; recorded (stand-in) tokens masked "
                           f"{r['masked_recorded_token_frac']:.1%}, {r['sampled_tokens']} sampled tokens of {r['episodes_matched']} "
                           f"episodes; bound with the injected waits alone {r['bound_injected_env']:.2f}, outside the engine "
@@ -687,7 +740,8 @@ async def amain(args) -> int:
                 "outside_engine_s", "engine_work_s", "bound_with_episode_overhead", "episode_s", "harness_s", "harness_outside_turns_s", "steady_engine_call_s", "weight_sync_s", "reward_s", "max_lag", "mean_in_flight", "t_gen_s", "engine_busy", "engine_prefill_frac", "engine_on_cpu", "engine_runqueue_wait", "system_cpu_busy",
                 "own_cpu_cores", "success_rate", "infra_errors", "trajectories", "wall_s", "cpu_cores_by_part",
                 "eta", "policy", "trainer_wait_s", "batch_sizes", "t_full_batch_s", "env_over_gen",
-                "full_batch_steps", "step_ms_by_rows")
+                "full_batch_steps", "step_ms_by_rows", "t_full_batch_steady_s", "mean_env_s",
+                "raw_ratio_vs_sync", "raw_steady_ratio_vs_sync", "ratio_basis")
         out = {k: (round(r[k], 4) if isinstance(r[k], float) else r[k]) for k in keep}
         out["trajectories_per_s"] = out.pop("traj_per_s")
         out["occupancy_over_bound"] = round(r["occupancy"] / r["bound"], 4) if r["bound"] else None
@@ -738,10 +792,10 @@ async def amain(args) -> int:
               f"full-batch turn and {base_row['env_over_gen'] or float('nan'):.2f}x the baseline's (counted within "
               f"{lo:.2f}-{hi:.2f}: {env_honest(b)}); target_met={target_met}")
     print(json.dumps({"bench": "async_real", "model": args.model, "slots": args.slots, "gen_tokens": args.gen_tokens,
-                      "t_gen_alone_s": round(t_gen_alone, 3), "t_gen_one_row_s": round(t_one, 3),
+                      "t_gen_alone_s": round(t_gen_alone, 3), "calibration_tries": tries, "t_gen_one_row_s": round(t_one, 3),
                       "engine_row_cost": round(row_cost, 3), "t_gen_in_stack_s": round(t_gen, 3),
                       "t_full_batch_in_stack_s": round(t_full_stack, 3) if t_full_stack else None,
-                      "env_tolerance": args.env_tolerance, "env_base": args.env_base, "mean_env_s": round(mean_env, 3), "cpu_split": cpu_split, "pool": pool, "sandboxes_per_task": sandboxes_per_task, "pool_basis": args.pool_basis, "n_star": round(need, 2), "n_star_injected": round(need_injected, 2), "warmup_outside_engine_s": warm["outside_engine_s"],
+                      "env_tolerance": args.env_tolerance, "env_follow": args.env_follow, "env_base": args.env_base, "mean_env_s": round(mean_env, 3), "cpu_split": cpu_split, "pool": pool, "sandboxes_per_task": sandboxes_per_task, "pool_basis": args.pool_basis, "n_star": round(need, 2), "n_star_injected": round(need_injected, 2), "warmup_outside_engine_s": warm["outside_engine_s"],
                       "batch": B, "turns": args.turns, "train_s": args.train_s, "best_eta_le_2": best,
                       "results": summary, "target_met": target_met}))
     return 0
@@ -754,6 +808,11 @@ def main() -> int:
     ap.add_argument("--gen-s", type=float, default=3.0, help="target seconds of generation per turn at full batch")
     ap.add_argument("--gen-tokens", type=int, default=0, help="engine tokens per call; 0: calibrated from --gen-s")
     ap.add_argument("--env-ratio", type=float, default=3.0, help="mean env latency per turn / the --env-base turn")
+    ap.add_argument("--env-follow", action=argparse.BooleanOptionalAction, default=True,
+                    help="the env mean follows the engine's speed (env-ratio x its full-batch turn over the last "
+                         "--follow-window-s), and rows compare in trajectories per full-batch turn")
+    ap.add_argument("--follow-s", type=float, default=5.0, help="seconds between the env's re-readings of the engine")
+    ap.add_argument("--follow-window-s", type=float, default=120.0, help="engine steps the env's reading spans")
     ap.add_argument("--env-tolerance", type=float, default=0.15,
                     help="the target counts a row only if its env was at most env-ratio x (1 + this) times its run's "
                          "full-batch turn, and the baseline's at least env-ratio / (1 + this)")

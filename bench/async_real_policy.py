@@ -44,8 +44,16 @@ class LatencyDraws:
     def __init__(self, mean_s: float, cv: float, seed: int, turns: int, clip_s: float = 45.0):
         if mean_s <= 0 or cv <= 0 or turns < 1:
             raise ValueError(f"LatencyDraws: mean_s {mean_s}, cv {cv} must be > 0 and turns {turns} >= 1")
-        self.mean_s, self.cv, self.seed, self.turns, self.clip_s = mean_s, cv, seed, turns, clip_s
+        self.cv, self.seed, self.turns, self.clip_s = cv, seed, turns, clip_s
         self._sigma = math.sqrt(math.log(1 + cv * cv))
+        self.set_mean(mean_s)
+
+    def set_mean(self, mean_s: float) -> None:
+        """Scale every later draw to this mean (the env following the engine's speed): episode k's
+        draws are the same normal variates, so each is the old one times new mean / old mean."""
+        if not (mean_s > 0 and math.isfinite(mean_s)):
+            raise ValueError(f"LatencyDraws: mean_s {mean_s} must be finite and > 0")
+        self.mean_s = mean_s
         self._mu = math.log(mean_s) - self._sigma ** 2 / 2
 
     def raw(self, k: int) -> list[float]:

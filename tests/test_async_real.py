@@ -141,3 +141,19 @@ def test_full_batch_step_is_read_where_taken_else_fitted_over_the_engines_step_c
     assert async_real.step_at({8: (20, 0.2)}, 8) == pytest.approx(0.01)  # one size: its mean, however few
     assert async_real.step_at({1: (20, 0.2)}, 8) is None  # nothing to fit a line through
     assert async_real.step_at({}, 8) is None
+
+
+def test_draws_follow_a_new_mean_in_proportion_and_stay_seeded():
+    """async_real's env follows the engine's speed (`LatencyDraws.set_mean`): after a new mean every
+    episode's draws are the same variates scaled by new / old (before the clip), so every η still
+    replays one sequence, in units of the generation time."""
+    d = LatencyDraws(4.0, 1.0, seed=3, turns=4, clip_s=1e9)
+    before = {k: d.raw(k) for k in range(20)}
+    d.set_mean(6.0)
+    for k, xs in before.items():
+        assert d.raw(k) == pytest.approx([x * 1.5 for x in xs], rel=1e-12)
+    assert LatencyDraws(6.0, 1.0, seed=3, turns=4, clip_s=1e9).raw(7) == pytest.approx(d.raw(7), rel=1e-12)
+    with pytest.raises(ValueError):
+        d.set_mean(0.0)
+    with pytest.raises(ValueError):
+        d.set_mean(float("nan"))
