@@ -157,3 +157,36 @@ def test_draws_follow_a_new_mean_in_proportion_and_stay_seeded():
         d.set_mean(0.0)
     with pytest.raises(ValueError):
         d.set_mean(float("nan"))
+
+
+def test_a_child_started_with_die_with_parent_goes_when_the_bench_is_killed():
+    """The engine process async_real starts (`preexec_fn=_die_with_parent`) must not outlive a
+    bench killed with SIGKILL: a left-behind engine stepped on the core the next run's engine was
+    pinned to. A real parent process starts a real child that way and is killed -9; the child
+    is gone (or a zombie awaiting its reaper) within seconds."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    bench = str(Path(__file__).resolve().parents[1] / "bench")
+    script = ("import sys, subprocess, time; sys.path.insert(0, %r); import async_real; "
+              "p = subprocess.Popen(['sleep', '300'], preexec_fn=async_real._die_with_parent); "
+              "print(p.pid, flush=True); time.sleep(300)" % bench)
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    child = int(parent.stdout.readline())
+
+    def alive(pid: int) -> bool:
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                return "\nState:\tZ" not in f.read()
+        except FileNotFoundError:
+            return False
+
+    assert alive(child)
+    os.kill(parent.pid, signal.SIGKILL)
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not alive(child)
