@@ -660,6 +660,16 @@ async def amain(args) -> int:
                                  pool=B, tasks=tasks, steps=1, policy="wait")
             t_gen = warm["t_gen_s"]
             t_full_stack = warm["t_full_batch_s"]
+            # gen_tokens re-chosen on the stack's own full-batch step: the calibration's synthetic
+            # prompt (1,500 ids) is not the harness's, and its step was 2.2x the stack's in one
+            # run (10.9 vs 4.85 ms at 8 rows), which left a 1.2 s turn for a --gen-s of 3 s and the
+            # harness's fixed start-up and exit 2x the injected env (N* 49 against ~35).
+            if chosen and t_full_stack and abs(t_full_stack / args.gen_s - 1) > 0.10:
+                step8, old = t_full_stack / args.gen_tokens, args.gen_tokens
+                args.gen_tokens = backend.gen_tokens = max(8, round(args.gen_s / step8))
+                t_full_stack, t_gen = args.gen_tokens * step8, t_gen * args.gen_tokens / old
+                print(f"gen_tokens {old} -> {args.gen_tokens}: the full-batch turn in the stack took "
+                      f"{old * step8:.2f} s, {args.gen_s:g} s asked", flush=True)
             if args.env_base == "full-batch" and not t_full_stack:
                 raise SystemExit("the warm-up batch gave no full-batch step to measure the turn by "
                                  f"(steps by rows: {warm['step_ms_by_rows']}); try --env-base full-batch-alone")
@@ -672,9 +682,15 @@ async def amain(args) -> int:
             # (its calls x the full-batch turn): the injected waits alone undercount what an
             # episode holds a pool slot for, so a pool sized by them cannot fill the engine.
             calls = warm["calls_per_episode"]
-            if args.pool_basis == "measured" and warm["outside_engine_s"] and calls:
+            outside = warm["outside_engine_s"]
+            if outside and warm["injected_s"]:
+                # the warm-up's waits were drawn at its own mean (env-ratio x the calibration's
+                # turn): an episode's time outside the engine at this run's mean instead
+                injected = statistics.fmean(warm["injected_s"])
+                outside += args.turns * injected * (mean_env / warm["mean_env_s"] - 1)
+            if args.pool_basis == "measured" and outside and calls:
                 work_full = calls * t_base
-                need = args.slots * (work_full + warm["outside_engine_s"]) / work_full
+                need = args.slots * (work_full + outside) / work_full
             else:
                 need = need_injected
             pool = args.pool or math.ceil(need * (1 + args.pool_headroom))
@@ -692,7 +708,7 @@ async def amain(args) -> int:
                   f"(synchronous: few rows at a time), a full-batch turn {t_full_stack or float('nan'):.2f} s "
                   f"({warm['full_batch_steps']} steps at {args.slots} rows; {t_gen_alone:.2f} s alone at "
                   f"calibration); step ms by rows {warm['step_ms_by_rows']}; mean env {mean_env:.2f} s = "
-                  f"{args.env_ratio:g} x the {base_name} ({t_base:.2f} s); outside the engine {warm['outside_engine_s'] or float('nan'):.1f} s an episode "
+                  f"{args.env_ratio:g} x the {base_name} ({t_base:.2f} s); outside the engine {outside or float('nan'):.1f} s an episode at this env "
                   f"({calls or float('nan'):.1f} calls); N* = {need:.1f} ({args.pool_basis}; "
                   f"{need_injected:.1f} with the injected waits alone), pool {pool}; B = {B} "
                   f"(G {args.group_size} x {args.groups_per_step}); warm sandboxes per task "

@@ -8,6 +8,7 @@ delegated v2 subtree), every command of a sandbox runs in that sandbox's cgroup;
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -331,6 +332,54 @@ def _user_pids() -> list[int]:
     return out
 
 
+def _start_time(pid: int) -> int | None:
+    """Process `pid`'s start time in clock ticks since boot (/proc/PID/stat field 22), None when
+    it is gone: with the pid, it names one process (a pid alone may have been reused)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _default_ledger() -> Path:
+    # harnessrl's cache root, as `harnessrl.gym.models.home` names it (sandboxes imports no gym)
+    return Path(os.environ.get("HARNESSRL_HOME", Path.home() / ".cache" / "harnessrl")) / "core-reservation.json"
+
+
+def recover_left_behind(ledger: Path | None = None) -> int:
+    """Undo a reservation whose owner died without `release()` (killed -9, a crash): every task
+    still bound to exactly its engine or its environment cores (the moved tasks and everything
+    started since, which inherited the environment's) gets the cores of both back. Returns the
+    tasks restored; 0 when there is no ledger or its owner is alive (a reservation in force is
+    left alone). One killed bench left the whole machine, the shell included, on one core: every
+    later run found one core, reserved nothing and ran its engine beside forty harnesses."""
+    ledger = ledger or _default_ledger()
+    try:
+        data = json.loads(ledger.read_text())
+        owner, start = int(data["owner"]), data["owner_start"]
+        env, engine = set(data["env"]), set(data["engine"])
+    except FileNotFoundError:
+        return 0
+    except (OSError, ValueError, KeyError, TypeError):
+        ledger.unlink(missing_ok=True)  # unreadable: nothing to go by
+        return 0
+    now = _start_time(owner)
+    if now is not None and (start is None or now == start):
+        return 0  # its owner runs: a reservation in force
+    full, n = env | engine, 0
+    for pid in _user_pids():
+        for tid in _tasks(pid):
+            try:
+                if os.sched_getaffinity(tid) in (env, engine):
+                    os.sched_setaffinity(tid, full)
+                    n += 1
+            except OSError:
+                pass
+    ledger.unlink(missing_ok=True)
+    return n
+
+
 class CoreReservation:
     """Cores kept for the generator alone: the CPU analogue of "the environment never holds the
     generator's GPU". The engine's stepping thread (`tids`: the engine scheduler's
@@ -348,7 +397,9 @@ class CoreReservation:
     `cores + 1` cores in this process's set and the right to set other processes' affinity
     (root, or the same user for one's own; those it may not move are counted in `skipped`)."""
 
-    def __init__(self, tids: list[int], cores: int = 1):
+    def __init__(self, tids: list[int], cores: int = 1, ledger: Path | None = None):
+        self.ledger = ledger or _default_ledger()
+        self.recovered = recover_left_behind(self.ledger)
         allowed = sorted(os.sched_getaffinity(0))
         if len(allowed) <= cores:
             raise ValueError(f"cannot reserve {cores} core(s) for the engine: this process may use "
@@ -362,6 +413,12 @@ class CoreReservation:
             self._set(tid, self.engine)
         if not self.moved:
             raise ValueError(f"cannot bind the engine's thread(s) {self.tids} to cores {sorted(self.engine)}")
+        # The ledger first, so a reservation killed while it moves tasks is undone by the next.
+        self.ledger.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.ledger.with_name(self.ledger.name + f".{os.getpid()}")
+        tmp.write_text(json.dumps({"owner": os.getpid(), "owner_start": _start_time(os.getpid()),
+                                   "env": sorted(self.env), "engine": sorted(self.engine)}))
+        tmp.replace(self.ledger)
         keep = set(self.tids)
         for pid in _user_pids():
             for tid in _tasks(pid):
@@ -384,14 +441,21 @@ class CoreReservation:
         self.moved += 1
 
     def release(self) -> None:
-        """Give every moved task (still running) its mask back."""
+        """Give every moved task (still running) its mask back, and drop the ledger."""
         for tid, cores in self._saved.items():
             try:
                 os.sched_setaffinity(tid, cores)
             except OSError:
                 pass
         self._saved.clear()
+        try:
+            if json.loads(self.ledger.read_text()).get("owner") == os.getpid():
+                self.ledger.unlink()
+        except (OSError, ValueError):
+            pass
 
     def describe(self) -> str:
         return (f"engine thread(s) {self.tids} alone on core(s) {sorted(self.engine)}, everything else on {sorted(self.env)} "
-                f"({self.moved} tasks moved, {self.skipped} not movable)")
+                f"({self.moved} tasks moved, {self.skipped} not movable"
+                + (f"; {self.recovered} tasks freed from a killed run's reservation first" if self.recovered else "")
+                + ")")

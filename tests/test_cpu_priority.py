@@ -254,6 +254,49 @@ def test_core_reservation_keeps_the_engines_core_for_it_and_gives_every_mask_bac
             p.wait()
 
 
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="a core for the engine needs two cores")
+def test_a_reservation_whose_owner_was_killed_is_undone_by_the_next(tmp_path, monkeypatch):
+    """A bench killed -9 while it held the engine's core leaves every task of the machine bound to
+    the environment's cores, this test process included. The next `CoreReservation` frees them
+    from the ledger first (a live owner's reservation it leaves alone), reserves as usual, and its
+    release gives the whole set back and drops the ledger."""
+    from harnessrl.sandboxes.limits import CoreReservation
+
+    monkeypatch.setenv("HARNESSRL_HOME", str(tmp_path))
+    ledger = tmp_path / "core-reservation.json"
+    before = os.sched_getaffinity(0)
+    last = max(before)
+    engine = subprocess.Popen([sys.executable, "-c", ENGINE_LIKE], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True)
+    owner = subprocess.Popen(
+        [sys.executable, "-c", "import time; from harnessrl.sandboxes.limits import CoreReservation; "
+         f"r = CoreReservation.for_process({engine.pid}); print('held', flush=True); time.sleep(300)"],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert engine.stdout.readline().strip() == "ready"
+        assert owner.stdout.readline().strip() == "held"
+        assert os.sched_getaffinity(0) == before - {last} and ledger.exists()
+        if len(before) == 2:  # the owner alive: its reservation stands, one core is left to reserve from
+            with pytest.raises(ValueError, match="cannot reserve 1 core"):
+                CoreReservation.for_process(engine.pid)
+            assert os.sched_getaffinity(0) == before - {last} and ledger.exists()
+        owner.kill()
+        owner.wait()
+        assert os.sched_getaffinity(0) == before - {last}  # what a killed run leaves behind
+        res = CoreReservation.for_process(engine.pid)
+        try:
+            assert res.recovered >= 2 and "freed from a killed run's reservation" in res.describe()
+            assert res.engine == {last} and os.sched_getaffinity(0) == before - {last}
+            assert all(os.sched_getaffinity(t) == {last} for t in map(int, os.listdir(f"/proc/{engine.pid}/task")))
+        finally:
+            res.release()
+        assert os.sched_getaffinity(0) == before and not ledger.exists()
+    finally:
+        for p in (owner, engine):
+            p.kill()
+            p.wait()
+
+
 def test_core_reservation_refuses_when_no_core_would_be_left_for_the_environment():
     from harnessrl.sandboxes.limits import CoreReservation
 
