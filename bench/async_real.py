@@ -128,6 +128,13 @@ keeps the harnesses' CPU, which grows with the trajectory rate, from starving th
 cores. The per-episode harness CPU (mini-swe-agent's start-up) and the hidden tests compete
 with the engine for the 2 cores: see the `cpu`/`own` columns.
 
+The frontier, with the env honestly 3x (stop 39): at B = 20 (`--groups-per-step 5`) η = 2 `mask`
+ran 2.65x per full-batch turn with 9.5% masked, `wait` 2.32x with none; the simulation at this
+shape (`bench/async_vs_sync.py --slots 8 --turns 4 --groups-per-step 5 --row-cost 0.28 --pool
+37`, env 3x the full-batch turn) gave 2.85-2.92x with 2.9-5.9% masked over two seeds, and at B =
+24 2.25-2.51x with 1.3-3.7%: the ratio comes from the episodes in flight per batch (N* / B), and
+so does the lag, so under `mask` the two move together and `wait` pays for its zero in rate.
+
 Target (issue 13): on CV 1, at the steady state, >= 2.5x the synchronous throughput at some
 η <= 2 (under either policy) with <= 5% of sampled tokens masked and occupancy >= 85% of the
 bound; max lag <= η in every row. The last
