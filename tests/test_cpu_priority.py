@@ -303,3 +303,21 @@ def test_core_reservation_refuses_when_no_core_would_be_left_for_the_environment
     n = len(os.sched_getaffinity(0))
     with pytest.raises(ValueError, match=f"cannot reserve {n} core"):
         CoreReservation([os.getpid()], cores=n)
+
+
+def test_recovery_leaves_a_live_owners_ledger_and_drops_an_unreadable_one(tmp_path):
+    """`recover_left_behind` touches nothing while the ledger's owner runs (this process, with its
+    start time), and an unreadable ledger is removed rather than trusted."""
+    import json
+
+    from harnessrl.sandboxes.limits import _start_time, recover_left_behind
+
+    ledger = tmp_path / "core-reservation.json"
+    assert recover_left_behind(ledger) == 0  # none
+    before = os.sched_getaffinity(0)
+    ledger.write_text(json.dumps({"owner": os.getpid(), "owner_start": _start_time(os.getpid()),
+                                  "env": sorted(before), "engine": sorted(before)}))
+    assert recover_left_behind(ledger) == 0 and ledger.exists()
+    assert os.sched_getaffinity(0) == before
+    ledger.write_text("{not json")
+    assert recover_left_behind(ledger) == 0 and not ledger.exists()
