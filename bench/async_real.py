@@ -848,21 +848,7 @@ async def amain(args) -> int:
     return 0
 
 
-def _exit_on_sigterm() -> None:
-    """SIGTERM (a `kill`, a CI timeout) ends the run through its `finally` blocks, as Ctrl-C does:
-    the engine stopped, the core reservation released and the warm sandboxes removed, so a killed
-    run leaves nothing running to skew the next one (180 containers of two killed runs were still
-    up, their harnesses and waits with them)."""
-    import signal
-
-    def stop(signum, frame):
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    signal.signal(signal.SIGTERM, stop)
-
-
 def main() -> int:
-    _exit_on_sigterm()
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="tiny-llama")
     ap.add_argument("--slots", type=int, default=8, help="engine max_running_requests")
@@ -911,7 +897,21 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="runs/async_real")
     ap.add_argument("--quick", action="store_true", help="CV 1 only, η 0 and 2")
-    return asyncio.run(amain(ap.parse_args()))
+    args = ap.parse_args()
+    # SIGTERM (a `kill`, a CI timeout) and Ctrl-C as `harnessrl train` takes them: the run's task is
+    # cancelled, so its `finally` blocks stop the engine, release the core reservation and remove the
+    # warm sandboxes; a killed run leaves nothing running to skew the next one (180 containers of
+    # two killed runs were still up, their harnesses and waits with them).
+    from harnessrl.cli import _Stop, _Stopped
+
+    stop = _Stop("bench async_real")
+    try:
+        return stop.run(amain(args))
+    except _Stopped as e:
+        print(f"async_real: stopped by {e.how}; its engine and sandboxes were shut down", file=sys.stderr)
+        return e.status
+    finally:
+        stop.restore()
 
 
 if __name__ == "__main__":
