@@ -177,14 +177,18 @@ def rows_delta(info0: dict, info1: dict) -> dict[int, tuple[int, float]]:
     return out
 
 
-def step_at(delta: dict[int, tuple[int, float]], rows: int, min_steps: int = 100) -> float | None:
+def step_at(delta: dict[int, tuple[int, float]], rows: int, min_steps: int = 100,
+            fit: bool = True) -> float | None:
     """Seconds of one plain decode step with `rows` running, as the engine took them: the mean
-    of the steps it took at `rows` where there are `min_steps` of them, else the least-squares
-    line a + b (n - 1) through each batch size's mean step, weighted by its steps (a CPU
-    engine's step grows about linearly with its rows). None without two batch sizes to fit."""
+    of the steps it took at `rows` where there are `min_steps` of them, else (`fit`) the
+    least-squares line a + b (n - 1) through each batch size's mean step, weighted by its steps
+    (a CPU engine's step grows about linearly with its rows). None without two batch sizes to
+    fit, or with too few steps at `rows` and `fit` off."""
     c, x = delta.get(rows, (0, 0.0))
     if c >= min_steps:
         return x / c
+    if not fit:
+        return None
     pts = [(n, k, t / k) for n, (k, t) in delta.items() if k > 0]
     w = sum(k for _, k, _ in pts)
     if len({n for n, _, _ in pts}) < 2 or w == 0:
@@ -401,9 +405,9 @@ async def run_eta(ro, backend, engine, client, pub, args, *, eta: int, cv: float
                 snaps.pop(0)
             # Only full-batch steps the engine took in the window move the env (no line fitted
             # through a few rows' steps: a synchronous tail's would be extrapolated, and noisy).
-            n, secs = rows_delta(snaps[0][1], info).get(args.slots, (0, 0.0))
-            if n >= 100 and secs > 0:
-                backend.draws.set_mean(args.env_ratio * args.gen_tokens * secs / n)
+            step = step_at(rows_delta(snaps[0][1], info), args.slots, fit=False)
+            if step:
+                backend.draws.set_mean(args.env_ratio * args.gen_tokens * step)
             follow.append(backend.draws.mean_s)
             await asyncio.sleep(args.follow_s)
 
@@ -426,8 +430,7 @@ async def run_eta(ro, backend, engine, client, pub, args, *, eta: int, cv: float
     marks, max_lag, batches, sync_s = [], 0, [], []
     n_steps = steps or args.steps
     k = max(1, n_steps // 2) - 1  # the sim's steady state: the batches after batch k (the second half)
-    slot_marks: dict[int, tuple[float, float]] = {}  # batch index -> (time, engine slot seconds)
-    info_marks: dict[int, dict] = {}  # batch index -> the engine's counters then (the steady window's steps)
+    info_marks: dict[int, tuple[float, dict]] = {}  # batch index -> (time, the engine's counters then)
     try:
         for i in range(n_steps):
             batch = await sched.next_batch()
@@ -439,9 +442,7 @@ async def run_eta(ro, backend, engine, client, pub, args, *, eta: int, cv: float
             batches += batch
             marks.append((time.monotonic(), len(batches)))
             if i in (k, n_steps - 1):
-                info = await client.model_info()
-                slot_marks[i] = (time.monotonic(), info["timing"]["slot_s"])
-                info_marks[i] = info
+                info_marks[i] = (time.monotonic(), await client.model_info())
             await asyncio.sleep(args.train_s)
             pub.version += 1
             v = await sync.push(pub)
@@ -477,7 +478,7 @@ async def run_eta(ro, backend, engine, client, pub, args, *, eta: int, cv: float
     by_rows = rows_delta(info0, info1)
     full_step = step_at(by_rows, args.slots)
     t_full = args.gen_tokens * full_step if full_step else None
-    steady_step = (step_at(rows_delta(info_marks[k], info_marks[n_steps - 1]), args.slots)
+    steady_step = (step_at(rows_delta(info_marks[k][1], info_marks[n_steps - 1][1]), args.slots)
                    if k in info_marks and n_steps - 1 in info_marks else None)
     t_full_steady = args.gen_tokens * steady_step if steady_step else None
     # The env mean this run had: the tracker's readings' average when it follows the engine.
@@ -508,8 +509,9 @@ async def run_eta(ro, backend, engine, client, pub, args, *, eta: int, cv: float
     steady_call_s = [c.gen_s + c.queue_s for t in steady_batches for c in t.calls]
     steady_masked = sum(a for a, _ in tail) / max(1, sum(b for _, b in tail))
     # The engine's occupancy over the same window (its slot seconds read at both ends).
-    (ta, sa), (tb, sb) = slot_marks.get(k, (0.0, 0.0)), slot_marks.get(len(marks) - 1, (0.0, 0.0))
-    steady_occ = (sb - sa) / ((tb - ta) * args.slots) if len(marks) >= 4 and tb > ta else None
+    (ta, ia), (tb, ib) = info_marks.get(k, (0.0, None)), info_marks.get(len(marks) - 1, (0.0, None))
+    steady_occ = ((ib["timing"]["slot_s"] - ia["timing"]["slot_s"]) / ((tb - ta) * args.slots)
+                  if len(marks) >= 4 and ia and ib and tb > ta else None)
     n_adm = min(pool, (eta + 1) * B)
     bound = min(1.0, n_adm * t_gen / (args.slots * (t_gen + mean_env)))
     occ = slot_s / (wall * args.slots)
@@ -544,7 +546,7 @@ async def run_eta(ro, backend, engine, client, pub, args, *, eta: int, cv: float
             "t_full_batch_s": t_full, "env_over_gen": mean_env / t_full if t_full else None,
             "t_full_batch_steady_s": t_full_steady, "mean_env_s": mean_env,
             "full_batch_steps": by_rows.get(args.slots, (0, 0.0))[0],
-            "step_ms_by_rows": {n: round(1e3 * x / k, 3) for n, (k, x) in sorted(by_rows.items())},
+            "step_ms_by_rows": {n: round(1e3 * x / c, 3) for n, (c, x) in sorted(by_rows.items())},
             "engine_busy": busy_s / wall, "engine_prefill_frac": prefill_s / busy_s if busy_s else None, "engine_on_cpu": (sched1[0] - sched0[0]) / wall,
             "engine_runqueue_wait": (sched1[1] - sched0[1]) / wall, "mean_in_flight": probe["in_flight"] / max(1, probe["n"]),
             "admission_limit": n_adm, "max_lag": max_lag, "policy": policy,

@@ -141,6 +141,9 @@ def test_full_batch_step_is_read_where_taken_else_fitted_over_the_engines_step_c
     assert async_real.step_at({8: (20, 0.2)}, 8) == pytest.approx(0.01)  # one size: its mean, however few
     assert async_real.step_at({1: (20, 0.2)}, 8) is None  # nothing to fit a line through
     assert async_real.step_at({}, 8) is None
+    # the env tracker's reading: steps taken at the size only, never the line
+    assert async_real.step_at(line, 8, fit=False) is None
+    assert async_real.step_at({8: (200, 1.0), 1: (100, 0.2)}, 8, fit=False) == pytest.approx(0.005)
 
 
 def test_draws_follow_a_new_mean_in_proportion_and_stay_seeded():
