@@ -380,8 +380,15 @@ async def run_eta(ro, backend, engine, client, pub, args, *, eta: int, cv: float
     backend.reset()
     backend.draws = LatencyDraws(mean_env, cv, args.seed, args.turns, clip_s=args.clip_s)
     B = args.group_size * args.groups_per_step
+    # `hold` is `wait` with a bounded hold: the trainer holds a full batch at most `--hold-frac` of
+    # a batch's period at the engine's capacity (B * turns full-batch turns over the slots) for
+    # the groups that would go stale, then goes on and masks what they bring later; admission
+    # lets `--admission-slack` batches more start, so the pool stays full while it holds.
+    hold_s = args.hold_frac * B * args.turns * (mean_env / args.env_ratio) / args.slots if policy == "hold" else None
+    slack = args.admission_slack if policy == "hold" else 0
     cfg = SchedulerConfig(env_pool_size=pool, group_size=args.group_size, groups_per_step=args.groups_per_step,
-                          staleness=eta, over_staleness=policy, episode_timeout_s=1800)
+                          staleness=eta, over_staleness="wait" if policy == "hold" else policy,
+                          max_wait_s=hold_s, admission_slack=slack, episode_timeout_s=1800)
     sync = DiskWeightSync(client, Path(args.out) / "weights", gate=ro.proxy)
     sched = RolloutScheduler(cfg, ro.episode, itertools.cycle(tasks))
     await sched.advance_version(pub.version)
@@ -512,7 +519,7 @@ async def run_eta(ro, backend, engine, client, pub, args, *, eta: int, cv: float
     (ta, ia), (tb, ib) = info_marks.get(k, (0.0, None)), info_marks.get(len(marks) - 1, (0.0, None))
     steady_occ = ((ib["timing"]["slot_s"] - ia["timing"]["slot_s"]) / ((tb - ta) * args.slots)
                   if len(marks) >= 4 and ia and ib and tb > ta else None)
-    n_adm = min(pool, (eta + 1) * B)
+    n_adm = min(pool, (eta + 1 + cfg.admission_slack) * B)
     bound = min(1.0, n_adm * t_gen / (args.slots * (t_gen + mean_env)))
     occ = slot_s / (wall * args.slots)
     # The same bound with each episode's real length (start-up, exit, hidden tests, sandbox
@@ -549,7 +556,8 @@ async def run_eta(ro, backend, engine, client, pub, args, *, eta: int, cv: float
             "step_ms_by_rows": {n: round(1e3 * x / c, 3) for n, (c, x) in sorted(by_rows.items())},
             "engine_busy": busy_s / wall, "engine_prefill_frac": prefill_s / busy_s if busy_s else None, "engine_on_cpu": (sched1[0] - sched0[0]) / wall,
             "engine_runqueue_wait": (sched1[1] - sched0[1]) / wall, "mean_in_flight": probe["in_flight"] / max(1, probe["n"]),
-            "admission_limit": n_adm, "max_lag": max_lag, "policy": policy,
+            "admission_limit": n_adm, "max_lag": max_lag, "policy": policy, "hold_s": hold_s,
+            "holds_timed_out": sched.stats.wait_timeouts,
             "batch_sizes": [b - a for a, b in spans], "eta": eta,
             "trainer_wait_s": st.wait_s / max(1, len(marks)),
             "steady_engine_call_s": statistics.fmean(steady_call_s) if steady_call_s else None,
@@ -587,8 +595,8 @@ async def amain(args) -> int:
     cvs = [float(x) for x in args.cvs.split(",")]
     etas = [int(x) for x in args.etas.split(",")]
     policies = [p for p in args.policies.split(",") if p]
-    if not policies or any(p not in ("mask", "wait") for p in policies):
-        raise SystemExit(f"--policies: a comma-separated list of mask and wait, got {args.policies!r}")
+    if not policies or any(p not in ("mask", "wait", "hold") for p in policies):
+        raise SystemExit(f"--policies: a comma-separated list of mask, wait and hold, got {args.policies!r}")
     # η = 0 runs once, under `wait`: the synchronous baseline (every group of a step started at
     # its version, the trainer waits for all of them); every other η under each policy.
     runs = [(e, p) for e in etas for p in (["wait"] if e == 0 else policies)]
@@ -753,6 +761,8 @@ async def amain(args) -> int:
                     r["ratio_basis"] = "per full-batch turn" if per_turn else "per second"
                     rows[f"{eta}/{policy}"] = r
                     e, i = r["env_s"], r["injected_s"]
+                    held = ("" if r["hold_s"] is None else
+                            f" (holds of at most {r['hold_s']:.1f}s, {r['holds_timed_out']} timed out)")
                     print(f"{eta:>3} {policy:>6} {r['traj_per_s']:>7.3f} {r['ratio_vs_sync']:>6.2f}x "
                           f"{r['occupancy']:>5.2f} {r['bound']:>6.2f} {r['occupancy'] / r['bound']:>7.2f} "
                           f"{r['mean_in_flight']:>5.1f} {r['max_lag']:>4} {r['env_over_gen'] or float('nan'):>5.2f} "
@@ -762,7 +772,7 @@ async def amain(args) -> int:
                           f"{r['system_cpu_busy']:>5.0%} {r['own_cpu_cores']:>5.2f} {r['success_rate']:>5.2f}   "
                           f"(steady {r['steady_ratio_vs_sync'] or float('nan'):.2f}x sync {r['ratio_basis']} "
                           f"({r['raw_steady_ratio_vs_sync'] or float('nan'):.2f}x per second), {r['steady_masked_token_frac']:.1%} "
-                          f"masked and occupancy {(r['steady_occupancy'] or float('nan')) / r['bound']:.0%} of the bound at the steady state; the trainer waited {r['trainer_wait_s']:.1f}s a batch, batches of {r['batch_sizes']}; recorded (stand-in) tokens masked "
+                          f"masked and occupancy {(r['steady_occupancy'] or float('nan')) / r['bound']:.0%} of the bound at the steady state; the trainer waited {r['trainer_wait_s']:.1f}s a batch{held}, batches of {r['batch_sizes']}; recorded (stand-in) tokens masked "
                           f"{r['masked_recorded_token_frac']:.1%}, {r['sampled_tokens']} sampled tokens of {r['episodes_matched']} "
                           f"episodes; bound with the injected waits alone {r['bound_injected_env']:.2f}, outside the engine "
                           f"{r['outside_engine_s'] or float('nan'):.1f}s per episode against {r['engine_work_s']:.1f}s of engine work; "
@@ -788,7 +798,7 @@ async def amain(args) -> int:
                 "steady_masked_token_frac", "steady_occupancy", "masked_recorded_token_frac", "sampled_tokens", "episodes_matched", "bound_injected_env",
                 "outside_engine_s", "engine_work_s", "bound_with_episode_overhead", "episode_s", "harness_s", "harness_outside_turns_s", "steady_engine_call_s", "weight_sync_s", "reward_s", "max_lag", "mean_in_flight", "t_gen_s", "engine_busy", "engine_prefill_frac", "engine_on_cpu", "engine_runqueue_wait", "system_cpu_busy",
                 "own_cpu_cores", "success_rate", "infra_errors", "trajectories", "wall_s", "cpu_cores_by_part",
-                "eta", "policy", "trainer_wait_s", "batch_sizes", "t_full_batch_s", "env_over_gen",
+                "eta", "policy", "hold_s", "holds_timed_out", "trainer_wait_s", "batch_sizes", "t_full_batch_s", "env_over_gen",
                 "full_batch_steps", "step_ms_by_rows", "t_full_batch_steady_s", "mean_env_s",
                 "raw_ratio_vs_sync", "raw_steady_ratio_vs_sync", "ratio_basis")
         out = {k: (round(r[k], 4) if isinstance(r[k], float) else r[k]) for k in keep}
@@ -873,11 +883,17 @@ def main() -> int:
     ap.add_argument("--groups-per-step", type=int, default=6)
     ap.add_argument("--steps", type=int, default=None, help="batches per η (default 8)")
     ap.add_argument("--etas", default=None, help="default 0,1,2,4")
-    ap.add_argument("--policies", default="mask,wait",
+    ap.add_argument("--policies", default="mask,hold",
                     help="over-staleness policies each η > 0 runs under (gym.scheduler): mask (keep the group, "
-                         "mask its tokens older than V - η) and/or wait (the trainer waits for the groups that "
-                         "would pass η at the next version)")
+                         "mask its tokens older than V - η), wait (the trainer waits for the groups that "
+                         "would pass η at the next version) and/or hold (wait at most --hold-frac of a batch, "
+                         "then mask; --admission-slack)")
     ap.add_argument("--cvs", default=None, help="default 1,2")
+    ap.add_argument("--hold-frac", type=float, default=0.33,
+                    help="policy hold: the trainer holds a full batch for stale-prone groups at most this fraction "
+                         "of a batch's period at the engine's capacity (B x turns x full-batch turn / slots)")
+    ap.add_argument("--admission-slack", type=int, default=2,
+                    help="policy hold: batches admission lets start beyond the η rule (gym.scheduler admission_slack)")
     ap.add_argument("--train-s", type=float, default=2.0, help="trainer time per step (other hardware: a wait)")
     ap.add_argument("--pool", type=int, default=0, help="env pool; 0: N* x (1 + --pool-headroom)")
     ap.add_argument("--pool-headroom", type=float, default=0.15)

@@ -71,6 +71,11 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--policy", default="mask", choices=["wait", "requeue", "downweight", "mask"],
                     help="what to do with data that would exceed η")
+    ap.add_argument("--max-wait-s", type=float, default=None,
+                    help="under --policy wait: the longest the trainer holds a full batch for stale-prone groups "
+                         "(then they are masked later, as under mask); default: however long")
+    ap.add_argument("--admission-slack", type=int, default=0,
+                    help="batches admission lets start beyond the η rule, for η > 0 (the synchronous baseline keeps 0)")
     ap.add_argument("--fifo", action="store_true", help="engine admits waiting requests first come, first served")
     ap.add_argument("--row-cost", type=float, default=0.0,
                     help="each decode row beyond the first adds this fraction of --step-ms (0: the GPU regime; "
@@ -105,13 +110,14 @@ def main() -> int:
         for eta in etas:
             cfg = SchedulerConfig(env_pool_size=pool, group_size=args.group_size,
                                   groups_per_step=args.groups_per_step, staleness=eta,
-                                  over_staleness=args.policy)
+                                  over_staleness=args.policy, max_wait_s=args.max_wait_s,
+                                  admission_slack=args.admission_slack if eta else 0)
             rng = random.Random(args.seed)
             out = asyncio.run(run_simulation(cfg, steps=args.steps, slots=args.slots, step_s=args.step_ms / 1000,
                                              turns=args.turns, tokens_per_turn=args.tokens_per_turn,
                                              env_latency=make(rng), train_s=args.train_s, priority=not args.fifo,
                                              row_cost=args.row_cost))
-            n_inflight = min(pool, (eta + 1) * args.groups_per_step * args.group_size)
+            n_inflight = min(pool, (eta + 1 + cfg.admission_slack) * args.groups_per_step * args.group_size)
             # t_gen from the decode step the engine really took (timer overhead on a busy machine
             # makes it longer than --step-ms), so the bound is the one this run could reach.
             t_gen_real = args.tokens_per_turn * out["measured_step_s"]

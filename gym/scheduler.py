@@ -9,7 +9,8 @@ Three mechanisms keep η:
 
 - Admission (AReaL-style): a new group starts only while
   `groups_started < (V + η + 1) * groups_per_step`, so the generator never runs further
-  ahead than the trainer can consume in time.
+  ahead than the trainer can consume in time (`admission_slack` batches more, for a held
+  trainer: below).
 - A per-turn check: an episode calls `slot.before_turn()` before each model call; under the
   `requeue` policy an episode whose oldest token would already be too stale is aborted
   (`StaleEpisode`) and its task rerun. Harness episodes make their calls through the proxy,
@@ -20,7 +21,10 @@ Three mechanisms keep η:
   under `downweight` it is kept, its weight multiplied by `downweight_factor ** excess`;
   under `mask` it is kept and only its tokens sampled by versions older than V - η are
   masked out of the loss (their version and logprob cleared), so no trainer ever waits and
-  every trained token is within η; the masked-token count is reported.
+  every trained token is within η; the masked-token count is reported. `wait` with
+  `max_wait_s` is between the two: the trainer holds its batch at most that long for the
+  stale-prone groups (taking whatever finishes meanwhile), then goes on, and a group it left
+  is masked like `mask`'s when it is consumed.
 
 Every episode ends in exactly one record of its group, or a rerun, whatever raises where:
 its slot is freed by a done callback of its task, so no failure holds a slot or leaves a
@@ -66,6 +70,18 @@ class SchedulerConfig(BaseModel, extra="forbid", use_attribute_docstrings=True):
     """What to do with data that would exceed η: make the trainer wait for it, abort and
     rerun it, keep it with a lower weight (the only policy that lets η be exceeded), or keep
     it with its too-old tokens masked out of the loss."""
+    max_wait_s: float | None = Field(None, ge=0)
+    """Under `wait`: the longest the trainer holds a batch it already has (`groups_per_step`
+    complete groups) for the stale-prone groups still running; None: however long they take.
+    Past it the batch goes without them and they are taken later under `mask`'s rule (their
+    tokens older than V - η masked), so η still holds and a straggler costs its own oldest
+    tokens rather than the pool's episodes. A stale-prone group that finishes within the hold
+    joins the batch (which then holds more than `groups_per_step`, as under `wait`)."""
+    admission_slack: int = Field(0, ge=0)
+    """Batches of groups admission lets start beyond the η rule: a group starts while
+    `groups_started < (V + η + 1 + admission_slack) * groups_per_step`. η is still kept at
+    consumption (`wait`, `mask` and `requeue` hold it there; `downweight` lets it be exceeded):
+    the slack keeps the env pool full while the trainer holds a batch (`max_wait_s`)."""
     downweight_factor: float = Field(0.5, gt=0, le=1)
     """Weight multiplier per version of excess staleness, for `downweight`."""
     episode_timeout_s: float = Field(3600.0, gt=0)
@@ -159,10 +175,12 @@ class SchedulerStats:
     dropped: int = 0
     downweighted: int = 0
     masked_tokens: int = 0
-    """Sampled tokens masked out of the loss for exceeding η (`mask` policy)."""
+    """Sampled tokens masked out of the loss for exceeding η (`mask`, or `wait` past `max_wait_s`)."""
     trained_tokens: int = 0
     waited_groups: int = 0
     wait_s: float = 0.0
+    wait_timeouts: int = 0
+    """Batches that went without stale-prone groups after `max_wait_s`."""
     staleness_hist: dict[int, int] = field(default_factory=dict)
     """Trained tokens by lag (consumption version minus sampling version)."""
     env_latency_s: list[float] = field(default_factory=list)
@@ -226,7 +244,7 @@ class RolloutScheduler:
     def _admissible(self) -> bool:
         c = self.config
         steps = self.version - self._base_version  # versions published since start (a resumed run starts late)
-        return self._groups_started < (steps + c.staleness + 1) * c.groups_per_step
+        return self._groups_started < (steps + c.staleness + 1 + c.admission_slack) * c.groups_per_step
 
     async def _launch_loop(self) -> None:
         while True:
@@ -364,6 +382,7 @@ class RolloutScheduler:
         V = self.version
         t0 = time.monotonic()
         batch: list[_Group] = []
+        deadline: float | None = None  # `max_wait_s` from the moment the batch is full
         async with self._cond:
             while True:
                 if self._failure is not None:
@@ -381,6 +400,18 @@ class RolloutScheduler:
                 must = [g for g in must if g not in batch and g.group_id in self._groups]
                 if len(batch) >= c.groups_per_step and not must:
                     break
+                if len(batch) >= c.groups_per_step and c.max_wait_s is not None:
+                    now = time.monotonic()
+                    deadline = now + c.max_wait_s if deadline is None else deadline
+                    if now >= deadline:
+                        self.stats.wait_timeouts += 1
+                        break
+                    self.stats.waited_groups += 1
+                    try:
+                        await asyncio.wait_for(self._cond.wait(), deadline - now)
+                    except TimeoutError:
+                        pass  # the condition's lock is held again either way
+                    continue
                 if self._exhausted and not self._episodes and not self._ready and not self._pending and not self._retry:
                     break
                 if must:
@@ -408,7 +439,7 @@ class RolloutScheduler:
         excess = V - self._group_min_version(group) - c.staleness
         if excess <= 0:
             return True
-        if c.over_staleness == "mask":
+        if c.over_staleness == "mask" or (c.over_staleness == "wait" and c.max_wait_s is not None):
             for t in group.trajectories.values():
                 for seg in t.segments:
                     for i, (m, v) in enumerate(zip(seg.loss_mask, seg.versions)):

@@ -19,11 +19,14 @@ def _sim(config: SchedulerConfig, seed: int, cv: float = 1.0, steps: int = 4, tr
                                       env_latency=lognormal(0.01, cv, rng), train_s=train_s))
 
 
-@settings(max_examples=12, deadline=None)
-@given(eta=st.integers(0, 3), policy=st.sampled_from(["wait", "requeue", "mask"]), seed=st.integers(0, 10_000),
+@settings(max_examples=16, deadline=None)
+@given(eta=st.integers(0, 3), policy=st.sampled_from(["wait", "requeue", "mask", "hold"]), seed=st.integers(0, 10_000),
        cv=st.sampled_from([0.5, 1.0, 2.0]), pool=st.integers(2, 16))
 def test_staleness_bound_is_never_exceeded(eta: int, policy: str, seed: int, cv: float, pool: int) -> None:
-    cfg = SchedulerConfig(env_pool_size=pool, group_size=2, groups_per_step=2, staleness=eta, over_staleness=policy)
+    # hold: `wait` for at most 5 ms, then mask, with a batch of admission slack
+    hold = {"over_staleness": "wait", "max_wait_s": 0.005, "admission_slack": 1} if policy == "hold" else {}
+    cfg = SchedulerConfig(**{"env_pool_size": pool, "group_size": 2, "groups_per_step": 2, "staleness": eta,
+                             "over_staleness": policy, **hold})
     out = _sim(cfg, seed, cv)
     assert out["trajectories"] >= 4 * 2
     assert out["max_lag"] <= eta
@@ -385,3 +388,82 @@ def test_a_failing_task_source_makes_next_batch_raise_not_wait() -> None:
 
     with pytest.raises(RuntimeError, match="launch loop failed: OSError: the task file vanished"):
         asyncio.run(main())
+
+
+def _gated_run(max_wait_s: float | None, release_after_s: float | None):
+    """η = 1, one episode a group: group 0 samples a token at v0, then waits on its env until
+    released (`release_after_s` after the second batch is asked for; None: after it returned),
+    then samples one at the version of the moment. Returns the second batch, the batch that
+    brought group 0, and the stats."""
+    async def main():
+        gate = asyncio.Event()
+
+        async def episode(slot):
+            first = slot.version
+            if slot.group_id == 0:
+                await gate.wait()
+            seg = Segment([5, 6, 7, 8], [0, 1, 0, 1], [0.0, -0.1, 0.0, -0.2], [-1, first, -1, slot.version])
+            return Trajectory(session_id=f"{slot.group_id}", segments=[seg], reward=1.0, status="ok", task_id="t")
+
+        cfg = SchedulerConfig(env_pool_size=4, group_size=1, groups_per_step=1, staleness=1, over_staleness="wait",
+                              max_wait_s=max_wait_s)
+        s = RolloutScheduler(cfg, episode, itertools.cycle(["a"]))
+        await s.start()
+        first = await s.next_batch()  # at v0: group 0 is not stale-prone yet
+        assert [t.session_id for t in first] != ["0"]
+        await s.advance_version()
+        if release_after_s is not None:
+            asyncio.get_running_loop().call_later(release_after_s, gate.set)
+        second = await asyncio.wait_for(s.next_batch(), 30)  # at v1: group 0 started at v0, so it is due
+        await s.advance_version()
+        gate.set()
+        later = list(second)
+        while not any(t.session_id == "0" for t in later):
+            later = await s.next_batch()
+        await s.close()
+        return second, later, s.stats.as_dict()
+
+    return asyncio.run(main())
+
+
+def test_a_bounded_hold_goes_on_without_the_straggler_and_masks_its_old_tokens() -> None:
+    second, later, stats = _gated_run(max_wait_s=0.2, release_after_s=None)
+    assert "0" not in [t.session_id for t in second] and len(second) == 1
+    assert stats["wait_timeouts"] == 1 and stats["waited_groups"] >= 1
+    straggler = next(t for t in later if t.session_id == "0")
+    # consumed at v2 with η = 1: its v0 token is masked, its v2 one kept; every trained token within η
+    seg = straggler.segments[0]
+    assert seg.loss_mask == [0, 0, 0, 1] and seg.versions == [-1, -1, -1, 2] and seg.logprobs[1] == 0.0
+    assert straggler.metadata["consumed_at_version"] == 2
+    assert stats["masked_tokens"] == 1 and max(stats["staleness_hist"]) <= 1
+
+
+def test_a_straggler_that_finishes_within_the_hold_joins_the_batch_unmasked() -> None:
+    second, _, stats = _gated_run(max_wait_s=20.0, release_after_s=0.05)
+    assert "0" in [t.session_id for t in second] and len(second) >= 2  # the due group joined a full batch
+    straggler = next(t for t in second if t.session_id == "0")
+    assert straggler.segments[0].loss_mask == [0, 1, 0, 1] and straggler.segments[0].versions == [-1, 0, -1, 1]
+    assert stats["wait_timeouts"] == 0 and stats["masked_tokens"] == 0
+
+
+@pytest.mark.parametrize("slack", [0, 1, 2])
+def test_admission_slack_lets_exactly_that_many_batches_more_start(slack: int) -> None:
+    async def main():
+        gate = asyncio.Event()
+
+        async def episode(slot):
+            await gate.wait()
+            seg = Segment([5, 6], [0, 1], [0.0, -0.1], [-1, slot.version])
+            return Trajectory(session_id=f"{slot.group_id}", segments=[seg], reward=1.0, status="ok", task_id="t")
+
+        cfg = SchedulerConfig(env_pool_size=32, group_size=2, groups_per_step=2, staleness=1, admission_slack=slack)
+        s = RolloutScheduler(cfg, episode, itertools.cycle(["a", "b"]))
+        await s.start()
+        await asyncio.sleep(0.1)
+        started = s.stats.started
+        gate.set()
+        await s.close()
+        return started
+
+    # (V + η + 1 + slack) groups_per_step groups of 2 episodes at V = 0, nothing consumed
+    assert asyncio.run(main()) == (0 + 1 + 1 + slack) * 2 * 2
