@@ -9,7 +9,10 @@ token per step together; waiting requests are admitted oldest episode first, as 
 earliest-deadline `priority` makes SGLang and the local engine do; `--fifo` turns that
 off), the trainer a fixed `train_s` per step. Data over η is handled by `--policy`
 (default `mask`: never wait, mask the few tokens older than V - η; the masked fraction is
-printed in every row and counts against the target).
+printed in every row and counts against the target). `--policy wait --max-wait-s S
+--admission-slack K` is the bounded hold (gym.scheduler `max_wait_s`, `admission_slack`): the
+trainer holds a full batch at most S for the groups that would go stale, then masks what they
+bring later, while K batches more may start so the pool stays full (η = 0 keeps no slack).
 
 The Little's-law bound: to keep all decode slots busy, in-flight episodes must number
 slots * (t_gen + t_env) / t_gen; with N in flight the occupancy bound is
