@@ -23,7 +23,7 @@ Three mechanisms keep η:
   masked out of the loss (their version and logprob cleared), so no trainer ever waits and
   every trained token is within η; the masked-token count is reported. `wait` with
   `max_wait_s` is between the two: the trainer holds its batch at most that long for the
-  stale-prone groups (taking whatever finishes meanwhile), then goes on, and a group it left
+  stale-prone groups (taking those that finish meanwhile), then goes on, and a group it left
   is masked like `mask`'s when it is consumed.
 
 Every episode ends in exactly one record of its group, or a rerun, whatever raises where:
@@ -49,7 +49,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Iterable, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from harnessrl.gym.failures import describe
 from harnessrl.gym.trajectory import Trajectory
@@ -90,6 +90,13 @@ class SchedulerConfig(BaseModel, extra="forbid", use_attribute_docstrings=True):
     train` checks this: `RewardConfig.worst_case_s`); the harness's own limit is what scores."""
     max_requeues: int = Field(3, ge=0)
     """How often one task's rollout may be rerun for staleness before it is dropped."""
+
+    @model_validator(mode="after")
+    def _hold_needs_wait(self) -> "SchedulerConfig":
+        if self.max_wait_s is not None and self.over_staleness != "wait":
+            raise ValueError(f"max_wait_s bounds the `wait` policy's hold; over_staleness is "
+                             f"{self.over_staleness!r}, which never holds the trainer (unset max_wait_s)")
+        return self
 
 
 class StaleEpisode(Exception):

@@ -152,6 +152,12 @@ def test_config_rejects_bad_fields() -> None:
         SchedulerConfig(over_staleness="pray")
     with pytest.raises(ValueError, match="pool"):
         SchedulerConfig(pool=3)
+    with pytest.raises(ValueError, match="max_wait_s"):
+        SchedulerConfig(over_staleness="mask", max_wait_s=5.0)
+    with pytest.raises(ValueError, match="max_wait_s"):
+        SchedulerConfig(max_wait_s=-1.0)
+    with pytest.raises(ValueError, match="admission_slack"):
+        SchedulerConfig(admission_slack=-1)
     assert StaleEpisode.__doc__
 
 
