@@ -32,10 +32,12 @@ def test_run_figures_keep_numbers_and_report_them() -> None:
     # generation spans [9,10] [12,13] [10,12] [19,20]: busy 5 s of the 11 s window
     assert r["generator_utilization"] == round(5 / 11, 4)
     assert r["scheduler"] == {"started": 4, "masked_tokens": 3}
+    held = f.report(wall_s=20.0, steps=2, staleness=2, over_staleness="wait", scheduler={"wait_timeouts": 2})
+    assert held["scheduler"] == {"wait_timeouts": 2}  # batches that went on without their stragglers
     assert "0.150 traj/s at staleness bound η=2 (mask)" in summary_line(r)
 
 
-def _run(root: Path, name: str, eta: int, tps: float, steps: int = 2) -> Path:
+def _run(root: Path, name: str, eta: int, tps: float, steps: int = 2, hold: dict | None = None) -> Path:
     d = root / name
     d.mkdir()
     f = RunFigures()
@@ -43,7 +45,8 @@ def _run(root: Path, name: str, eta: int, tps: float, steps: int = 2) -> Path:
     (d / "report.json").write_text(json.dumps(f.report(wall_s=10.0, steps=steps, staleness=eta, over_staleness="wait",
                                                        scheduler={"staleness_hist": {str(eta): 3}})))
     (d / "config.json").write_text(json.dumps({"steps": steps, "out_dir": str(d),
-                                               "scheduler": {"staleness": eta, "over_staleness": "wait"}}))
+                                               "scheduler": {"staleness": eta, "over_staleness": "wait",
+                                                             **(hold or {})}}))
     return d
 
 
@@ -60,6 +63,9 @@ def test_compare_gives_the_ratio_against_the_sync_run(tmp_path: Path, capsys) ->
     got = compare([sync, other])
     assert got["config_differs_in"] == ["steps"] and got["rows"][1]["ratio_vs_sync"] == 2.0
     assert compare([other])["sync_run"] is None and compare([other])["rows"][0]["ratio_vs_sync"] is None
+    # the bounded hold and the admission slack are staleness settings: a run differing in them alone compares cleanly
+    held = _run(tmp_path, "held", 2, 1.0, hold={"max_wait_s": 9.5, "admission_slack": 2})
+    assert compare([sync, held])["config_differs_in"] == []
 
 
 def test_compare_names_a_folder_without_a_report(tmp_path: Path, capsys) -> None:

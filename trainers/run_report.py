@@ -21,7 +21,8 @@ from harnessrl.gym.rollout import busy_fraction, generation_spans, percentile, s
 from harnessrl.gym.trajectory import Trajectory
 
 #: Config fields a comparison of staleness settings may differ in (and the run's folder).
-STALENESS_FIELDS = {"out_dir", "scheduler.staleness", "scheduler.over_staleness", "scheduler.downweight_factor"}
+STALENESS_FIELDS = {"out_dir", "scheduler.staleness", "scheduler.over_staleness", "scheduler.downweight_factor",
+                    "scheduler.max_wait_s", "scheduler.admission_slack"}
 
 
 class RunFigures:
@@ -65,7 +66,8 @@ class RunFigures:
             "generator_utilization": busy_fraction(self.spans),
             "scheduler": {k: scheduler[k] for k in ("started", "completed", "timeouts", "requeued_turn",
                                                     "requeued_group", "dropped", "downweighted", "masked_tokens",
-                                                    "trained_tokens", "waited_groups", "wait_s") if k in scheduler},
+                                                    "trained_tokens", "waited_groups", "wait_s", "wait_timeouts")
+                          if k in scheduler},
         }
 
 
