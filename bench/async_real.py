@@ -873,8 +873,10 @@ async def amain(args) -> int:
               f"{b['masked_token_fraction']:.1%} masked, {b['occupancy_over_bound']:.0%} of the bound); measured env "
               f"p50/p95/p99 {b['env_latency_measured_s']['p50']}/{b['env_latency_measured_s']['p95']}/"
               f"{b['env_latency_measured_s']['p99']} s; the env {b['env_over_gen'] or float('nan'):.2f}x that run's "
-              f"full-batch turn and {base_row['env_over_gen'] or float('nan'):.2f}x the baseline's (counted within "
-              f"{lo:.2f}-{hi:.2f}: {env_honest(b)}); target_met={target_met}")
+              f"full-batch turn and {base_row['env_over_gen'] or float('nan'):.2f}x the baseline's, "
+              f"{b['clipped_frac'] or 0:.1%} of its waits cut at {args.clip_s:g} s against the baseline's "
+              f"{base_row['clipped_frac'] or 0:.1%} (counted within {lo:.2f}-{hi:.2f} and "
+              f"+{args.clip_tolerance:.0%} clipped: {env_honest(b)}); target_met={target_met}")
     print(json.dumps({"bench": "async_real", "model": args.model, "slots": args.slots, "gen_tokens": args.gen_tokens,
                       "t_gen_alone_s": round(t_gen_alone, 3), "calibration_tries": tries, "t_gen_one_row_s": round(t_one, 3),
                       "engine_row_cost": round(row_cost, 3), "t_gen_in_stack_s": round(t_gen, 3),
