@@ -7,10 +7,16 @@ a batch consumed at version V holds only tokens sampled by versions >= V - η.
 
 Three mechanisms keep η:
 
-- Admission (AReaL-style): a new group starts only while
-  `groups_started < (V + η + 1) * groups_per_step`, so the generator never runs further
-  ahead than the trainer can consume in time (`admission_slack` batches more, for a held
-  trainer: below).
+- Admission (AReaL-style): a new group starts only while fewer than
+  `(η + 1) * groups_per_step` started groups are outside the batches the trainer is done
+  with, so the generator never runs further ahead than the trainer can consume in time
+  (`admission_slack` batches more, for a held trainer: below). A batch is done with when the
+  trainer publishes the next version or, if its step updated nothing (every episode masked),
+  asks for the next batch; so η = 0 stays synchronous. With one version per batch of
+  `groups_per_step` groups this is AReaL's `groups_started < (V + η + 1) * groups_per_step`;
+  counted against V instead, a batch that updated nothing (no new version) or a `wait` batch
+  above `groups_per_step` shrank the window for the rest of the run, and at η = 0 one batch
+  without an update stalled the run.
 - A per-turn check: an episode calls `slot.before_turn()` before each model call; under the
   `requeue` policy an episode whose oldest token would already be too stale is aborted
   (`StaleEpisode`) and its task rerun. Harness episodes make their calls through the proxy,
@@ -79,7 +85,8 @@ class SchedulerConfig(BaseModel, extra="forbid", use_attribute_docstrings=True):
     joins the batch (which then holds more than `groups_per_step`, as under `wait`)."""
     admission_slack: int = Field(0, ge=0)
     """Batches of groups admission lets start beyond the η rule: a group starts while
-    `groups_started < (V + η + 1 + admission_slack) * groups_per_step`. η is still kept at
+    `groups_started - groups_done < (η + 1 + admission_slack) * groups_per_step` (the groups of
+    the batches the trainer is done with: see the module doc). η is still kept at
     consumption (`wait`, `mask` and `requeue` hold it there; `downweight` lets it be exceeded):
     the slack keeps the env pool full while the trainer holds a batch (`max_wait_s`)."""
     downweight_factor: float = Field(0.5, gt=0, le=1)
@@ -209,13 +216,14 @@ class RolloutScheduler:
         self._episode_fn = episode_fn
         self._tasks = iter(tasks)  # pass itertools.cycle(...) for an endless run
         self.version = 0
-        self._base_version = 0
         self.stats = SchedulerStats()
         self._groups: dict[int, _Group] = {}
         self._ready: deque[_Group] = deque()
         self._retry: deque[tuple[_Group, int, int]] = deque()  # (group, index, attempt)
         self._pending: deque[tuple[_Group, int]] = deque()  # episodes of admitted groups not yet launched
         self._groups_started = 0
+        self._groups_consumed = 0  # taken into batches (a requeued group's rerun is the same group here)
+        self._groups_done = 0  # of those, in batches the trainer is done with: what admission counts
         self._free = config.env_pool_size
         self._cond = asyncio.Condition()
         self._runner: asyncio.Task | None = None
@@ -229,7 +237,6 @@ class RolloutScheduler:
 
     # -- lifecycle ---------------------------------------------------------------------
     async def start(self) -> None:
-        self._base_version = self.version
         self._runner = asyncio.create_task(self._launch_loop())
         self._runner.add_done_callback(self._runner_done)
 
@@ -245,13 +252,13 @@ class RolloutScheduler:
         """The trainer published new weights: later tokens carry this version."""
         async with self._cond:
             self.version = self.version + 1 if version is None else version
+            self._groups_done = self._groups_consumed  # the batches before this version are done with
             self._cond.notify_all()
 
     # -- admission and launching -------------------------------------------------------
     def _admissible(self) -> bool:
         c = self.config
-        steps = self.version - self._base_version  # versions published since start (a resumed run starts late)
-        return self._groups_started < (steps + c.staleness + 1 + c.admission_slack) * c.groups_per_step
+        return self._groups_started - self._groups_done < (c.staleness + 1 + c.admission_slack) * c.groups_per_step
 
     async def _launch_loop(self) -> None:
         while True:
@@ -391,6 +398,9 @@ class RolloutScheduler:
         batch: list[_Group] = []
         deadline: float | None = None  # `max_wait_s` from the moment the batch is full
         async with self._cond:
+            if self._groups_done < self._groups_consumed:  # the last step updated nothing: no new version
+                self._groups_done = self._groups_consumed
+                self._cond.notify_all()
             while True:
                 if self._failure is not None:
                     failure = self._failure
@@ -426,6 +436,7 @@ class RolloutScheduler:
                 await self._cond.wait()
         for g in batch:
             del self._groups[g.group_id]
+        self._groups_consumed += len(batch)
         self.stats.wait_s += time.monotonic() - t0
         out: list[Trajectory] = []
         for g in batch:

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from harnessrl.gym.doubles.sim import lognormal, run_simulation
-from harnessrl.gym.scheduler import RolloutScheduler, SchedulerConfig, StaleEpisode
+from harnessrl.gym.scheduler import RolloutScheduler, SchedulerConfig, StaleEpisode, token_versions
 from harnessrl.gym.trajectory import Segment, Trajectory
 
 
@@ -473,3 +473,62 @@ def test_admission_slack_lets_exactly_that_many_batches_more_start(slack: int) -
 
     # (V + η + 1 + slack) groups_per_step groups of 2 episodes at V = 0, nothing consumed
     assert asyncio.run(main()) == (0 + 1 + 1 + slack) * 2 * 2
+
+
+def _count_episode(gates: dict[int, asyncio.Event] | None = None):
+    async def episode(slot):
+        if gates is not None and slot.group_id in gates:
+            await gates[slot.group_id].wait()
+        await asyncio.sleep(0.005)
+        seg = Segment([5, 6], [0, 1], [0.0, -0.1], [-1, slot.version])
+        return Trajectory(session_id=f"{slot.group_id}-{slot.index}", segments=[seg], reward=1.0, status="ok",
+                          task_id=slot.task_id)
+    return episode
+
+
+def test_a_step_that_updated_nothing_does_not_stall_a_synchronous_run() -> None:
+    """At η = 0 a batch whose step publishes no version (every episode masked) must not stop
+    admission: the next batch's groups start when the trainer asks for it, at the same version."""
+    async def main():
+        cfg = SchedulerConfig(env_pool_size=8, group_size=2, groups_per_step=2, staleness=0)
+        s = RolloutScheduler(cfg, _count_episode(), itertools.cycle(["a", "b"]))
+        await s.start()
+        first = await s.next_batch()
+        await asyncio.sleep(0.1)
+        started_while_training = s.stats.started  # synchronous: nothing starts before the step is over
+        second = await asyncio.wait_for(s.next_batch(), 10)  # no advance_version: the step updated nothing
+        await s.advance_version()
+        third = await asyncio.wait_for(s.next_batch(), 10)
+        await s.close()
+        return first, started_while_training, second, third
+
+    first, started, second, third = asyncio.run(main())
+    assert started == 4 and len(first) == len(second) == len(third) == 4
+    assert {v for t in first + second for v in token_versions(t)} == {0}
+    assert {v for t in third for v in token_versions(t)} == {1}
+
+
+def test_groups_a_wait_batch_takes_beyond_groups_per_step_free_their_places() -> None:
+    """A `wait` batch that takes stale-prone groups beyond `groups_per_step` leaves as many groups
+    outside the trainer's batches as before: admission counts the groups consumed, not V."""
+    async def main():
+        gates = {0: asyncio.Event(), 1: asyncio.Event()}
+        cfg = SchedulerConfig(env_pool_size=32, group_size=1, groups_per_step=1, staleness=1, over_staleness="wait",
+                              admission_slack=1)
+        s = RolloutScheduler(cfg, _count_episode(gates), itertools.cycle(["a"]))
+        await s.start()
+        b0 = await asyncio.wait_for(s.next_batch(), 10)  # groups 0 and 1 held: group 2
+        await s.advance_version()  # v1: groups 0 and 1 started at v0 are due now
+        for g in gates.values():
+            g.set()
+        b1 = await asyncio.wait_for(s.next_batch(), 10)  # takes them both: more than groups_per_step
+        await s.advance_version()
+        await asyncio.sleep(0.1)
+        outside = s.stats.started - s.stats.consumed  # group_size 1: episodes = groups
+        await s.close()
+        return b0, b1, outside
+
+    b0, b1, outside = asyncio.run(main())
+    assert [t.session_id for t in b0] == ["2-0"] and sorted(t.session_id for t in b1) == ["0-0", "1-0"]
+    # (η + 1 + slack) groups_per_step groups outside the batches again (counted against V: 2)
+    assert outside == (1 + 1 + 1) * 1
