@@ -85,9 +85,10 @@ trainer: a group consumed at V keeps its tokens older than V - η in the record 
 loss, so the generation they took is lost (the masked fraction). `wait` loses no token: at V
 the trainer first waits for every group in flight that started at a version <= V - η (at V + 1
 its first turn would be past η) and takes it into this batch, so a batch may hold more than B
-(`batch_sizes`). While it waits the episodes in flight go on, but the version holds, so the
-admission ((V + η + 1) groups_per_step groups started) can bind before the pool does: with the
-engine at its capacity the two ran at the same rate (1.91x vs 1.89x in one run), below it
+(`batch_sizes`). While it waits the episodes in flight go on, but the batch is not done with,
+so the admission ((η + 1) groups_per_step groups outside the batches the trainer is done with)
+can bind before the pool does: with the engine at its capacity the two ran at the same rate
+(1.91x vs 1.89x in one run, under the earlier admission counted against V), below it
 `wait` ran 15% slower (2.11x vs 2.47x, 33.6 episodes in flight against 40.1); the trainer's
 wait per batch is printed (`trainer_wait_s`). η = 0 runs once, under `wait`, the synchronous
 baseline (`mask` is the same there: the admission starts only the step's own groups). With
@@ -916,7 +917,7 @@ def main() -> int:
                          "would pass η at the next version) and/or hold (wait at most --hold-frac of a batch, "
                          "then mask; --admission-slack)")
     ap.add_argument("--cvs", default=None, help="default 1,2")
-    ap.add_argument("--hold-frac", type=float, default=0.33,
+    ap.add_argument("--hold-frac", type=float, default=1.0,
                     help="policy hold: the trainer holds a full batch for stale-prone groups at most this fraction "
                          "of a batch's period at the engine's capacity (B x turns x full-batch turn / slots)")
     ap.add_argument("--admission-slack", type=int, default=2,
