@@ -96,15 +96,19 @@ B = 24 and ~1.6 batches in flight, the first turn of a typical episode is consum
 on the edge: under `mask` the steady masked fraction was 1.9-9.5% over 4 batches in four runs
 and 0.6-8.0% over 6 in three, the higher the faster the run (versions come at rate / B).
 `hold` is between the two (`wait` with the scheduler's `max_wait_s` and `admission_slack`):
-the trainer holds a full batch at most `--hold-frac` (0.33) of a batch's period at the engine's
-capacity (B x turns full-batch turns / slots: ~10 s at B = 20) for the groups that would go
+the trainer holds a full batch at most `--hold-frac` (1.0) of a batch's period at the engine's
+capacity (B x turns full-batch turns / slots: ~30 s at B = 20) for the groups that would go
 stale, takes those that finish meanwhile, then goes on; a group it left is masked like
 `mask`'s when it comes. `--admission-slack` (2) lets two batches more start, so the pool,
 not the held version, bounds the episodes in flight and the hold costs the generator nothing.
-In the simulation at this bench's shape (below) it cut `mask`'s masked fraction by about a
-third at the same rate (`--policy wait --max-wait-s 0.25..0.3 --admission-slack 2 --train-s
-0.05 --steps 20`, a batch period of ~0.74 s: 1.6-5.4% masked, 2.61-3.13x, 91-98% of the bound
-over seeds 0-6; `--policy mask`: 4.0-10.0%, 2.58-3.15x, 95-98% over eight runs).
+That needs admission to count the groups consumed, not V (gym/scheduler.py): counted against
+V, every held batch that took more than B shrank the window for the rest of the run, and in
+the simulation at this bench's shape a hold of 0.6 s kept only 82-89% of the bound (0.3 s:
+93-95%). Counted against the groups consumed, at `--policy wait --admission-slack 2
+--train-s 0.05 --steps 20` (a batch period of ~0.74 s), seeds 0-3: `--max-wait-s 0.3`
+2.6-3.7% masked, 2.76-3.48x, 99-100% of the bound; 0.6: 1.2-2.3%, 2.78-3.29x, 99-100%;
+1.0: 0.1-2.0%, 2.71-3.07x, 100%; unbounded: 0%, 2.46-2.75x, 94-99%; `--policy mask`:
+2.4-4.7%, 2.52-2.71x, 98-100%.
 
 Throughput is trajectories consumed / wall time; the ratio (per full-batch turn when the env
 follows the engine, above) is against η = 0's whole-run rate (a
