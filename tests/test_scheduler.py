@@ -471,7 +471,7 @@ def test_admission_slack_lets_exactly_that_many_batches_more_start(slack: int) -
         await s.close()
         return started
 
-    # (V + η + 1 + slack) groups_per_step groups of 2 episodes at V = 0, nothing consumed
+    # (η + 1 + slack) groups_per_step groups of 2 episodes outside the done batches: nothing consumed yet
     assert asyncio.run(main()) == (0 + 1 + 1 + slack) * 2 * 2
 
 
