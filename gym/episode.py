@@ -400,6 +400,8 @@ def run_episode(task: Task, adapter: HarnessAdapter, make_sandbox: SandboxFactor
         traj.metadata["cleanup_error"] = "; ".join(cleanup)
     if reward is not None:  # why the grader decided as it did travels with the record
         traj.metadata["grading"] = {"status": reward.status, "reason": reward.reason, "tampered": reward.tampered,
+                                    "evidence": reward.evidence, "tamper_kinds": sorted({e["kind"] for e in reward.evidence}),
+                                    "protected": reward.protected, "unprotected_reason": reward.unprotected_reason,
                                     "cause": reward.cause, "restored_files": reward.restored_files,
                                     "dropped_files": reward.dropped_files,
                                     # what the viewer shows: the agent's patch and the hidden tests' run

@@ -6,13 +6,17 @@ Contract: `split_patch` cuts a `git diff --binary --no-renames` into one `FileCh
 - dropped: build artefacts (`__pycache__`, `*.pyc`, `*.egg-info`/`*.dist-info`, anything under
   a `site-packages`), and new top-level modules named like the standard library: harmless to
   lose, never graded;
-- reverted: test infrastructure the grader owns (test files, `conftest.py`, `pytest.ini`,
-  `.pytest.ini`, `tox.ini`, the task's test files and whatever the hidden test patch touches);
-- tampered: shadows of the runner (`pytest`, `_pytest`, `pluggy`, `py`, `iniconfig`), site
-  hooks (`sitecustomize`, `usercustomize`, any `.pth`), a `pytest11` entry point, and Python
-  source outside the tests whose added lines reach into the test framework (`_pytest`,
-  pluggy, junitxml, TestReport, pytest hooks, `import pytest`) or introspect the interpreter
-  (frames, `gc.get_objects`, trace hooks): the episode scores 0;
+- reverted: test infrastructure the grader owns (test files, test helpers outside tests/:
+  `_testing`/`testing` modules and folders, `conftest.py` in any folder, `tests/` folders
+  inside a package; the runner's config files `pytest.ini`, `.pytest.ini`, `pytest.toml`,
+  `.pytest.toml`, `tox.ini`; the task's test files and whatever the hidden test patch touches);
+- tampered, with evidence (`gym.grading.evidence`): a new module at an import root (the
+  repository, or src/) named like the runner (`pytest`, `_pytest`, `pluggy`, `py`, `iniconfig`,
+  `xdist`) or like a site hook (`sitecustomize`, `usercustomize`), any new `.pth`, a `pytest11`
+  entry point: the episode scores 0. A name deeper in the tree (a package's own `py/`
+  folder, pytest's own `src/_pytest` at base) shadows nothing and is graded like any file; a
+  word in a line is never evidence (what code under test does at run time is the runner's to
+  catch, gym/grading/runner);
 - kept: everything else, applied to the pristine base for grading.
 """
 from __future__ import annotations
@@ -23,17 +27,12 @@ from dataclasses import dataclass, field
 
 RUNNER_MODULES = frozenset({"pytest", "_pytest", "pluggy", "py", "iniconfig", "xdist"})
 SITE_HOOKS = frozenset({"sitecustomize", "usercustomize"})
-TEST_CONFIG_NAMES = frozenset({"conftest.py", "pytest.ini", ".pytest.ini", "tox.ini"})
+TEST_CONFIG_NAMES = frozenset({"conftest.py", "pytest.ini", ".pytest.ini", "pytest.toml", ".pytest.toml", "tox.ini"})
+#: Module names (files or folders) that hold test helpers wherever they are (pandas' `_testing`).
+TEST_HELPER_NAMES = frozenset({"_testing", "testing", "tests", "test"})
 #: Files whose pytest section (`[tool:pytest]`, `[tool.pytest.ini_options]`) the agent may not change.
 SECTIONED_CONFIG_NAMES = frozenset({"setup.cfg", "pyproject.toml"})
 _PY_SUFFIXES = (".py", ".pyw", ".pyc", ".pyo", ".so", ".pyd")
-_REACH = re.compile(r"\b(_pytest|pluggy|junitxml|LogXML|TestReport|CollectReport|CallInfo|hookimpl|"
-                    r"hookwrapper|pytest_[a-z_]+)\b|^\s*(import|from)\s+pytest\b|\bpytest\.\w|"
-                    r"['\"]pytest['\"]")
-#: Introspection that reaches the grader's own state from inside the test process (its frames,
-#: every live object): no fix needs it, and it is how an in-process check would be dodged.
-_INTROSPECT = re.compile(r"\b(_getframe|currentframe|f_back|f_locals|f_globals|get_objects|get_referrers|"
-                         r"get_referents|setprofile|settrace)\b")
 _HEADER = re.compile(r"^diff --git (.*)$", re.M)
 _ESCAPES = {"a": 7, "b": 8, "t": 9, "n": 10, "v": 11, "f": 12, "r": 13, '"': 34, "\\": 92}
 
@@ -59,8 +58,8 @@ class Triage:
     kept: list[FileChange] = field(default_factory=list)
     reverted: list[str] = field(default_factory=list)
     dropped: list[str] = field(default_factory=list)
-    tampered: list[str] = field(default_factory=list)
-    """One reason per offending path: `path: why`."""
+    tampered: list[dict[str, str]] = field(default_factory=list)
+    """Evidence per offending path ({"kind", "what", "where"})."""
 
     def kept_patch(self) -> str:
         return "".join(c.text for c in self.kept)
@@ -117,8 +116,10 @@ def is_test_path(path: str) -> bool:
     """Files that decide how tests run or what they assert: agents may not change them."""
     parts = path.split("/")
     name = parts[-1]
+    stem = name[:-3] if name.endswith(".py") else None
     return (name.startswith("test_") and name.endswith(".py")) or name.endswith("_test.py") \
-        or name in TEST_CONFIG_NAMES or any(p in ("tests", "test", "testing") for p in parts[:-1])
+        or name in TEST_CONFIG_NAMES or stem in TEST_HELPER_NAMES \
+        or any(p in TEST_HELPER_NAMES for p in parts[:-1])
 
 
 def _module_names(path: str) -> list[str]:
@@ -130,27 +131,28 @@ def _module_names(path: str) -> list[str]:
     return [*parts[:-1], name.split(".", 1)[0]]
 
 
-def _why_tampered(change: FileChange) -> str | None:
-    """Why this change alone makes the episode tampered (names, not contents), or None."""
-    names = _module_names(change.path)
-    if hit := next((n for n in names if n in RUNNER_MODULES), None):
-        return f"shadows the test runner ({hit})"
-    if hit := next((n for n in names if n in SITE_HOOKS), None):
-        return f"is a site hook ({hit})"
-    if change.path.endswith(".pth"):
-        return "is a .pth site hook"
+def _import_root_names(path: str) -> list[str]:
+    """The top-level module name `path` would be imported as from an import root (the
+    repository, or src/), or [] when it sits deeper or is not Python."""
+    parts = path.split("/")
+    if parts[0] == "src" and len(parts) > 1:
+        parts = parts[1:]
+    return _module_names("/".join(parts))[:1]
+
+
+def _why_tampered(change: FileChange) -> dict[str, str] | None:
+    """Evidence that this change alone tampers with the runner (paths, not contents), or None."""
+    from harnessrl.gym.grading import evidence
+    top = _import_root_names(change.path) if change.new else []
+    if top and top[0] in RUNNER_MODULES:
+        return evidence("runner_shadow", f"shadows the test runner ({top[0]}): a new module at an import root",
+                        change.path)
+    if top and top[0] in SITE_HOOKS:
+        return evidence("runner_shadow", f"is a site hook ({top[0]}): a new module at an import root", change.path)
+    if change.path.endswith(".pth") and not change.deleted:
+        return evidence("runner_shadow", "is a .pth site hook", change.path)
     if change.path.split("/")[-1] == "entry_points.txt" and any("pytest11" in ln for ln in change.added_lines()):
-        return "declares a pytest11 plugin entry point"
-    return None
-
-
-def _reaches_framework(change: FileChange) -> str | None:
-    if change.path.endswith((".py", ".pyw")) and not change.deleted:
-        for line in change.added_lines():
-            if _REACH.search(line):
-                return f"reaches into the test framework: {line.strip()[:120]!r}"
-            if _INTROSPECT.search(line):
-                return f"introspects the running interpreter: {line.strip()[:120]!r}"
+        return evidence("runner_shadow", "declares a pytest11 plugin entry point", change.path)
     return None
 
 
@@ -174,16 +176,14 @@ def triage(changes: list[FileChange], protected: set[str] | frozenset[str] = fro
     out = Triage()
     for change in changes:
         why = _why_tampered(change)
-        if _is_artefact(change.path) and not (why and "pytest11" in why):
+        if _is_artefact(change.path) and not (why and "pytest11" in why["what"]):
             out.dropped.append(change.path)  # off every import path in grading: harmless to lose
         elif why:
-            out.tampered.append(f"{change.path}: {why}")
+            out.tampered.append(why)
         elif change.path in protected or is_test_path(change.path):
             out.reverted.append(change.path)
         elif _shadows_stdlib(change):
             out.dropped.append(change.path)
-        elif why := _reaches_framework(change):
-            out.tampered.append(f"{change.path}: {why}")
         else:
             out.kept.append(change)
     return out

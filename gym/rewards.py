@@ -43,6 +43,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from harnessrl.gym.failures import describe
+from harnessrl.gym.grading import evidence
 from harnessrl.gym.reward_diff import SECTIONED_CONFIG_NAMES, is_test_path, pytest_section, split_patch, triage
 from harnessrl.gym.tasks import Task
 from harnessrl.sandboxes.base import Sandbox, SandboxDied, SandboxError
@@ -132,6 +133,13 @@ class RewardResult(BaseModel):
     tampered: bool = False
     """The agent changed the test machinery or reached into it: reward 0.0, status ok, and
     `reason` starts with "tampered: "."""
+    evidence: list[dict[str, str]] = Field(default_factory=list)
+    """What the grader can show for `tampered`: {"kind", "what", "where"} each, `kind` one of
+    `gym.grading.TAMPER_KINDS` (empty unless tampered)."""
+    protected: bool = True
+    """False when the verdict could be written by the code it judged (a Harbor verifier whose
+    reward file the tested code may write, a test runner loaded from the repository itself)."""
+    unprotected_reason: str = ""
     cause: Literal["", "agent", "infra"] = ""
     """Whose failure it was when the hidden tests gave no verdict ("" when they did)."""
     tests: list[TestOutcome] = Field(default_factory=list)
@@ -227,9 +235,11 @@ def node_statuses(records: list[dict], nodes: list[str]) -> dict[str, tuple[Test
 class _Verdict(Exception):
     """Internal: end scoring with this reward (None: infra_error) and reason."""
 
-    def __init__(self, reward: float | None, reason: str, cause: str = "", tampered: bool = False):
+    def __init__(self, reward: float | None, reason: str, cause: str = "", tampered: bool = False,
+                 evidence: list[dict[str, str]] | None = None):
         super().__init__(reason)
         self.reward, self.reason, self.cause, self.tampered = reward, reason, cause, tampered
+        self.evidence = evidence or []
 
 
 def _infra(reason: str) -> _Verdict:
@@ -240,8 +250,10 @@ def _agent(reason: str) -> _Verdict:
     return _Verdict(0.0, reason, "agent")
 
 
-def _tampered(reasons: list[str]) -> _Verdict:
-    return _Verdict(0.0, "tampered: " + "; ".join(reasons)[:1500], "agent", tampered=True)
+def tampered(found: list[dict[str, str]]) -> _Verdict:
+    """The verdict for tampering shown by `found` (evidence dicts, `gym.grading.evidence`)."""
+    reasons = [f"{e['where']}: {e['what']}" if e.get("where") else e["what"] for e in found]
+    return _Verdict(0.0, "tampered: " + "; ".join(reasons)[:1500], "agent", tampered=True, evidence=found)
 
 
 def _answers(sandbox: Sandbox) -> bool:
@@ -262,6 +274,7 @@ def score(sandbox: Sandbox, task: Task, config: RewardConfig | None = None) -> R
         _score(sandbox, task, config, out)
     except _Verdict as v:
         out.reward, out.reason, out.cause, out.tampered = v.reward, v.reason, v.cause, v.tampered
+        out.evidence = v.evidence
     except SandboxError as e:  # SandboxDied included: the container is gone, not the agent's fault
         out.reward, out.reason, out.cause = None, describe(e), "infra"
     except Exception as e:  # a grader bug must mask the episode, never stall the caller
@@ -299,7 +312,7 @@ def _score(sandbox: Sandbox, task: Task, config: RewardConfig, out: RewardResult
     sorted_ = triage(changes, protected)
     out.restored_files, out.dropped_files = sorted_.reverted, sorted_.dropped
     if sorted_.tampered:
-        raise _tampered(sorted_.tampered)
+        raise tampered(sorted_.tampered)
     # 2. A pristine tree, no process of the agent's left; 3. base + hidden tests + kept diff.
     pythonpath = [p for p in env.pop("PYTHONPATH", "").split(":") if p]
     spec = {"repo": sandbox.workdir, "args": args, "ids": nodes, "env": env, "pythonpath": pythonpath,
@@ -311,7 +324,7 @@ def _score(sandbox: Sandbox, task: Task, config: RewardConfig, out: RewardResult
     verdict, run, shown = _run_tests(sandbox, config, python, eval_dir, spec["marker"])
     out.test_output = shown[-config.output_tail_chars:]
     if verdict is not None and verdict.get("violations"):
-        raise _tampered([str(v) for v in verdict["violations"]])
+        raise tampered([v if isinstance(v, dict) else evidence("framework", str(v)) for v in verdict["violations"]])
     if run.timed_out:
         where = _last_started(sandbox, eval_dir)
         raise _agent(f"hidden test run timed out after {config.test_timeout_s:g}s"
@@ -366,7 +379,7 @@ def _prepare(sandbox: Sandbox, task: Task, config: RewardConfig, kept: str, spec
                      f"{done.output.strip()[-500:]}")
     changed = [p for p in sections if pytest_section(p, before[p]) != pytest_section(p, _read_text(sandbox, p))]
     if changed:
-        raise _tampered([f"{p}: changes the pytest configuration" for p in changed])
+        raise tampered([evidence("test_config", "changes the pytest configuration", p) for p in changed])
     return done.output.strip().splitlines()[-1], eval_dir
 
 
@@ -378,15 +391,15 @@ def _run_tests(sandbox: Sandbox, config: RewardConfig, python: str, eval_dir: st
     blocks = pattern.findall(run.output)
     shown = pattern.sub("[grader verdict]", run.output)
     if len(blocks) > 1:
-        raise _tampered([f"{len(blocks)} verdicts in one test run: something besides the grader wrote one"])
+        raise tampered([evidence("channel", f"{len(blocks)} verdicts in one test run: something besides the grader wrote one")])
     verdict = None
     if blocks:
         try:
             verdict = ast.literal_eval(blocks[0])
         except (ValueError, SyntaxError, MemoryError, RecursionError):
-            raise _tampered(["the grader's verdict was garbled"]) from None
+            raise tampered([evidence("channel", "the grader's verdict was garbled")]) from None
         if not isinstance(verdict, dict) or not isinstance(verdict.get("records"), list):
-            raise _tampered(["the grader's verdict was garbled"])
+            raise tampered([evidence("channel", "the grader's verdict was garbled")])
     return verdict, run, shown
 
 

@@ -48,7 +48,8 @@ from pathlib import Path
 from typing import Any
 
 from harnessrl.gym.reward_diff import TEST_CONFIG_NAMES, split_patch, triage
-from harnessrl.gym.rewards import RewardConfig, RewardResult, _agent, _infra, _tampered, _twice
+from harnessrl.gym.rewards import RewardConfig, RewardResult, _agent, _infra, _twice, tampered
+from harnessrl.gym.grading import evidence
 from harnessrl.gym.tasks import Task
 from harnessrl.sandboxes.base import Sandbox
 from harnessrl.sandboxes.context_image import SCRATCH_LINKS
@@ -201,7 +202,7 @@ def _run_verifier(sandbox: Sandbox, task: Task, config: RewardConfig, patch: str
     blocks = pattern.findall(run.output)
     shown = pattern.sub("[grader verdict]", run.output)
     if len(blocks) > 1:
-        raise _tampered([f"{len(blocks)} verdicts in one verifier run: something besides the grader wrote one"])
+        raise tampered([evidence("channel", f"{len(blocks)} verdicts in one verifier run: something besides the grader wrote one")])
     if not blocks:
         if run.timed_out:
             raise _agent(f"the verifier run was killed after {timeout:g}s")
@@ -209,9 +210,9 @@ def _run_verifier(sandbox: Sandbox, task: Task, config: RewardConfig, patch: str
     try:
         verdict = ast.literal_eval(blocks[0])
     except (ValueError, SyntaxError, MemoryError, RecursionError):
-        raise _tampered(["the grader's verdict was garbled"]) from None
+        raise tampered([evidence("channel", "the grader's verdict was garbled")]) from None
     if not isinstance(verdict, dict):
-        raise _tampered(["the grader's verdict was garbled"])
+        raise tampered([evidence("channel", "the grader's verdict was garbled")])
     return verdict, shown
 
 
@@ -250,7 +251,7 @@ def score_harbor(sandbox: Sandbox, task: Task, config: RewardConfig, out: Reward
         raise _agent(f"the agent's diff is unreadable: {e}") from None
     sorted_ = triage(changes)
     if sorted_.tampered:
-        raise _tampered(sorted_.tampered)
+        raise tampered(sorted_.tampered)
     reverted = [c for c in changes if c.path in sorted_.reverted]
     out.restored_files = [c.path for c in reverted if c.path.rsplit("/", 1)[-1] in TEST_CONFIG_NAMES]
     out.dropped_files = sorted_.dropped
