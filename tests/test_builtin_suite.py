@@ -109,3 +109,39 @@ def test_check_suite_tells_valid_from_invalid_tasks():
     assert results["mislabelled"]["problem"].startswith("FAIL_TO_PASS already passing at base")
     assert not results["broken-gold"]["valid"]
     assert results["broken-gold"]["problem"].startswith("gold patch does not apply")
+
+
+class _BugBackend:
+    """A backend with bugs nobody foresaw: creating calc's sandbox raises, and cachekit's
+    sandbox raises inside the check and again when closed."""
+
+    name = "bugs"
+
+    def create(self, spec):
+        if spec.repo_id.endswith("calc"):
+            raise RuntimeError("backend bug\nwith a second line")
+        return _BugSandbox()
+
+
+class _BugSandbox:
+    def reset(self):
+        raise KeyError("boom")
+
+    def close(self):
+        raise OSError("close failed")
+
+
+def test_check_suite_reports_unexpected_errors_as_one_line_per_task(capsys):
+    """No exception escapes a suite check: each task it hits is one INVALID line naming it, and
+    every other task is still checked."""
+    from harnessrl.gym.suites.check import _line, check_suite
+
+    tasks = [next(t for t in TASKS if t.repo.endswith(r)) for r in ("calc", "cachekit")]
+    results = {r["instance_id"]: r for r in check_suite(tasks, _BugBackend())}
+    calc, cache = results[tasks[0].instance_id], results[tasks[1].instance_id]
+    assert (calc["valid"], calc["problem"]) == (False, "check failed: no sandbox: RuntimeError: backend bug\n"
+                                                       "with a second line")
+    assert (cache["valid"], cache["problem"]) == (False, "check failed: KeyError: 'boom'")
+    assert "close failed" in capsys.readouterr().err
+    line = _line(calc)
+    assert "\n" not in line and line.endswith("check failed: no sandbox: RuntimeError: backend bug with a second line")

@@ -30,15 +30,15 @@ def git(cwd: Path, *args: str) -> str:
     return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True, env=GIT_ENV).stdout
 
 
-def make_repo(path: Path) -> tuple[str, str, str]:
+def make_repo(path: Path, buggy: str = BUGGY) -> tuple[str, str, str]:
     """A repository whose `add` is wrong; returns (base commit, gold patch, test patch)."""
     path.mkdir(parents=True)
     git(path, "init", "-q", "-b", "main")
-    (path / "calc.py").write_text(BUGGY)
+    (path / "calc.py").write_text(buggy)
     git(path, "add", "-A")
     git(path, "commit", "-qm", "base")
     base = git(path, "rev-parse", "HEAD").strip()
-    (path / "calc.py").write_text(FIXED)
+    (path / "calc.py").write_text(buggy.replace(BUGGY, FIXED))
     gold = git(path, "diff")
     git(path, "checkout", "-q", "calc.py")
     (path / "tests").mkdir()
@@ -222,3 +222,36 @@ def test_task_image_present_is_used_and_missing_is_a_clear_error(suite, tmp_path
         assert "Traceback" not in out.stderr
     finally:
         client.images.remove(tag, force=True)
+
+
+# calc.py of a base that rewrites pytest's reports at import: the grader calls any grading of it tampered.
+RIGGED = "import _pytest.reports\n_pytest.reports.TestReport.__repr__ = lambda self: 'rigged'\n\n" + BUGGY
+SHADOW = ("diff --git a/pytest.py b/pytest.py\nnew file mode 100644\n--- /dev/null\n+++ b/pytest.py\n"
+          "@@ -0,0 +1 @@\n+import sys; sys.exit(0)\n")
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(900)
+def test_tasks_check_names_an_ungradable_task_in_one_line(tmp_path):
+    """A base the grader scores `tampered` (its own code rewrites pytest at import) and a gold
+    patch that adds a top-level pytest.py (a runner shadow) are one INVALID line each, saying
+    which grading was tampered and why; the good task beside them is still checked; no traceback."""
+    _docker_or_skip()
+    repos = tmp_path / "repos"
+    rows = [row("acme/rigged", *make_repo(repos / "acme__rigged", RIGGED))]
+    base, gold, test_patch = make_repo(repos / "acme__shadow")
+    rows.append(row("acme/shadow", base, gold + SHADOW, test_patch))
+    rows.append(row("acme/fine", *make_repo(repos / "acme__fine")))
+    path = tmp_path / "swe.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = cli("tasks", "check", str(path), "--source-root", str(repos), "--backend", "docker")
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "Traceback" not in out.stdout + out.stderr, out.stdout + out.stderr
+    lines = out.stdout.strip().splitlines()
+    assert len(lines) == 4, out.stdout
+    assert lines[0].startswith("INVALID acme__rigged-1  gold=- empty=0.0  "), lines[0]
+    assert "  base graded tampered: " in lines[0], lines[0]
+    assert lines[1].startswith("INVALID acme__shadow-1  gold=0.0 empty=0.0  "), lines[1]
+    assert "  gold graded tampered: pytest.py: shadows the test runner (pytest)" in lines[1], lines[1]
+    assert lines[2].startswith("ok      acme__fine-1  gold=1.0 empty=0.0  "), lines[2]
+    assert json.loads(lines[3]) == {"checked": 3, "valid": 1, "invalid": ["acme__rigged-1", "acme__shadow-1"]}

@@ -1,7 +1,7 @@
 """`tasks check` for a Harbor task: the empty run scores 0.0 and solution/solve.sh scores 1.0.
 
 Contract: `check_harbor(sb, task, config, out)` fills `check_task`'s result dict: the
-untouched environment is graded (`base_reward`, must be 0.0), then after a reset the gold
+untouched environment is graded (`base_reward`, must be 0.0 and not `tampered`), then after a reset the gold
 plan (solve.sh, unpacked at /solution, run in the workdir as the agent would run it, under
 [agent] timeout_sec) and a grading (`gold_reward`, must be 1.0). An infra_error is reported as
 such; a task without solution/solve.sh is invalid (its gold cannot be checked).
@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from harnessrl.gym.rewards import RewardConfig, score
-from harnessrl.gym.suites.check import gold_verdict, verdict
+from harnessrl.gym.suites.check import base_problem, gold_verdict, verdict
 from harnessrl.gym.tasks import Task
 
 
@@ -19,8 +19,9 @@ def check_harbor(sb: Any, task: Task, config: RewardConfig | None, out: dict[str
     sb.reset()
     base = score(sb, task, config)
     out["base_reward"] = base.reward
-    if base.status != "ok":
-        out["problem"] = f"infra_error at base: {base.reason}"
+    why = base_problem(base)
+    if why:
+        out["problem"] = why
         return out
     problems = [] if base.reward == 0.0 else [f"the empty run is rewarded {base.reward:g}: {base.reason}"]
     if not task.gold_plan:

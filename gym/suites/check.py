@@ -12,6 +12,9 @@ serves all of its tasks through reset(). Infra errors are reported as such, not 
 
 Per task one line on stdout: gold reward, empty (untouched base) reward, seconds, and why an
 invalid task is invalid; then a JSON summary. Loading problems are one line each on stderr.
+Nothing is ever a traceback: a grading that says `tampered` (at base or with the gold), an
+infra error, a gold patch that does not apply, and any exception raised while one task is
+checked are that task's one line (`problem`), and the other tasks are checked on.
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ import sys
 import time
 from typing import Any, Callable
 
+from harnessrl.gym.failures import describe
 from harnessrl.gym.rewards import RewardConfig, score
 from harnessrl.gym.tasks import Task
 from harnessrl.sandboxes.base import SandboxError
@@ -33,6 +37,12 @@ def check_task(sb: Any, task: Task, config: RewardConfig | None = None) -> dict[
     started = time.monotonic()
     try:
         return _check(sb, task, config, out)
+    except SandboxError as e:  # the sandbox died under this task's check: the infra's, named
+        out["valid"], out["problem"] = False, f"infra_error: {describe(e)}"
+        return out
+    except Exception as e:  # a bug or a task nobody foresaw: this task's problem, not the run's
+        out["valid"], out["problem"] = False, f"check failed: {describe(e)}"
+        return out
     finally:
         out["seconds"] = round(time.monotonic() - started, 2)
 
@@ -44,12 +54,13 @@ def _check(sb: Any, task: Task, config: RewardConfig | None, out: dict[str, Any]
     sb.reset()
     base = score(sb, task, config)
     out["base_reward"] = base.reward
-    if base.status != "ok":
-        out["problem"] = f"infra_error at base: {base.reason}"
+    why = base_problem(base)
+    if why:
+        out["problem"] = why
         return out
     status = {t.node_id: t.status for t in base.tests}
-    passing_f2p = [n for n in task.FAIL_TO_PASS if status[n] == "passed"]
-    failing_p2p = [n for n in task.PASS_TO_PASS if status[n] != "passed"]
+    passing_f2p = [n for n in task.FAIL_TO_PASS if status.get(n) == "passed"]
+    failing_p2p = [n for n in task.PASS_TO_PASS if status.get(n) != "passed"]
     sb.reset()
     sb.write_file("/tmp/harnessrl-gold.patch", task.patch.encode())
     applied = sb.exec("git apply --whitespace=nowarn /tmp/harnessrl-gold.patch && rm /tmp/harnessrl-gold.patch",
@@ -66,6 +77,17 @@ def _check(sb: Any, task: Task, config: RewardConfig | None, out: dict[str, Any]
     return gold_verdict(out, problems, gold, "gold patch not rewarded")
 
 
+def base_problem(base: Any) -> str:
+    """Why the base grading `base` (a RewardResult) leaves the task unchecked ("" when it
+    does not): an infra_error, or `tampered` on a tree nobody changed (the grader misreads
+    the repository, so no grading of it can be trusted)."""
+    if base.status != "ok":
+        return f"infra_error at base: {base.reason}"
+    if base.tampered:
+        return f"base graded tampered: {base.reason.removeprefix('tampered: ')}"
+    return ""
+
+
 def verdict(out: dict[str, Any], problems: list[str]) -> dict[str, Any]:
     """`out` with its problems joined: valid exactly when there are none."""
     out["problem"] = "; ".join(problems)
@@ -79,6 +101,8 @@ def gold_verdict(out: dict[str, Any], problems: list[str], gold: Any, unrewarded
     out["gold_reward"] = gold.reward
     if gold.status != "ok":
         problems.append(f"infra_error with gold: {gold.reason}")
+    elif gold.tampered:
+        problems.append(f"gold graded tampered: {gold.reason.removeprefix('tampered: ')}")
     elif gold.reward != 1.0:
         problems.append(f"{unrewarded}: {gold.reason}")
     return verdict(out, problems)
@@ -95,11 +119,13 @@ def check_suite(tasks: list[Task], backend: Any, config: RewardConfig | None = N
         started = time.monotonic()
         try:
             sb = backend.create(group[0].repo_spec())
-        except (SandboxError, ValueError) as e:  # no image, bad source: each task says so, no traceback
+        except Exception as e:  # no image, bad source, a backend bug: each task says so, no traceback
+            why = f"infra_error: no sandbox: {e}" if isinstance(e, (SandboxError, ValueError)) \
+                else f"check failed: no sandbox: {describe(e)}"
             for task in group:
                 results.append({"instance_id": task.instance_id, "valid": False, "base_reward": None,
                                 "gold_reward": None, "seconds": round(time.monotonic() - started, 2),
-                                "problem": f"infra_error: no sandbox: {e}"})
+                                "problem": why})
                 if on_result:
                     on_result(results[-1])
             continue
@@ -109,7 +135,11 @@ def check_suite(tasks: list[Task], backend: Any, config: RewardConfig | None = N
                 if on_result:
                     on_result(results[-1])
         finally:
-            sb.close()
+            try:
+                sb.close()
+            except Exception as e:  # the verdicts stand; a sandbox left behind is reaped later
+                print(f"harnessrl tasks: closing the sandbox of {group[0].repo!r} failed: {describe(e)}",
+                      file=sys.stderr)
     return results
 
 
@@ -118,8 +148,9 @@ def _line(r: dict[str, Any]) -> str:
     def f(v: float | None) -> str:
         return "-" if v is None else f"{v:.1f}"
 
+    problem = " ".join(str(r["problem"]).split())  # one line, whatever a reason held
     return (f"{'ok     ' if r['valid'] else 'INVALID'} {r['instance_id']}  gold={f(r['gold_reward'])} "
-            f"empty={f(r['base_reward'])}  {r.get('seconds', 0.0):.2f}s" + (f"  {r['problem']}" if r["problem"] else ""))
+            f"empty={f(r['base_reward'])}  {r.get('seconds', 0.0):.2f}s" + (f"  {problem}" if problem else ""))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -143,6 +174,9 @@ def main(argv: list[str] | None = None) -> int:
         for line in str(e).splitlines():
             print(f"harnessrl tasks: {line}", file=sys.stderr)
         return 2
+    except Exception as e:  # an unreadable file of a kind nobody foresaw: still one line
+        print(f"harnessrl tasks: cannot load {args.suite!r}: {describe(e)}", file=sys.stderr)
+        return 2
     if args.task:
         tasks = [t for t in tasks if t.instance_id in set(args.task)]
     if args.action == "list":
@@ -155,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         backend = make_backend(args.backend)
-    except SandboxError as e:
+    except (SandboxError, ValueError) as e:
         print(f"harnessrl tasks: {e}", file=sys.stderr)
         return 2
     imaged = [t.instance_id for t in tasks if t.image and not t.harbor]  # Harbor tasks: refused by name
