@@ -53,7 +53,9 @@ __all__ = ["RewardConfig", "RewardResult", "TestOutcome", "score", "patch_files"
 
 TestStatus = Literal["passed", "failed", "error", "skipped", "missing"]
 _WORST_FIRST = ("error", "failed", "skipped", "missing", "passed")
-_RUNNER = Path(__file__).with_name("grade_runner.py").read_text()
+#: The in-sandbox runner (gym/grading/runner): supervisor.py is the entry, the rest its siblings.
+_RUNNER_FILES = {("runner.py" if f.name == "supervisor.py" else f.name): f.read_text()
+                 for f in sorted((Path(__file__).parent / "grading" / "runner").glob("*.py"))}
 
 # Runs inside the sandbox after reset, as `python3 -I -c _PREPARE <eval dir> <base commit>`:
 # unpack the bundle the grader wrote beside the eval dir into it, check HEAD is the task's base, apply the hidden tests
@@ -318,6 +320,7 @@ def _score(sandbox: Sandbox, task: Task, config: RewardConfig, out: RewardResult
     spec = {"repo": sandbox.workdir, "args": args, "ids": nodes, "env": env, "pythonpath": pythonpath,
             "runner_paths": config.runner_paths, "marker": f"harnessrl-verdict-{uuid.uuid4().hex}"}
     spec["agent_files"] = [c.path for c in sorted_.kept if not c.deleted]
+    spec["test_files"] = sorted(protected)
     base, eval_dir = _prepare(sandbox, task, config, sorted_.kept_patch(), spec, sections=[
         c.path for c in sorted_.kept if c.path.rsplit("/", 1)[-1] in SECTIONED_CONFIG_NAMES])
     out.head_moved = head.output.strip() != base
@@ -366,7 +369,8 @@ def _prepare(sandbox: Sandbox, task: Task, config: RewardConfig, kept: str, spec
     before = {p: _read_text(sandbox, p) for p in sections}
     eval_dir = f"/tmp/harnessrl-eval-{uuid.uuid4().hex}"  # fresh and unguessable
     spec = {**spec, "out": f"{eval_dir}/progress.jsonl"}
-    bundle = {"test.patch": task.test_patch, "agent.patch": kept, "runner.py": _RUNNER, "spec.json": json.dumps(spec)}
+    spec["private"] = [eval_dir, f"{eval_dir}.json"]
+    bundle = {"test.patch": task.test_patch, "agent.patch": kept, **_RUNNER_FILES, "spec.json": json.dumps(spec)}
     sandbox.write_file(f"{eval_dir}.json", json.dumps(bundle).encode(), mode=0o600)  # /tmp exists: one call
     done = sandbox.exec(["python3", "-I", "-c", _PREPARE, eval_dir, task.base_commit],
                         timeout=config.command_timeout_s, workdir=sandbox.workdir)

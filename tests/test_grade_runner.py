@@ -1,4 +1,4 @@
-"""The in-sandbox launcher (gym/grade_runner.py) run for real with this venv's pytest on a
+"""The in-sandbox launcher (gym/grading/runner/) run for real with this venv's pytest on a
 small repository on the host: outcomes per node id, and each in-process attack on the test
 framework (patched reports, a plugin registered at run time, a test replaced after collection,
 a patched pytest.approx) is a violation. No sandbox needed."""
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-RUNNER = Path(__file__).resolve().parents[1] / "gym" / "grade_runner.py"
+RUNNER = Path(__file__).resolve().parents[1] / "gym" / "grading" / "runner" / "supervisor.py"
 
 TESTS = '''
 import pytest

@@ -1,0 +1,504 @@
+"""The test process's guard: an audit hook (PEP 578) added before pytest or any code of the
+repository is imported. It cannot be removed, and it alone holds the key that signs what the
+test process tells the supervisor; nothing the code under test can reach references it (the
+supervisor loads this file into a private namespace with its own copy of the builtins, and
+every function the hook calls at run time is bound when it is installed).
+
+Contract:
+- `install(key_box, fd, config)` adds the hook and takes the key out of `key_box`. From then on
+  the worker speaks to the supervisor only through `sys.audit("harnessrl.<op>", ...)`; the hook
+  checks each call and writes one signed line on `fd` (a literal `[seq, pid, payload]` and its
+  HMAC-SHA256, computed with C primitives only). Anything else written on `fd` fails the
+  signature, which is itself evidence.
+- An op is believed only when raised by the grader's own plugin methods, and when every frame
+  from the worker's `run` down to that method is code pinned before the repository was
+  importable (pytest, pluggy, the standard library, this runner) or a collected test's own
+  code: code under test that calls the plugin, pluggy or pytest's reporting itself is there.
+- The runner's modules, the builtins and the modules the guard leans on are fingerprinted at
+  `harnessrl.pin` (objects and code by identity, classes' member names); each failing or call
+  report, the end of collection and the end of the session compare them, and so are the
+  names that collected test modules bound to modules, classes and functions. A difference is
+  evidence (`framework`).
+- Code under test (the nearest frame that is not pinned library code belongs to a file the
+  agent changed or made, or to code made at run time) is refused frames, every live object
+  (gc), ctypes, trace / profile / audit hooks, the process's memory, the hidden test files,
+  the grader's files and test functions' code. Each refusal is evidence (`introspection`,
+  `answer_key`). The library's own uses (logging's caller lookup, namedtuple's module name,
+  formatting a traceback) go through: only a frame handed to code under test counts.
+
+stdlib only: runs inside the sandbox on the sandbox's own python3 (3.9+).
+"""
+import hashlib
+import os
+import sys
+import time
+
+_FRAMES = frozenset({"sys._getframe", "sys._current_frames", "sys._current_exceptions", "sys._getframemodulename"})
+_FRAME_ATTRS = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame"})
+_OBJECTS = frozenset({"gc.get_objects", "gc.get_referrers", "gc.get_referents"})
+_HOOKS = frozenset({"sys.settrace", "sys.setprofile", "sys.addaudithook", "sys.monitoring.register_callback",
+                    "sys.monitoring.use_tool_id", "os.utime", "os.chmod", "os.chown"})
+_CTYPES = frozenset({"ctypes.dlopen", "ctypes.dlsym", "ctypes.addressof", "ctypes.string_at", "ctypes.wstring_at",
+                     "ctypes.cdata", "ctypes.cdata/buffer", "ctypes.call_function", "ctypes.PyObj_FromPtr",
+                     "ctypes.create_string_buffer", "ctypes.create_unicode_buffer"})
+WATCHED = frozenset({*_FRAMES, *_OBJECTS, *_HOOKS, *_CTYPES, "object.__getattr__", "open", "compile", "code.__new__"})
+#: stdlib functions that hand a frame object back to their caller.
+_RETURNERS = (("inspect", "currentframe"), ("inspect", "stack"), ("inspect", "trace"), ("inspect", "getouterframes"),
+              ("inspect", "getinnerframes"), ("traceback", "walk_stack"), ("traceback", "walk_tb"),
+              ("logging", "currentframe"))
+#: Fingerprinted: the runner, the stdlib test frameworks, and what the guard and the verdict lean on.
+_WATCHED_MODULES = ("pytest", "_pytest", "pluggy", "py", "iniconfig", "unittest", "doctest", "builtins", "os",
+                    "posixpath", "pathlib", "io", "hashlib", "inspect", "traceback", "linecache", "tokenize",
+                    "importlib", "math", "operator", "functools", "contextlib")
+#: Checked at every failing or call report; the rest at collection and at the end.
+_HOT = frozenset({"pytest", "builtins", "unittest.case", "_pytest.reports", "_pytest.runner", "_pytest.python",
+                  "_pytest.outcomes", "_pytest.python_api", "_pytest.approx", "_pytest.raises", "_pytest.skipping",
+                  "_pytest.fixtures", "_pytest.main", "_pytest.nodes", "_pytest.unittest", "_pytest.subtests",
+                  "pluggy._hooks", "pluggy._callers", "pluggy._manager", "pluggy._result"})
+_MUTABLE = frozenset({"_reprcompare", "_assertion_pass", "_config", "__warningregistry__", "environ", "_environ",
+                      "_cache", "cache", "_bootstrap_external", "path_importer_cache"})
+_FUNC_TYPES = ("function", "builtin_function_or_method", "method_descriptor", "wrapper_descriptor", "cython_function_or_method")
+
+
+def _code_of(v):
+    if type(v) is property:
+        return tuple(getattr(x, "__code__", None) for x in (v.fget, v.fset, v.fdel))
+    if type(v) in (classmethod, staticmethod):
+        v = v.__func__
+    return v.__code__ if type(v).__name__ == "function" else None
+
+
+def _watched(name):
+    return name.split(".")[0] in _WATCHED_MODULES or name in ("json", "json.encoder", "_pytest")
+
+
+def _fingerprint():
+    """[(module, namespace, attr, value, code, member names)] over the watched modules."""
+    snap = []
+    for name, mod in list(sys.modules.items()):
+        if mod is None or not _watched(name):
+            continue
+        snap.append((name, sys.modules, name, mod, None, None))
+        for attr, value in list(vars(mod).items()):
+            if attr in _MUTABLE or (attr.startswith("__") and name != "builtins"):
+                continue
+            is_class = isinstance(value, type)
+            if is_class or type(value).__name__ in _FUNC_TYPES or type(value) in (classmethod, staticmethod):
+                own = is_class and vars(value).get("__module__") == name
+                snap.append((name, vars(mod), attr, value, _code_of(value), frozenset(vars(value)) if own else None))
+                if own:
+                    for member, mv in list(vars(value).items()):
+                        if type(mv).__name__ == "function" or type(mv) in (property, classmethod, staticmethod):
+                            snap.append((f"{name}.{attr}", vars(value), member, mv, _code_of(mv), None))
+    return snap
+
+
+def _pinned_code(modules):
+    """ids of every code object reachable from these modules' functions and classes."""
+    seen, todo = set(), []
+    for mod in modules:
+        for value in list(vars(mod).values()):
+            todo.append(value)
+            if isinstance(value, type):
+                todo.extend(list(vars(value).values()))
+    while todo:
+        v = todo.pop()
+        if type(v) is property:
+            todo.extend(x for x in (v.fget, v.fset, v.fdel) if x is not None)
+            continue
+        if type(v) in (classmethod, staticmethod):
+            v = v.__func__
+        tn = type(v).__name__
+        if tn not in ("code", "function"):  # decorated: cached_property, partial, lru_cache, wraps
+            for attr in ("__wrapped__", "func", "fget"):
+                if hasattr(type(v), attr) or (attr == "__wrapped__" and tn == "_lru_cache_wrapper"):
+                    try:
+                        todo.append(getattr(v, attr))
+                    except Exception:
+                        pass
+            continue
+        c = v if tn == "code" else v.__code__
+        if c is None or id(c) in seen:
+            continue
+        seen.add(id(c))
+        todo.extend(k for k in c.co_consts if type(k).__name__ == "code")
+    return seen
+
+
+def _literal(v, r=str.__repr__, i=int.__repr__):
+    """A Python literal of exact built-in types, made without any function code under test can patch."""
+    t = type(v)
+    if t is str:
+        return r(v)
+    if v is None or t is bool:
+        return "None" if v is None else "True" if v else "False"
+    if t is int:
+        return i(v)
+    if t is dict:
+        return "{" + ", ".join([_literal(k) + ": " + _literal(x) for k, x in dict.items(v)]) + "}"
+    return "[" + ", ".join([_literal(x) for x in v]) + "]"
+
+
+def install(key_box, fd, config):
+    """Add the guard's audit hook; the key leaves `key_box`."""
+    key = key_box.pop()
+    sha256 = hashlib.sha256
+    block = 64
+    key = key if len(key) <= block else sha256(key).digest()
+    key = key + b"\0" * (block - len(key))
+    ipad, opad = bytes(k ^ 0x36 for k in key), bytes(k ^ 0x5C for k in key)
+    del key
+    write, getframe, getpid, ident = os.write, sys._getframe, os.getpid, __import__("_thread").get_ident
+    osopen, osclose, readlink, stat, fspath = os.open, os.close, os.readlink, os.stat, os.fspath
+    O_PATH = getattr(os, "O_PATH", 0) | os.O_CLOEXEC
+    literal, fingerprint, pinned_code, code_of = _literal, _fingerprint, _pinned_code, _code_of
+    path_types = tuple(getattr(__import__("pathlib"), n) for n in ("PurePosixPath", "PosixPath", "Path", "PurePath"))
+    st = {"seq": 0, "pinned": None, "lib": (), "pin_ns": 0, "before": None, "hot": None, "returners": frozenset(),
+          "tests": {}, "test_code": set(), "main": None, "ours": frozenset(), "said": set(), "kinds": {},
+          "globals": [], "meta": (), "path_hooks": ()}
+    busy, self_call = set(), set()
+
+    def resolve(path):
+        """The kernel's own name for `path` (symlinks, .., /proc/self followed); None if absent."""
+        self_call.add(ident())
+        try:
+            fd_ = osopen(path, O_PATH)
+        except (OSError, ValueError, TypeError):
+            return None
+        finally:
+            self_call.discard(ident())
+        try:
+            return readlink("/proc/self/fd/" + int.__repr__(fd_))
+        except OSError:
+            return None
+        finally:
+            osclose(fd_)
+
+    repo = resolve(config["repo"]) or config["repo"]
+    agent_files = frozenset(filter(None, (resolve(repo + "/" + p) for p in config.get("agent_files", ()))))
+    hidden = frozenset(filter(None, (resolve(repo + "/" + p) for p in config.get("test_files", ()))))
+    private = tuple(filter(None, (resolve(p) for p in config.get("private", ()))))
+
+    def send(payload):
+        st["seq"] += 1
+        body = literal([st["seq"], getpid(), payload]).encode()
+        mac = sha256(opad + sha256(ipad + body).digest()).hexdigest()
+        line = body + b" " + mac.encode() + b"\n"
+        try:
+            while line:
+                line = line[write(fd, line):]
+        except OSError:
+            pass  # the channel is gone: the supervisor sees what did not come
+
+    def violation(kind, what, where=""):
+        sig = (kind, what)
+        if sig not in st["said"] and len(st["said"]) < 20:
+            st["said"].add(sig)
+            send({"violation": {"kind": kind, "what": what[:400], "where": where[:300]}})
+
+    def classify(code):
+        """'lib' (pinned, or files of the interpreter and the runner), 'trusted' (the repository
+        as graded, the hidden tests) or 'agent' (files the agent changed, files made or changed
+        since grading began, code made at run time)."""
+        if st["pinned"] is not None and id(code) in st["pinned"]:
+            return "lib"
+        fn = code.co_filename
+        known = st["kinds"].get(fn)
+        if known is not None:
+            return known
+        kind = "agent"
+        if fn.startswith("<frozen "):
+            kind = "lib"
+        elif fn.startswith("/"):
+            real = resolve(fn)
+            if real is None or real in agent_files:
+                kind = "agent"
+            elif any(real.startswith(root) for root in st["lib"]):
+                try:  # a file made in a library folder after grading began is not the library's
+                    kind = "lib" if stat(real).st_ctime_ns < st["pin_ns"] else "agent"
+                except OSError:
+                    kind = "agent"
+            elif real.startswith(repo + "/"):
+                try:
+                    kind = "trusted" if stat(real).st_ctime_ns < st["pin_ns"] else "agent"
+                except OSError:
+                    kind = "agent"
+        st["kinds"][fn] = kind
+        return kind
+
+    def stack():
+        """Frames from the one that raised the event outwards (the hook's own left out)."""
+        self_call.add(ident())
+        f = getframe(3)
+        out = []
+        while f is not None and len(out) < 500:
+            out.append(f)
+            f = f.f_back
+        return out
+
+    def foreign(frames):
+        """(index, kind) of the first frame that is not library code; (-1, 'lib') if none."""
+        for n, f in enumerate(frames):
+            if f.f_code is st["main"]:
+                break  # below the worker's run: the supervisor
+            k = classify(f.f_code)
+            if k != "lib":
+                return n, k
+        return -1, "lib"
+
+    def where(f):
+        return f.f_code.co_filename + ":" + int.__repr__(f.f_lineno or 0)
+
+    def deny(kind, what, frame):
+        if os.environ.get("HRL_DEBUG"):
+            f = frame
+            sys.__stderr__.write("DENY " + what + " pinned=" + str(id(f.f_code) in st["pinned"]) + " " + f.f_code.co_name + "\n")
+        violation(kind, what, where(frame))
+        raise RuntimeError("harnessrl grader: " + what + " is refused to code under test")
+
+    def changed(snap):
+        out = []
+        for name, space, attr, value, code, keys in snap:
+            now = space.get(attr)
+            if now is not value or (code is not None and code_of(now) is not code and
+                                    not (type(code) is tuple and code_of(now) == code)):
+                out.append(name + "." + attr if name != attr else name)
+            elif keys is not None and frozenset(vars(value)) != keys:
+                members = vars(value)
+                extra = sorted([m for m in frozenset(members) - keys if agents(members[m])] + list(keys - frozenset(members)))
+                if extra:
+                    out.append(name + "." + attr + " (members " + ", ".join(extra[:3]) + ")")
+            if len(out) >= 8:
+                break
+        if tuple(sys.meta_path) != st["meta"] or tuple(sys.path_hooks) != st["path_hooks"]:
+            out.append("sys.meta_path / sys.path_hooks")
+        if sys.gettrace() is not None or sys.getprofile() is not None:
+            out.append("a trace or profile hook")
+        return out
+
+    def agents(v):
+        """Is this new class member code of the agent's (or not code at all, e.g. a callable object)?"""
+        code = code_of(v)
+        if type(code) is tuple:
+            return any(c is not None and classify(c) == "agent" for c in code)
+        if code is None:
+            return type(v).__name__ not in ("bool", "int", "str", "NoneType", "float", "tuple", "dict", "list")
+        return classify(code) == "agent"
+
+    def check_all(when, hot=False):
+        if st["hot"] is None:
+            return violation("framework", "the session never started (" + when + ")")
+        found = changed(st["hot"] if hot else st["before"])
+        if found:
+            violation("framework", "test framework changed (" + when + "): " + ", ".join(found))
+        for modname, space, names in st["globals"]:
+            moved = [n for n, v in names if space.get(n) is not v]
+            if moved:
+                violation("framework", "test module " + modname + " had its names rebound (" + when + "): "
+                          + ", ".join(moved[:5]))
+
+    def hooks_from_agent(pm):
+        """A hook implementation whose code is the agent's (a plugin it registered, an impl it
+        appended) is evidence; conftest.py files of the graded tree are the repository's."""
+        found = []
+        for name, caller in list(vars(pm.hook).items()):
+            own = getattr(caller, "__dict__", None)
+            if own is not None and "get_hookimpls" in own:
+                found.append(name + " (get_hookimpls replaced)")
+                continue
+            for impl in caller.get_hookimpls():
+                fn = getattr(impl, "function", None)
+                fn = getattr(fn, "__func__", fn) if type(fn).__name__ == "method" else fn
+                code = code_of(fn)
+                if code is None or type(code) is tuple or classify(code) == "agent":
+                    found.append(name + " from " + (code.co_filename if type(code).__name__ == "code" else "?"))
+        if found:
+            violation("framework", "pytest hooks implemented by code under test: " + ", ".join(found[:4]))
+
+    def baseline():
+        """The fingerprint the run is held to, taken once pytest has configured itself. What
+        changed since pin is pytest's own doing unless the new code is the agent's (a
+        conftest importing the package runs before this point)."""
+        more = [m for m in list(sys.modules.values()) if m is not None and
+                any(str(getattr(m, "__file__", "") or "").startswith(root) for root in st["lib"])]
+        st["pinned"] |= pinned_code(more)
+        early = []
+        for name, space, attr, value, code, keys in st["before"]:
+            now = space.get(attr)
+            new = code_of(now) if now is not value else None
+            if type(new).__name__ == "code" and classify(new) == "agent":
+                early.append(name + "." + attr)
+        if early:
+            violation("framework", "test framework changed before the session started: " + ", ".join(early[:5]))
+        st["before"] = fingerprint()
+        st["hot"] = [e for e in st["before"] if e[0] in _HOT or e[0].rsplit(".", 1)[0] in _HOT]
+        st["meta"], st["path_hooks"] = tuple(sys.meta_path), tuple(sys.path_hooks)
+
+    def pin(frames, args):
+        st["main"] = frames[0].f_code
+        st["lib"] = tuple(r.rstrip("/") + "/" for r in filter(None, (resolve(p) for p in args[0])))
+        st["ours"] = frozenset(id(c) for c in args[1])
+        st["pinned"] = pinned_code([m for m in list(sys.modules.values()) if m is not None])
+        st["returners"] = frozenset(id(getattr(getattr(sys.modules.get(m), n, None), "__code__", None))
+                                    for m, n in _RETURNERS)
+        st["before"] = fingerprint()
+        st["meta"], st["path_hooks"] = tuple(sys.meta_path), tuple(sys.path_hooks)
+        st["reports"] = tuple(args[2])
+        st["pin_ns"] = time.time_ns()
+
+    def on_ours(event, args):
+        op = event[10:]
+        frames = stack()
+        if op == "pin":
+            if st["pinned"] is None:
+                pin(frames, args)
+            return
+        if st["pinned"] is None:
+            return
+        if not frames or id(frames[0].f_code) not in st["ours"]:
+            return violation("channel", event + " raised by code that is not the grader's",
+                             where(frames[0]) if frames else "")
+        for f in frames[1:]:
+            c = f.f_code
+            if c is st["main"]:
+                break
+            if id(c) not in st["pinned"] and id(c) not in st["test_code"]:
+                return violation("framework", event + " reached the grader through " + c.co_name, where(f))
+        if op == "session":  # pytest configured itself (its own late patches, its import hook): the baseline
+            baseline()
+        elif op == "item":
+            nodeid, fn, runtest = args
+            code = getattr(fn, "__code__", None)
+            st["tests"][nodeid] = (getattr(fn, "__func__", fn), code, runtest)
+            todo = [code] if type(code).__name__ == "code" else []
+            while todo:
+                c = todo.pop()
+                st["test_code"].add(id(c))
+                todo.extend(k for k in c.co_consts if type(k).__name__ == "code")
+        elif op == "modules":  # test modules and conftests, collected: the names they bound are pinned
+            for mod in args[0]:
+                space = vars(mod)
+                names = [(n, v) for n, v in list(space.items())
+                         if type(v).__name__ in ("module", "function", "type", "builtin_function_or_method")]
+                st["globals"].append((space.get("__name__", "?"), space, names))
+        elif op == "collected":
+            check_all("after collection")
+            send({"collected": args[0]})
+        elif op == "call":
+            nodeid, fn, runtest, overridden = args
+            pinned = st["tests"].get(nodeid)
+            code = getattr(fn, "__code__", None)
+            if pinned is not None and (pinned[0] is not getattr(fn, "__func__", fn) or pinned[1] is not code
+                                       or pinned[2] is not runtest or overridden):
+                violation("framework", "test " + nodeid + " was replaced after collection")
+            if type(code).__name__ == "code" and classify(code) == "agent":
+                violation("framework", "test " + nodeid + " runs code from " + code.co_filename + ", not a test file")
+        elif op == "report":
+            nodeid, when, outcome, message, rtype = args
+            if not any(rtype is t for t in st["reports"]):
+                violation("framework", "the report of " + nodeid + " is not one of pytest's report types")
+            if when == "call" or outcome != "passed":
+                check_all("reporting " + nodeid, hot=True)
+            if type(nodeid) is str and type(when) is str and type(outcome) is str and type(message) is str:
+                send({"report": nodeid, "when": when, "outcome": outcome, "message": message[:300]})
+        elif op == "hooks":
+            hooks_from_agent(args[0])
+        elif op == "rigged":
+            violation("rigged_comparison", args[0], args[1])
+        elif op == "collect_error":
+            send({"collect_error": args[0], "message": args[1][-300:]})
+        elif op == "done":
+            check_all("at the end")
+            send({"done": args[0]})
+
+    def opened(path, frames):
+        """Refuse code under test the hidden tests, the grader's files and the process's memory."""
+        t = type(path)
+        if t is int:
+            return
+        n, k = foreign(frames)
+        if k != "agent":
+            return
+        if t is bytes:
+            path = path.decode("utf-8", "surrogateescape")
+        elif t is not str:
+            if t not in path_types:
+                deny("answer_key", "opened a file through a " + t.__name__ + " object (its path cannot be checked)",
+                     frames[n])
+            path = fspath(path)
+        real = resolve(path)
+        if real is None:
+            return
+        if real in hidden:
+            deny("answer_key", "opened the hidden test file " + real, frames[n])
+        if any(real == p or real.startswith(p + "/") for p in private):
+            deny("answer_key", "opened the grader's file " + real, frames[n])
+        tail = real.rsplit("/", 1)[-1]
+        if real.startswith("/proc/") and tail in ("mem", "pagemap", "environ", "maps", "syscall"):
+            deny("introspection", "opened the process's memory " + real, frames[n])
+
+    def on_guarded(event, args):
+        if st["pinned"] is None:  # nothing but the grader has run yet
+            return
+        if event == "object.__getattr__":
+            name = args[1]
+            if name in _FRAME_ATTRS:
+                frames = stack()
+                n, k = foreign(frames)
+                if k == "agent" and (n == 0 or id(frames[n - 1].f_code) in st["returners"]):
+                    deny("introspection", "took a frame (" + name + ")", frames[n])
+            elif name == "__code__" and st["pinned"] is not None and type(args[0]).__name__ == "function":
+                code = args[0].__code__
+                if id(code) in st["test_code"] or resolve(code.co_filename) in hidden:
+                    frames = stack()
+                    n, k = foreign(frames)
+                    if k == "agent":
+                        deny("answer_key", "read the code of test function " + code.co_name, frames[n])
+        elif event in _FRAMES:
+            frames = stack()
+            n, k = foreign(frames)
+            if k == "agent" and (n == 0 or id(frames[n - 1].f_code) in st["returners"]):
+                deny("introspection", "took a frame (" + event + ")", frames[n])
+        elif event == "open":
+            opened(args[0], stack())
+        elif event == "compile" or event == "code.__new__":
+            name = args[1] if len(args) > 1 else None
+            if type(name) is str and name.startswith("/") and resolve(name) is not None \
+                    and resolve(name) not in agent_files:
+                frames = stack()
+                if frames and classify(frames[0].f_code) == "agent":
+                    deny("framework", "made code under the name of " + name, frames[0])
+        else:  # gc, ctypes, trace / profile / audit hooks, utime / chmod
+            frames = stack()
+            n, k = foreign(frames)
+            if k == "agent":
+                deny("introspection", event, frames[n])
+
+    def hook(event, args):
+        watched = event in WATCHED
+        if not watched and event[:10] != "harnessrl.":
+            return
+        me = ident()
+        if me in busy:
+            # Inside the hook itself only its own frame walk and path lookups go through;
+            # anything else is code that ran inside the guard (a patched builtin): refused.
+            if me in self_call and (event in ("sys._getframe", "open")):
+                if event == "sys._getframe":
+                    self_call.discard(me)
+                return
+            if event == "object.__getattr__" and args[1] in ("f_code", "__code__"):
+                return
+            if not watched:
+                return
+            raise RuntimeError("harnessrl grader: refused inside the guard")
+        busy.add(me)
+        try:
+            if watched:
+                on_guarded(event, args)
+            else:
+                on_ours(event, args)
+        finally:
+            busy.discard(me)
+            self_call.discard(me)
+
+    sys.addaudithook(hook)
