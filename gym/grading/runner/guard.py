@@ -250,9 +250,6 @@ def install(key_box, fd, config):
         return f.f_code.co_filename + ":" + int.__repr__(f.f_lineno or 0)
 
     def deny(kind, what, frame):
-        if os.environ.get("HRL_DEBUG"):
-            f = frame
-            sys.__stderr__.write("DENY " + what + " pinned=" + str(id(f.f_code) in st["pinned"]) + " " + f.f_code.co_name + "\n")
         violation(kind, what, where(frame))
         raise RuntimeError("harnessrl grader: " + what + " is refused to code under test")
 
@@ -351,7 +348,11 @@ def install(key_box, fd, config):
         frames = stack()
         if op == "pin":
             if st["pinned"] is None:
-                pin(frames, args)
+                st["pinning"] = True
+                try:
+                    pin(frames, args)
+                finally:
+                    st["pinning"] = False
             return
         if st["pinned"] is None:
             return
@@ -365,7 +366,11 @@ def install(key_box, fd, config):
             if id(c) not in st["pinned"] and id(c) not in st["test_code"]:
                 return violation("framework", event + " reached the grader through " + c.co_name, where(f))
         if op == "session":  # pytest configured itself (its own late patches, its import hook): the baseline
-            baseline()
+            st["pinning"] = True
+            try:
+                baseline()
+            finally:
+                st["pinning"] = False
         elif op == "item":
             nodeid, fn, runtest = args
             code = getattr(fn, "__code__", None)
@@ -488,9 +493,9 @@ def install(key_box, fd, config):
                 return
             if event == "object.__getattr__" and args[1] in ("f_code", "__code__"):
                 return
-            if not watched:
-                return
-            raise RuntimeError("harnessrl grader: refused inside the guard")
+            if not watched or st.get("pinning"):
+                return  # pinning walks only the library's own objects
+            raise RuntimeError("harnessrl grader: " + event + " refused inside the guard")
         busy.add(me)
         try:
             if watched:
