@@ -57,24 +57,26 @@ def test_triage_sorts_each_change_into_one_place(tmp_path):
         "usercustomize.py": b"",                                             # tampered: site hook
         "pkg/x.pth": b"import os\n",                                         # tampered
         "cheat.dist-info/entry_points.txt": b"[pytest11]\nc = cheat\n",      # tampered: plugin entry point
-        "pkg/hook.py": b"from _pytest import reports\n",                     # tampered: reaches into pytest
-        "pkg/api.py": b"def f(x):\n    return getattr(__import__('pytest'), 'x')\n",  # tampered
+        "pkg/hook.py": b"from _pytest import reports\n",                     # kept: words are no evidence
+        "pkg/api.py": b"def f(x):\n    return getattr(__import__('pytest'), 'x')\n",  # kept: (the runner judges)
+        "pkg/py/util.py": b"x = 1\n",                                         # kept: a deep py/ shadows nothing
+        "pkg/_testing.py": b"def assert_ok(x):\n    pass\n",                # reverted: a test helper
         "pkg/doc.py": b'"""Run the tests with pytest. Then relax."""\n',     # kept: prose is fine
-        "pkg/spy.py": b"import sys\nf = sys._getframe(1)\n",                  # tampered: frame walking
+        "pkg/spy.py": b"import sys\nf = sys._getframe(1)\n",                  # kept: the runner refuses it live
+        "pytest.toml": b"[pytest]\n",                                           # reverted: pytest 9 config
     }
     out = triage(split_patch(git_diff(tmp_path, files)), protected={"hidden.py"})
-    assert [c.path for c in out.kept] == ["pkg/doc.py", "pkg/fix.py"]
-    assert out.reverted == ["hidden.py", "pkg/conftest.py", "pytest.ini", "tests/test_new.py"]
+    assert [c.path for c in out.kept] == ["pkg/api.py", "pkg/doc.py", "pkg/fix.py", "pkg/hook.py", "pkg/py/util.py",
+                                          "pkg/spy.py"]
+    assert out.reverted == ["hidden.py", "pkg/_testing.py", "pkg/conftest.py", "pytest.ini", "pytest.toml",
+                            "tests/test_new.py"]
     assert out.dropped == ["json.py", "pkg.egg-info/PKG-INFO", "pkg/__pycache__/fix.cpython-311.pyc", "src/fnmatch.py"]
-    assert out.tampered == [
-        "cheat.dist-info/entry_points.txt: declares a pytest11 plugin entry point",
-        "pkg/api.py: reaches into the test framework: \"return getattr(__import__('pytest'), 'x')\"",
-        "pkg/hook.py: reaches into the test framework: 'from _pytest import reports'",
-        "pkg/spy.py: introspects the running interpreter: 'f = sys._getframe(1)'",
-        "pkg/x.pth: is a .pth site hook",
-        "pluggy/__init__.py: shadows the test runner (pluggy)",
-        "pytest.py: shadows the test runner (pytest)",
-        "usercustomize.py: is a site hook (usercustomize)",
+    assert [(e["kind"], e["where"], e["what"].split(":")[0]) for e in out.tampered] == [
+        ("runner_shadow", "cheat.dist-info/entry_points.txt", "declares a pytest11 plugin entry point"),
+        ("runner_shadow", "pkg/x.pth", "is a .pth site hook"),
+        ("runner_shadow", "pluggy/__init__.py", "shadows the test runner (pluggy)"),
+        ("runner_shadow", "pytest.py", "shadows the test runner (pytest)"),
+        ("runner_shadow", "usercustomize.py", "is a site hook (usercustomize)"),
     ]
     assert out.kept_patch() == "".join(c.text for c in out.kept)
 
