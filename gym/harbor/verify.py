@@ -26,13 +26,19 @@ agent's state caused it (0.0, reason recorded: also what a test.sh that never wr
 reward gets, and `tasks check` flags its gold); if not, the verifier or the machine is
 broken (infra_error, masked). The sandbox dying or the runner giving no verdict is infra.
 
-Known limits: test.sh runs as the sandbox's user (uid 1000, as the agent did; `[verifier]
-user` is not honoured: there is no root in a sandbox), and the agent's code that the tests
-execute runs as that user too, as in Harbor itself. So that code can write the reward file
-directly (which a test.sh that writes a reward only on success does not overwrite) or in the
-instant between test.sh's own write and its exit; only a writer still alive when test.sh
-ends is caught. Grading sees the workdir the agent left (its diff); processes it started and
-files under /tmp or home do not survive into grading.
+What is protected and what is not. Protected: nothing the agent left running or wrote under
+/logs, /tmp or home survives into grading (step 2); the reward is read only after test.sh and
+every process of its group are gone, and a process that escaped the group makes the run
+untrusted (step 4). Not protected: test.sh runs as the sandbox's only user (uid 1000, as the
+agent did; `[verifier] user` is not honoured: there is no root, no capability and no user
+namespace in a sandbox, so no second user can own the reward file), and so does the agent's
+code that the tests execute, as in Harbor itself. That code can write the reward file (which a
+test.sh that writes a reward only on success does not overwrite), rewrite /tests while test.sh
+reads it, or make the test runner exit 0. So every Harbor verdict carries `protected=False` and
+an `unprotected_reason` (gym.harbor.reward_watch.UNPROTECTED, plus whether a writer was
+checked). Caught, where test.sh writes its reward only with echo/printf: a change to the reward
+file while a program test.sh started (not a shell, gone by test.sh's end) was running, scored
+`tampered` with `reward_file` evidence; reward_watch's docstring lists what slips past.
 """
 from __future__ import annotations
 
@@ -50,6 +56,7 @@ from typing import Any
 from harnessrl.gym.reward_diff import TEST_CONFIG_NAMES, split_patch, triage
 from harnessrl.gym.rewards import RewardConfig, RewardResult, _agent, _infra, _twice, tampered
 from harnessrl.gym.grading import evidence
+from harnessrl.gym.harbor.reward_watch import UNPROTECTED, WATCH, reward_evidence
 from harnessrl.gym.tasks import Task
 from harnessrl.sandboxes.base import Sandbox
 from harnessrl.sandboxes.context_image import SCRATCH_LINKS
@@ -97,13 +104,16 @@ while pid > 1:  # this process and its ancestors (the exec wrapper) are not stra
     with open(f"/proc/{pid}/stat") as f:
         pid = int(f.read().rsplit(")", 1)[1].split()[1])
 t0 = time.monotonic()
+watch = _Watch(spec["logs"])
 proc = subprocess.Popen(["bash", spec["script"]], cwd=spec["workdir"], env=spec["env"], start_new_session=True,
                         stdin=subprocess.DEVNULL)
+watch.start(proc.pid)
 timed_out = False
 try:
     code = proc.wait(timeout=spec["timeout"])
 except subprocess.TimeoutExpired:
     timed_out, code = True, None
+watched = watch.finish()
 for _ in range(2):
     try:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -123,7 +133,8 @@ for _ in range(50):
         except OSError:
             pass
     time.sleep(0.05)
-out = {"exit": code, "timed_out": timed_out, "strays": sorted(set(strays))[:5], "seconds": time.monotonic() - t0}
+out = {"exit": code, "timed_out": timed_out, "strays": sorted(set(strays))[:5], "seconds": time.monotonic() - t0,
+       "watch": watched}
 for name in ("reward.txt", "reward.json"):
     try:
         with open(os.path.join(spec["logs"], "verifier", name), encoding="utf-8", errors="replace") as f:
@@ -133,6 +144,7 @@ for name in ("reward.txt", "reward.json"):
 sys.stdout.flush()
 print(spec["marker"] + "-begin " + repr(out) + " " + spec["marker"] + "-end", flush=True)
 '''
+_RUN = WATCH + _RUN
 
 
 def read_reward(txt: str | None, js: str | None) -> tuple[float, dict[str, float], str]:
@@ -241,6 +253,7 @@ def _usable(verdict: dict) -> tuple[float, dict[str, float], str]:
 
 def score_harbor(sandbox: Sandbox, task: Task, config: RewardConfig, out: RewardResult) -> None:
     """Fill `out` for a Harbor task (see the module docstring); raises rewards' _Verdict."""
+    out.protected, out.unprotected_reason = False, UNPROTECTED  # whatever the verdict (reward_watch)
     if not sandbox.alive():
         raise _infra("sandbox is not alive")
     diff = _twice(sandbox, sandbox.diff, "the agent's changes could not be read")
@@ -259,6 +272,11 @@ def score_harbor(sandbox: Sandbox, task: Task, config: RewardConfig, out: Reward
     patch = "".join(c.text for c in changes if c.path in kept)
     verdict, shown = _run_verifier(sandbox, task, config, patch)
     out.test_output = shown[-config.output_tail_chars:]
+    found, unchecked = reward_evidence(verdict, Path(task.harbor.tests_dir))
+    out.unprotected_reason = UNPROTECTED + (f"; no writer was checked: {unchecked}" if unchecked else
+                                            "; a writer seen running while it changed is caught")
+    if found:
+        raise tampered(found)
     if verdict.get("timed_out"):
         raise _agent(f"test.sh timed out after {min(task.harbor.verifier_timeout_s, config.test_timeout_s):g}s")
     try:
