@@ -15,6 +15,8 @@
 #      Claude Code, OpenCode (npm, mounted read-only into sandboxes); HARNESSRL_HARNESSES
 #      (space-separated) installs only those; without it, every examples/harnesses/*.toml
 #      with an `install` key too (`harnessrl harness install`)
+#   7. the grader's test fixtures in ~/.cache/harnessrl/grading: pytest 7.4, 8.3 and 9, each in
+#      its own folder (lent read-only to sandboxes), and a real project's sdist
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -100,4 +102,8 @@ fi
 if [ -z "${HARNESSRL_HARNESSES:-}" ]; then
   "$VENV/bin/harnessrl" harness install examples/harnesses/*.toml >&2
 fi
+
+# 7. grading fixtures ---------------------------------------------------------------------
+bash "$ROOT/scripts/install_grading_fixtures.sh" >&2
+
 log "ready"
