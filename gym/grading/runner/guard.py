@@ -117,6 +117,8 @@ def _pinned_code(modules):
                     except Exception:
                         pass
             continue
+        if tn == "function" and "__wrapped__" in vars(v):  # functools.wraps: contextmanager, lru_cache...
+            todo.append(vars(v)["__wrapped__"])
         c = v if tn == "code" else v.__code__
         if c is None or id(c) in seen:
             continue
