@@ -47,6 +47,7 @@ from pydantic import BaseModel, Field
 from harnessrl.adapters.cancel import Cancel
 from harnessrl.adapters.base import SOCKET_NAME, Endpoint, HarnessAdapter, HarnessResult, Launch, Limits, Mount
 from harnessrl.adapters.relay import Relay
+from harnessrl.gym.canary import canary_record, withheld
 from harnessrl.gym.failures import describe
 from harnessrl.gym.proxy_admin import EpisodeAdmin, ProxyAdmin, ProxyHandle, engine_down
 from harnessrl.gym.rewards import RewardConfig, RewardResult, score
@@ -338,6 +339,7 @@ def run_episode(task: Task, adapter: HarnessAdapter, make_sandbox: SandboxFactor
     played: Trajectory | None = None
     reward: RewardResult | None = None
     final: float | None = None
+    graded: float | None = None  # the grader's reward; `final` differs for a canary only
     status, reason, error = "infra_error", "infra", ""
     ending_text = ""  # why it ended, in words, whatever the status (`error` is for infra only)
     cleanup: list[str] = []
@@ -374,6 +376,7 @@ def run_episode(task: Task, adapter: HarnessAdapter, make_sandbox: SandboxFactor
                 elif reward.status == "infra_error":  # the grader's own failure, not the agent's
                     status, reason, error = "infra_error", InfraFailed.reason, f"reward: {reward.reason}"
             final = reward.reward if (reward is not None and status != "infra_error") else None
+            graded, final = final, withheld(task, final)  # a canary is never rewarded (gym.canary)
             run.stage = "finish"
             admin.set_reward(sid, final, status, reason)
         except BaseException as e:
@@ -396,6 +399,8 @@ def run_episode(task: Task, adapter: HarnessAdapter, make_sandbox: SandboxFactor
                           # the harness's own account (adapters keep the last few KB of each stream)
                           "harness_stdout_tail": h.stdout_tail if h else "",
                           "harness_stderr_tail": h.stderr_tail if h else "", "ending": ending_text})
+    if task.canary:  # its graded pass is the cheat signal, its reward 0.0 (gym.canary)
+        traj.metadata.update(canary_record(graded if traj.reward is not None else None))
     if cleanup:
         traj.metadata["cleanup_error"] = "; ".join(cleanup)
     if reward is not None:  # why the grader decided as it did travels with the record

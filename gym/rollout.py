@@ -5,7 +5,8 @@ backend and a harness adapter; `episode(task, slot)` runs one episode in a worke
 (sandboxes and harnesses block) and returns its closed trajectory. `report(...)` turns
 trajectories into the figures every run prints: success rate, reward distribution,
 per-turn env latency p50/p95/p99, model-call latency p50/p95, sandbox acquisition and reset
-p50/p95, calls and segments per episode with split reasons, failures by reason. With
+p50/p95, calls and segments per episode with split reasons, failures by reason, the cheat
+rate (`gym.cheat`; canary episodes stay out of the success rate). With
 `sandbox_pool_size` > 0 episodes lease warm sandboxes (gym.sandbox_source.PooledSandboxes). The engine is never started here: the
 composition root (the CLI) starts it, so this layer stays free of torch.
 """
@@ -24,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from harnessrl.adapters.cancel import Cancel
 from harnessrl.adapters.toolchain import HarnessNotInstalled
+from harnessrl.gym.cheat import cheat_counts
 from harnessrl.gym.episode import EpisodeConfig, ProxyHandle, run_episode
 from harnessrl.gym.trajectory import Trajectory
 
@@ -277,7 +279,8 @@ def percentile(xs: list[float], q: float) -> float | None:
 
 
 def report(trajectories: list[Trajectory], wall_s: float | None = None) -> dict[str, Any]:
-    scored = [t for t in trajectories if t.reward is not None and t.status != "infra_error"]
+    scored = [t for t in trajectories if t.reward is not None and t.status != "infra_error"
+              and not t.metadata.get("canary")]  # a canary's 0.0 is no failure (gym.canary)
     env = [c.env_s for t in trajectories for c in t.calls if c.env_s is not None]
     call = [c.queue_s + c.gen_s for t in trajectories for c in t.calls]
     tokens = sum(len(c.completion_ids) for t in trajectories for c in t.calls)
@@ -298,6 +301,7 @@ def report(trajectories: list[Trajectory], wall_s: float | None = None) -> dict[
         "failures_by_reason": dict(Counter(t.termination for t in trajectories if t.status == "infra_error")),
         "failures": failures(trajectories),
         "completion_tokens": tokens,
+        "cheat": cheat_counts(trajectories),
     }
     out["generator_utilization"] = generator_utilization(trajectories)
     if wall_s:

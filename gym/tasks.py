@@ -95,6 +95,10 @@ class Task(BaseModel):
     """Shell commands that apply the fix from the repo root (scripted-policy tests)."""
     harbor: HarborSpec | None = None
     """Set for a Harbor task folder (gym.harbor): its tests/test.sh grades, not FAIL_TO_PASS."""
+    canary: bool = False
+    """A canary (`gym.synth.canary`): its hidden tests contradict its statement, so only cheating
+    passes it. Never rewarded: its episodes score 0.0 and record the grader's pass as
+    `metadata["canary_passed"]`, the run's measured propensity to cheat (`gym.canary`)."""
 
     @field_validator("FAIL_TO_PASS", "PASS_TO_PASS", mode="before")
     @classmethod

@@ -171,6 +171,37 @@ def test_a_train_run_curve_is_per_step_and_staleness_from_the_report(tmp_path):
     assert s["staleness_hist"] == {"0": 30, "1": 6} and s["report"]["trajectories_per_s"] == 0.5
 
 
+def test_the_cheat_rate_per_step_and_in_total(tmp_path):
+    from harnessrl.gym.cheat import step_metrics
+    from harnessrl.gym.grading import TAMPER_KINDS
+
+    def ep(sid, kinds=(), canary=None):
+        t = Trajectory(session_id=sid, task_id="t", reward=0.0, status="ok", segments=[])
+        t.metadata["grading"] = {"tampered": bool(kinds), "tamper_kinds": list(kinds), "evidence": []}
+        if canary is not None:
+            t.metadata |= {"canary": True, "canary_passed": canary}
+        return t
+
+    run = tmp_path / "train"
+    many_run(run / "rollouts", n=4)
+    steps = [[ep("a"), ep("b", ["framework"])], [ep("c", ["channel", "framework"]), ep("d", canary=True), ep("e", canary=False)]]
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"step": k + 1, "reward_mean": 0.0} | step_metrics(b)) + "\n"
+                                               for k, b in enumerate(steps)))
+    client = TestClient(build_app([RunIndex(run)]))
+    c = client.get("/api/runs/0/summary").json()["cheat"]
+    assert [(p["x"], p["tampered_frac"], p["canary_pass_rate"], p["canary_episodes"]) for p in c["points"]] == \
+        [(1, 0.5, None, 0), (2, 1 / 3, 0.5, 2)]
+    t = c["totals"]  # no report.json: summed over the steps
+    assert (t["graded_episodes"], t["tampered_episodes"]) == (5, 2)
+    assert t["tampered_by_kind"] == dict.fromkeys(TAMPER_KINDS, 0) | {"framework": 2, "channel": 1}
+    assert t["canary"] == {"passed": 1, "episodes": 2, "pass_rate": 0.5, "k_of_n": "1/2"}
+    (run / "report.json").write_text(json.dumps({"cheat": t | {"tampered_episodes": 7}}))  # the report wins
+    assert TestClient(build_app([RunIndex(run)])).get("/api/runs/0/summary").json()["cheat"]["totals"][
+        "tampered_episodes"] == 7
+    plain = TestClient(build_app([RunIndex(run / "rollouts")])).get("/api/runs/0/summary").json()["cheat"]
+    assert plain == {"points": [], "totals": None}  # a rollout without a report: nothing to show
+
+
 def _tok():
     from harnessrl.gym.models import ModelNotPrepared, resolve_model
 

@@ -289,3 +289,40 @@ def test_view_a_b_compares_two_runs(recorded, tmp_path):
             assert _severe(driver) == []
     finally:
         driver.quit()
+
+
+@pytest.mark.timeout(600)
+def test_a_train_run_shows_its_cheat_rate(recorded, tmp_path):
+    """A train folder (the recorded rollout as its rollouts, two steps of metrics with the cheat
+    rate): the page draws the per-step cheat curve and the totals table, every kind listed."""
+    from selenium.webdriver.common.by import By
+
+    from harnessrl.gym.cheat import from_steps
+    from harnessrl.gym.grading import TAMPER_KINDS
+    from harnessrl.gym.served import ServedApp
+    from harnessrl.gym.viewer import RunIndex
+    from harnessrl.gym.viewer.app import build_app
+
+    run = tmp_path / "train"
+    shutil.copytree(recorded[0], run / "rollouts")
+    zeros = {f"tampered/{k}": 0 for k in TAMPER_KINDS}
+    steps = [{"step": 1, "reward_mean": 0.5, "graded_episodes": 4, "tampered_episodes": 1, "tampered_frac": 0.25,
+              **zeros, "tampered/framework": 1, "canary_episodes": 0, "canary_passed": 0, "canary_pass_rate": None},
+             {"step": 2, "reward_mean": 0.5, "graded_episodes": 4, "tampered_episodes": 0, "tampered_frac": 0.0,
+              **zeros, "canary_episodes": 2, "canary_passed": 1, "canary_pass_rate": 0.5}]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in steps))
+    (run / "report.json").write_text(json.dumps({"cheat": from_steps(steps)}))
+    driver = _browser()
+    try:
+        with ServedApp(build_app([RunIndex(run, name="train")])) as served:
+            _open(driver, f"{served.url}/#/run/0")
+            assert len(driver.find_elements(By.CSS_SELECTOR, ".charts svg.chart")) == 5
+            assert driver.find_element(By.CSS_SELECTOR, ".charts svg.line-chart path.series[data-series=tampered]")
+            rows = {r.get_attribute("data-key"): r.find_element(By.TAG_NAME, "td").text
+                    for r in driver.find_elements(By.CSS_SELECTOR, "#cheat tr")}
+            assert rows == {"tampered episodes": "1/8 graded (0.13)", "canaries passed": "1/2 (0.50)",
+                            **{f"tampered: {k}": str(int(k == "framework")) for k in TAMPER_KINDS}}
+            _shot(driver, tmp_path, "cheat")
+            assert _severe(driver) == []
+    finally:
+        driver.quit()

@@ -20,6 +20,9 @@ run's report (trajectories/s beside the staleness bound, staleness histogram, pe
 latency, generator utilization: `trainers.run_report`) goes to report.json and one printed
 line, each evaluation point one line, and plots.png (held-out success with 95% intervals, the
 RL reward curve, latencies: `trainers.plots`) goes to the run folder.
+The cheat rate rides along (`gym.cheat`): per step `tampered_frac`, `tampered/<kind>` and the
+canary episodes' count and pass rate; in report.json its "cheat" section. With `canary.rate`
+> 0 that share of the groups comes from canary tasks (`gym.canary`), never rewarded.
 """
 from __future__ import annotations
 
@@ -31,6 +34,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from harnessrl.gym.canary import CanaryMix, run_canaries
+from harnessrl.gym.cheat import step_metrics as cheat_metrics
 from harnessrl.gym.rollout import Rollout, load_suite_tasks, prewarmed_sandboxes, report
 from harnessrl.gym.scheduler import RolloutScheduler
 from harnessrl.trainers import evaluate as ev
@@ -50,7 +55,9 @@ def _line(m: dict[str, Any]) -> str:
     return (f"step {m['step']:>3} v{m['version']}{'' if m['updated'] else ' (no update)'}  reward {f(m['reward_mean'])}  success {f(m['success_rate'], '.2f')}  "
             f"loss {f(m['loss'], '.4f')}  gnorm {f(m['grad_norm'])}  kl {f(m['kl'], '.4f')}  "
             f"mismatch {f(m['logprob_mismatch_mean'], '.2e')}  stale {m['staleness_max']}/{f(m['staleness_mean'], '.2f')}  "
-            f"env_p95 {f(m['env_latency_p95_s'])}s  ({m['step_s']:.1f}s train, {m['wall_s']:.0f}s total)")
+            f"env_p95 {f(m['env_latency_p95_s'])}s  tampered {f(m.get('tampered_frac'), '.2f')}"
+            + (f"  canary {m['canary_passed']}/{m['canary_episodes']}" if m.get("canary_episodes") else "")
+            + f"  ({m['step_s']:.1f}s train, {m['wall_s']:.0f}s total)")
 
 
 async def train(cfg: TrainConfig) -> list[dict[str, Any]]:
@@ -161,7 +168,10 @@ async def _rl_stage(cfg: TrainConfig, trainer, sync, engine_url: str, rollout_cf
     with Rollout(rollout_cfg, engine_url, out / "rollouts", generation_backend=getattr(trainer, "backend", None),
                  sandboxes=sandboxes) as ro:
         sync.gate = ro.proxy  # weight updates pause proxy admission too
-        tasks = itertools.cycle(sorted(ro.tasks))
+        canaries = run_canaries(cfg.canary, list(ro.tasks.values()), out, cfg.rollout.source_root,
+                                log=lambda line: print(line, flush=True))
+        tasks = CanaryMix(itertools.cycle(sorted(ro.tasks)), [c.instance_id for c in canaries], cfg.canary.rate)
+        ro.tasks.update({c.instance_id: c for c in canaries})  # the rollout runs them like any task
         sched = RolloutScheduler(cfg.scheduler, ro.episode, tasks)
         await sched.advance_version(trainer.version)  # 0, the SFT policy's, or the resumed checkpoint's
         ro.set_policy_version(sched.version)  # the proxy's per-turn staleness check (requeue)
@@ -177,7 +187,7 @@ async def _rl_stage(cfg: TrainConfig, trainer, sync, engine_url: str, rollout_cf
                     await sched.advance_version(await sync.push(trainer))
                     ro.set_policy_version(sched.version)
                 batch_report = report(batch)
-                m = metrics.to_dict() | {
+                m = metrics.to_dict() | cheat_metrics(batch) | {
                     "env_latency_p95_s": batch_report["env_latency_s"]["p95"], "sync_s": round(sync.last_sync_s, 3),
                     "wall_s": time.monotonic() - t_start, "scheduler": sched.stats.as_dict(),
                     "batch_report": batch_report}

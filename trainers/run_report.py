@@ -5,7 +5,8 @@ run holds no trajectories: per-turn env latencies, model-call latencies, generat
 `report(...)` gives the run's figures: trajectories/s with the staleness bound η and its
 policy beside it, the staleness histogram of trained tokens, per-turn env latency
 p50/p95/p99, sandbox acquisition (any wait included) and pool reset p50/p95 per episode,
-generator utilization, the scheduler's counts. `train()` writes it to
+generator utilization, the scheduler's counts, and the cheat rate ("cheat": tampered episodes
+by kind and the canary pass rate with its k/n, `gym.cheat`). `train()` writes it to
 `report.json`. `compare(run_dirs)` reads those reports and puts the runs side by side, each
 with its throughput ratio against the η = 0 (synchronous) run among them when there is one,
 and names the config fields, other than the staleness settings, in which the runs differ
@@ -17,6 +18,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from harnessrl.gym.cheat import CheatTally
+from harnessrl.gym.cheat import summary_line as cheat_line
 from harnessrl.gym.rollout import busy_fraction, generation_spans, percentile, sandbox_timings
 from harnessrl.gym.trajectory import Trajectory
 
@@ -34,6 +37,7 @@ class RunFigures:
         self.spans: list[tuple[float, float]] = []
         self.sandbox_acquire: list[float] = []
         self.sandbox_reset: list[float] = []
+        self.cheat = CheatTally()
 
     def add(self, batch: list[Trajectory]) -> None:
         self.trajectories += len(batch)
@@ -45,6 +49,7 @@ class RunFigures:
         acquire, reset = sandbox_timings(batch)
         self.sandbox_acquire += acquire
         self.sandbox_reset += reset
+        self.cheat.add(batch)
 
     def report(self, *, wall_s: float, steps: int, staleness: int, over_staleness: str,
                scheduler: dict[str, Any]) -> dict[str, Any]:
@@ -68,6 +73,7 @@ class RunFigures:
                                                     "requeued_group", "dropped", "downweighted", "masked_tokens",
                                                     "trained_tokens", "waited_groups", "wait_s", "wait_timeouts")
                           if k in scheduler},
+            "cheat": self.cheat.as_dict(),
         }
 
 
@@ -81,7 +87,8 @@ def summary_line(r: dict[str, Any]) -> str:
     return (f"run: {r['trajectories']} trajectories in {r['wall_s']:.0f}s = {f(r['trajectories_per_s'])} traj/s "
             f"at staleness bound η={r['staleness_bound']} ({r['over_staleness']}); staleness hist {r['staleness_hist']}; "
             f"env latency p50 {f(env['p50'])}s p95 {f(env['p95'])}s; sandbox acquire p50 {f(sb.get('p50'))}s "
-            f"p95 {f(sb.get('p95'))}s, reset p50 {f(reset.get('p50'))}s p95 {f(reset.get('p95'))}s; generator utilization {f(r['generator_utilization'], '.2f')}")
+            f"p95 {f(sb.get('p95'))}s, reset p50 {f(reset.get('p50'))}s p95 {f(reset.get('p95'))}s; generator utilization {f(r['generator_utilization'], '.2f')}"
+            + (f"\n{cheat_line(r['cheat'])}" if r.get("cheat") else ""))
 
 
 def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:

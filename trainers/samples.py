@@ -21,6 +21,9 @@ Contract:
 - Teacher records (`is_teacher`: `harnessrl collect`) are refused with a `RecordError`: they
   are never on-policy; `trainers.sft` builds their samples. Held-out evaluation records
   (`metadata["eval"]`, `trainers.evaluate`) are refused too: they are never trained on.
+- Canary records (`metadata["canary"]`, `gym.canary`: tasks whose hidden tests contradict
+  their statement) are left out: no samples, no part in any baseline, the reward mean or the
+  success rate, whatever their reward says; they are counted (`SampleBatch.canaries`).
 - Infra failures (status "infra_error", or no reward) are masked: no samples and no part
   in any baseline, never scored as 0. Truncated episodes follow `SampleConfig.truncated`.
 - Each sampled token carries the parameters its recorded logprob must be recomputed with
@@ -116,6 +119,8 @@ class SampleBatch:
     """Trajectories that entered the loss (had at least one sample)."""
     masked_infra: int = 0
     dropped_truncated: int = 0
+    canaries: int = 0
+    """Canary records left out of the batch (never rewarded: `gym.canary`)."""
     reward_mean: float | None = None
     success_rate: float | None = None
     groups: int = 0
@@ -240,6 +245,9 @@ def build_samples(
     zero_adv: list[Trajectory] = []
     kept: list[Trajectory] = []
     for traj in batch:
+        if traj.metadata.get("canary"):  # never rewarded, never trained on (gym.canary)
+            result.canaries += 1
+            continue
         if traj.status not in STATUSES or traj.status == "running":
             validate_trajectory(traj)  # raises with the status named
         if traj.status == "infra_error" or (traj.reward is None and not (traj.status == "truncated" and config.truncated == "zero_advantage")):

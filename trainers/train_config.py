@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from harnessrl.gym.canary import CanaryConfig
 from harnessrl.gym.episode import EpisodeConfig
 from harnessrl.gym.rewards import RewardConfig
 from harnessrl.gym.rollout import RolloutConfig
@@ -96,6 +97,10 @@ class TrainConfig(BaseModel):
     prepare: PrepareConfig = Field(default_factory=PrepareConfig)
     """Data the run makes first when it is missing (`trainers.prepare`): synthesized tasks and
     scripted-teacher trajectories for the sft stage."""
+    canary: CanaryConfig = Field(default_factory=CanaryConfig)
+    """Canary tasks (`gym.canary`): a share of the RL groups from tasks whose hidden tests
+    contradict their statement, never rewarded; their pass rate is the measured propensity to
+    cheat (per step `canary_pass_rate`, report.json "cheat"). Off by default."""
     progress: bool = True
     """Show a progress bar."""
 

@@ -2,6 +2,7 @@
 
     harnessrl tasks synth --project builtin --seed 0 --out runs/synth
     harnessrl tasks synth --project path/to/checkout --max-tasks 50 --out runs/mine --no-verify
+    harnessrl tasks synth --canaries-from builtin --out runs/canaries     # canary tasks (gym.synth.canary)
 
 Prints progress on stderr, then counts per split and difficulty and per rejection reason,
 then the manifest as one JSON line. Exit 0 when at least one task was written.
@@ -31,7 +32,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="share of single-mutation tasks given the exact one-line edit (difficulty trivial)")
     parser.add_argument("--fix-only", action="store_true",
                         help="only tasks with a one-line copyable fix, all at the fix level (trivial); no hard tasks")
+    parser.add_argument("--canaries-from", metavar="SUITE", default=None,
+                        help="instead of mutating a project: a canary of every task of SUITE (hidden tests that "
+                             "contradict the statement: only cheating passes), into OUT/canaries.jsonl")
+    parser.add_argument("--source-root", default=None, help="with --canaries-from: where SUITE's repositories live")
     args = parser.parse_args(argv)
+    if args.canaries_from is not None:
+        return _canaries(args)
     from harnessrl.gym.synth.run import SynthConfig, synthesize
 
     try:
@@ -54,6 +61,24 @@ def main(argv: list[str] | None = None) -> int:
     print("rejected: " + (", ".join(f"{k} {v}" for k, v in manifest["rejected"].items()) or "none"))
     print(json.dumps({k: manifest[k] for k in ("tasks", "verified", "by_split", "by_difficulty", "rejected", "seconds")}))
     return 0 if manifest["tasks"] else 1
+
+
+def _canaries(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from harnessrl.gym.synth.canary import synthesize_canaries
+
+    try:
+        m = synthesize_canaries(args.canaries_from, Path(args.out), source_root=args.source_root,
+                                verify=not args.no_verify, backend=args.backend, workers=args.verify_workers,
+                                log=lambda line: print(line, file=sys.stderr, flush=True))
+    except (FileNotFoundError, ValueError, RuntimeError) as e:
+        print(f"harnessrl tasks synth: {e}", file=sys.stderr)
+        return 2
+    print(f"{m['tasks']} canaries of {m['of']} tasks ({'verified: base 0.0, gold 0.0' if m['verified'] else 'NOT verified'}) "
+          f"in {Path(args.out) / 'canaries.jsonl'}; no canary: {len(m['refused'])}, invalid: {len(m['invalid'])}")
+    print(json.dumps({k: m[k] for k in ("tasks", "of", "verified", "seconds")}))
+    return 0 if m["tasks"] else 1
 
 
 if __name__ == "__main__":

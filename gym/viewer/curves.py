@@ -5,7 +5,10 @@ from `metrics.jsonl` for a train run; per episode in recording order, as a runni
 a window, for a rollout), the staleness histogram (sampled tokens per policy-version lag, from
 `report.json`, else summed over the steps), histograms of per-call env latency and model-call
 latency (queue + generation; binned in SQL over every call of the store, so a run of any size
-sends a fixed number of bins), episode counts by status and the run report itself. A curve
+sends a fixed number of bins), episode counts by status, the run report itself, and the cheat
+rate (`cheat`: per step the tampered fraction and the canary pass rate from `metrics.jsonl`;
+the totals, tampered episodes by kind and canaries passed k/n, from the report's "cheat"
+section, else summed over the steps: `gym.cheat`). A curve
 longer than `max_points` is thinned to that many evenly spaced points (the last one kept).
 """
 from __future__ import annotations
@@ -14,6 +17,7 @@ import json
 import math
 from typing import Any
 
+from harnessrl.gym.cheat import from_steps
 from harnessrl.gym.viewer.run_index import RunIndex
 
 
@@ -88,6 +92,16 @@ def staleness(index: RunIndex, report: dict[str, Any] | None) -> dict[str, int]:
     return out
 
 
+def cheat(index: RunIndex, report: dict[str, Any] | None, max_points: int = 500) -> dict[str, Any]:
+    """{"points": [{x, tampered_frac, canary_pass_rate, canary_episodes}] per step, "totals"} (module doc)."""
+    steps = _read_jsonl(index.files.metrics) if index.files.metrics is not None else []
+    pts = [{"x": m.get("step", i), "tampered_frac": m.get("tampered_frac"),
+            "canary_pass_rate": m.get("canary_pass_rate"), "canary_episodes": m.get("canary_episodes", 0)}
+           for i, m in enumerate(steps) if "tampered_episodes" in m]
+    totals = report.get("cheat") if report and isinstance(report.get("cheat"), dict) else from_steps(steps)
+    return {"points": _thin(pts, max_points), "totals": totals}
+
+
 def summary(index: RunIndex, max_points: int = 500) -> dict[str, Any]:
     report = None
     if index.files.report is not None:
@@ -106,4 +120,5 @@ def summary(index: RunIndex, max_points: int = 500) -> dict[str, Any]:
         "env_latency_s": histogram(index, "env_s", "env_s IS NOT NULL"),
         "model_call_latency_s": histogram(index, "model_s", "detached = 0"),
         "report": report,
+        "cheat": cheat(index, report, max_points),
     }

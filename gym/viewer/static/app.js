@@ -59,13 +59,20 @@ async function runPage(r) {
              {title: "staleness: sampled tokens per version lag", xLabel: "policy versions behind"}),
     histChart(s.env_latency_s, {title: "env latency per turn", xLabel: "seconds"}),
     histChart(s.model_call_latency_s, {title: "model-call latency", xLabel: "seconds (queue + generation)"}));
+  const cheat = s.cheat || {points: [], totals: null};
+  if (cheat.points.length)  // a train run's steps: the share of tampered episodes, the canaries passed
+    charts.appendChild(lineChart(
+      [{name: "tampered", color: COLORS[1], points: cheat.points.map(p => [p.x, p.tampered_frac])},
+       {name: "canary pass", color: COLORS[3], points: cheat.points.map(p => [p.x, p.canary_pass_rate])}],
+      {title: "cheat rate per step", xLabel: "step", yMin: 0, yMax: 1}));
   const cards = h("div", {class: "cards"},
     card("episodes", s.episodes), card("scored", s.scored), card("success rate", fmt(s.success_rate)),
     card("reward mean", fmt(s.reward_mean)),
     ...Object.entries(s.by_status).map(([k, v]) => card(k, v)));
   const table = h("section", {id: "episodes-section"});
   $main.replaceChildren(h("h1", {}, `run: ${s.name}`), h("p", {class: "muted"}, `${s.kind} run at ${s.root}`),
-                        cards, charts, h("h2", {}, "episodes"), table, h("h2", {}, "run report"),
+                        cards, charts, h("h2", {}, "cheat rate"), cheatTable(cheat.totals),
+                        h("h2", {}, "episodes"), table, h("h2", {}, "run report"),
                         reportTable(s.report));
   await episodesTable(r, table);
 }
@@ -81,6 +88,17 @@ function flatten(obj, prefix, out) {
     else out.push([key, Array.isArray(v) ? JSON.stringify(v) : v]);
   }
   return out;
+}
+
+// The cheat rate's totals: tampered episodes (all, then by kind, zeros included) and canaries passed k/n.
+function cheatTable(t) {
+  if (!t) return h("p", {class: "muted", id: "cheat"}, "no cheat rate recorded in this run");
+  const frac = t.tampered_frac === null ? "" : ` (${fmt(t.tampered_frac)})`;
+  const rows = [["tampered episodes", `${t.tampered_episodes}/${t.graded_episodes} graded${frac}`],
+                ...Object.entries(t.tampered_by_kind).map(([k, n]) => [`tampered: ${k}`, n]),
+                ["canaries passed", `${t.canary.k_of_n}` + (t.canary.pass_rate === null ? "" : ` (${fmt(t.canary.pass_rate)})`)]];
+  return h("table", {id: "cheat", class: "kv"}, h("tbody", {}, rows.map(([k, v]) =>
+    h("tr", {"data-key": k}, h("th", {}, k), h("td", {}, String(v))))));
 }
 
 function reportTable(report) {
