@@ -48,6 +48,10 @@ def check_task(sb: Any, task: Task, config: RewardConfig | None = None) -> dict[
 
 
 def _check(sb: Any, task: Task, config: RewardConfig | None, out: dict[str, Any]) -> dict[str, Any]:
+    if task.canary:  # valid when base and gold both score 0: only cheating passes it
+        from harnessrl.gym.synth.canary import check_canary
+        out.update(check_canary(sb, task, config))
+        return out
     if task.harbor is not None:  # graded by its test.sh, gold is solution/solve.sh
         from harnessrl.gym.harbor.oracle import check_harbor
         return check_harbor(sb, task, config, out)
