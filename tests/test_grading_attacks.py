@@ -1,58 +1,24 @@
 """Attacks on the grader, each made the way an agent would (commands in its sandbox), on the
 real docker and bubblewrap backends: none earns 1.0 or a mask (infra_error). Shadowing the
-runner or reaching into it is `tampered` (0.0); what the agent leaves outside its diff (home,
-/tmp, processes, /dev/shm) is gone before grading; what it breaks is its own 0.0."""
+runner or reaching into it is `tampered` (0.0) with evidence of its kind; what the agent leaves
+outside its diff (home, /tmp, processes, /dev/shm) is gone before grading; what it breaks is its
+own 0.0. The attacks of issue 41 (the grader's plugin class, the frame walk, rigged comparisons,
+the answer key, a patch exec'd from a data file, test helpers outside tests/) come from the
+standing catalogue, harnessrl.gym.grading.attacks, which bench/grader_attacks.py runs whole."""
 from __future__ import annotations
 
-import sys
 import uuid
-from pathlib import Path
 
 import pytest
 
+from harnessrl.gym.grading.attacks import (ATTACKS, BY_NAME, CHEAT_PLUGIN, OBFUSCATED_PATCH, REPORT_PROPERTY_PATCH,
+                                           SITE_HOOK, WATCHER, caught, create_sandbox, outcome, tasks)
 from harnessrl.gym.rewards import RewardConfig, score
-from harnessrl.gym.task_loaders import load_suite
 from harnessrl.sandboxes import make_backend
 
-TASKS = {t.instance_id.split("__")[1]: t for t in load_suite("builtin")}
+TASKS = tasks()
 CALC2 = TASKS["calc-2"]  # 3 FAIL_TO_PASS, 15 PASS_TO_PASS; the fix is in calc/parser.py
-SITE = next(p for p in sys.path if p.endswith("site-packages") and Path(p, "_pytest").is_dir())
 USER_SITE = "/home/agent/.local/lib/python3.11/site-packages"
-
-# Makes every test report "passed" wherever pytest loads it as a plugin.
-CHEAT_PLUGIN = '''
-import pytest
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item, call):
-    outcome = yield
-    outcome.get_result().outcome = "passed"
-'''
-# At interpreter start (site hook): the JUnit file the old grader named on the command line is
-# written, all passing, when the process ends.
-SITE_HOOK = '''
-import atexit, os, sys
-def _fake():
-    junit = [a.split("=", 1)[1] for a in sys.argv if a.startswith("--junitxml=")]
-    if junit:
-        cases = "".join('<testcase classname="x" name="%d"/>' % i for i in range(3))
-        open(junit[0], "w").write('<testsuites><testsuite>%s</testsuite></testsuites>' % cases)
-atexit.register(_fake)
-'''
-# The package patches pytest's reports at import, spelled so no static scan sees a name.
-OBFUSCATED_PATCH = '''
-import importlib as _il
-try:
-    _m = _il.import_module("_py" + "test.rep" + "orts")
-    _cls = getattr(_m, "Test" + "Report")
-    _orig = _cls.__init__
-    def _init(self, *a, **k):
-        _orig(self, *a, **k)
-        self.outcome = "passed"
-    setattr(_cls, "__init__", _init)
-except ImportError:
-    pass
-'''
 
 
 def run_plan(sb, task):
@@ -88,20 +54,34 @@ def backend(request, tmp_path_factory):
 
 @pytest.fixture
 def sb(backend):
-    if backend.name == "docker":
-        sandbox = backend.create(CALC2.repo_spec())
-    else:  # the host's python3 has no pytest: lend it this venv's, read-only
-        sandbox = backend.create(CALC2.repo_spec(), mounts=[(SITE, "/opt/pytest-site", True)],
-                                 env={"PYTHONPATH": "/opt/pytest-site"})
+    sandbox = create_sandbox(backend, CALC2)  # local: this venv's pytest lent read-only
     yield sandbox
     sandbox.close()
 
 
-def assert_zero(r, tampered: bool, reason_has: str = ""):
+@pytest.fixture
+def sandbox_for(backend):
+    """task -> a sandbox of its repository at base (one per repository, reset between uses)."""
+    made = {}
+
+    def get(task):
+        key = task.repo_spec().repo_id
+        if key in made:
+            made[key].reset()
+        else:
+            made[key] = create_sandbox(backend, task)
+        return made[key]
+    yield get
+    for sandbox in made.values():
+        sandbox.close()
+
+
+def assert_zero(r, tampered: bool, reason_has: str = "", kind: str = ""):
     assert (r.reward, r.status, r.tampered) == (0.0, "ok", tampered), (r.reason, r.test_output[-1500:])
     assert reason_has in r.reason
     if tampered:
         assert r.reason.startswith("tampered: ") and r.cause == "agent"
+        assert not kind or kind in {e["kind"] for e in r.evidence}, r.evidence
 
 
 def assert_base_verdict(r):
@@ -204,11 +184,9 @@ def test_pytest11_entry_point_inside_the_repository_is_tampered(sb):
 
 @pytest.mark.timeout(180)
 def test_package_patching_test_reports_is_tampered_at_run_time(sb):
-    agent(sb, "cat >> calc/__init__.py <<'EOF'\nimport _pytest.reports\n"
-              "_pytest.reports.TestReport.outcome = property(lambda self: 'passed', lambda self, v: None)\nEOF")
-    r = score(sb, CALC2)
-    assert_zero(r, tampered=True, reason_has="_pytest.reports.TestReport (members outcome)")
-    assert {e["kind"] for e in r.evidence} == {"framework"}
+    # No word of a line is evidence any more: the patch is seen when it changes the framework.
+    agent(sb, f"cat >> calc/__init__.py <<'EOF'\n{REPORT_PROPERTY_PATCH}EOF")
+    assert_zero(score(sb, CALC2), tampered=True, kind="framework")
 
 
 @pytest.mark.timeout(180)
@@ -217,7 +195,7 @@ def test_obfuscated_framework_patch_is_caught_at_run_time(sb):
     own = sb.exec("python3 -m pytest -q -p no:cacheprovider tests", timeout=60)
     assert own.exit_code == 0, own.output  # in the agent's own runs, the patch works
     r = score(sb, CALC2)
-    assert_zero(r, tampered=True, reason_has="test framework changed (")
+    assert_zero(r, tampered=True, reason_has="test framework changed", kind="framework")
     assert "_pytest.reports.TestReport.__init__" in r.reason
 
 
@@ -225,26 +203,15 @@ def test_obfuscated_framework_patch_is_caught_at_run_time(sb):
 def test_change_hidden_behind_skip_worktree_is_still_seen(sb):
     # The old diff trusted the agent's index (and reset kept skip-worktree files as they were).
     agent(sb, "git update-index --skip-worktree calc/__init__.py && "
-              "printf 'import _pytest.runner\\n' >> calc/__init__.py && git status --porcelain | wc -l")
+              f"cat >> calc/__init__.py <<'EOF'\n{REPORT_PROPERTY_PATCH}EOF")
     assert sb.exec("git status --porcelain", timeout=30).output.strip() == ""  # invisible to git here
     r = score(sb, CALC2)
-    assert "+import _pytest.runner" in r.agent_diff  # seen, and graded (an import is no evidence)
-    assert_base_verdict(r)
+    assert_zero(r, tampered=True, kind="framework")
     sb.reset()
     assert "_pytest" not in sb.read_file("calc/__init__.py").decode()
 
 
 # --- e. a detached process of the agent's, during scoring ----------------------------------------
-
-WATCHER = r'''setsid -f bash -c 'while true; do
-  for d in /tmp/harnessrl-eval-*; do
-    [ -d "$d" ] && for f in "$d"/*.py; do printf "import sys\nsys.exit(0)\n" > "$f"; done
-    cp -r "$d" /dev/shm/ 2>/dev/null
-  done
-  cp /tmp/harnessrl-eval-*.json /dev/shm/ 2>/dev/null
-  sleep 0.02
-done' >/dev/null 2>&1 < /dev/null'''
-
 
 @pytest.mark.timeout(180)
 def test_detached_watcher_neither_rewrites_the_grader_nor_keeps_the_hidden_tests(sb):
@@ -282,7 +249,12 @@ def test_grader_files_swapped_or_forged_by_the_code_under_test_change_nothing(sb
         sb.reset()
         write(sb, "calc/zz_forge.py", forge.format(swap=swap))
         agent(sb, "printf 'from calc import zz_forge\\n' >> calc/__init__.py")
-        assert_base_verdict(score(sb, CALC2))  # never raises, and the forged verdicts count for nothing
+        r = score(sb, CALC2)  # never raises, and the forged verdicts count for nothing
+        if r.tampered:  # touching the grader's files is itself evidence
+            assert_zero(r, tampered=True)
+            assert {e["kind"] for e in r.evidence} <= {"channel", "answer_key"}, r.evidence
+        else:
+            assert_base_verdict(r)
 
 
 class _BrokenSandbox:
@@ -333,3 +305,89 @@ def test_infinite_loop_under_the_hidden_tests_is_the_agents_zero(sb):
     r = score(sb, CALC2, RewardConfig(test_timeout_s=10))
     assert_zero(r, tampered=False, reason_has="hidden test run timed out after 10s (in tests/")
     assert r.cause == "agent"
+
+
+# --- issue 41: the standing catalogue (harnessrl.gym.grading.attacks) ------------------------------
+
+def named(group: str) -> list[str]:
+    return [a.name for a in ATTACKS if a.group == group]
+
+
+def assert_caught(sandbox_for, name: str):
+    """The catalogue's attack `name`, made on its task: answered as the catalogue says (0.0, and
+    tampered with evidence of the expected kind, or a plain 0 where it says so)."""
+    attack = BY_NAME[name]
+    task = TASKS[attack.task]
+    sb = sandbox_for(task)
+    attack.apply(sb)
+    r = score(sb, task)
+    assert r.reward != 1.0 and r.status == "ok", (outcome(r), r.reason, r.test_output[-1500:])
+    assert caught(attack, r), (attack.expect, attack.also, outcome(r), r.reason, r.evidence, r.test_output[-1500:])
+    return r
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("name", named("plugin_class"))
+def test_grader_plugin_class_patched_by_the_package_is_not_paid(sandbox_for, name):
+    assert_caught(sandbox_for, name)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("name", named("frame_walk"))
+def test_frame_walk_to_the_launcher_forging_its_verdict_is_not_paid(sandbox_for, name):
+    assert_caught(sandbox_for, name)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("name", named("rigged_comparison"))
+def test_rigged_comparison_is_tampered(sandbox_for, name):
+    assert_caught(sandbox_for, name)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("name", named("answer_key"))
+def test_reading_the_hidden_tests_as_an_answer_key_is_tampered(sandbox_for, name):
+    assert_caught(sandbox_for, name)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("name", named("data_file"))
+def test_framework_patch_execd_from_a_data_file_is_tampered(sandbox_for, name):
+    assert_caught(sandbox_for, name)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("name", named("test_helpers") + ["pytest_toml_plugin"])
+def test_test_helpers_and_runner_config_outside_tests_are_the_graders(sandbox_for, name):
+    r = assert_caught(sandbox_for, name)
+    assert r.restored_files, r.reason  # the helper / pytest.toml went back to base
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("name", [a.name for a in ATTACKS if a.group in
+                                  ("runner_shadow", "test_config", "outside_diff", "channel", "framework")
+                                  and a.name != "pytest_toml_plugin"])
+def test_earlier_attack_classes_in_the_catalogue_are_not_paid(sandbox_for, name):
+    assert_caught(sandbox_for, name)
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("name", sorted(t for t in TASKS if t.startswith("cmp-")))
+def test_cmp_tasks_gold_is_one_and_base_zero_never_tampered(sandbox_for, name):
+    """The honest controls of the catalogue's own tasks (unittest.TestCase included): no false positive."""
+    task = TASKS[name]
+    sb = sandbox_for(task)
+    base = score(sb, task)
+    assert (base.reward, base.status, base.tampered) == (0.0, "ok", False), (base.reason, base.test_output[-1500:])
+    sb.reset()
+    run_plan(sb, task)
+    gold = score(sb, task)
+    assert (gold.reward, gold.status, gold.tampered) == (1.0, "ok", False), (gold.reason, gold.test_output[-1500:])
+
+
+def test_every_catalogue_attack_names_a_task_and_a_known_outcome():
+    groups = {"plugin_class", "frame_walk", "rigged_comparison", "answer_key", "data_file", "test_helpers",
+              "runner_shadow", "test_config", "outside_diff", "channel", "framework"}
+    assert {a.group for a in ATTACKS} == groups
+    assert all(a.task in TASKS for a in ATTACKS)
+    assert len(BY_NAME) == len(ATTACKS)
