@@ -36,13 +36,14 @@ def _nondumpable():
         pass
 
 
-def _private_module(here, name):
-    """Load a sibling file into a namespace no module table lists, with its own builtins."""
-    path = os.path.join(here, name + ".py")
-    with open(path, encoding="utf-8") as f:
-        source = f.read()
-    space = {"__builtins__": dict(vars(builtins)), "__name__": "harnessrl_" + name, "__file__": path}
-    exec(compile(source, path, "exec"), space)
+def _private_namespace(here, *names):
+    """Execute sibling files, in order, into one namespace no module table lists, with its own
+    copy of the builtins."""
+    space = {"__builtins__": dict(vars(builtins)), "__name__": "harnessrl_guard"}
+    for name in names:
+        path = os.path.join(here, name + ".py")
+        with open(path, encoding="utf-8") as f:
+            exec(compile(f.read(), path, "exec"), space)
     return space
 
 
@@ -147,7 +148,7 @@ def main():
     os.remove(sys.argv[1])
     here = os.path.dirname(os.path.abspath(__file__))
     _nondumpable()
-    guard = _private_module(here, "guard")
+    guard = _private_namespace(here, "pins", "guard")
     unrig = _public_module(here, "unrig")
     worker = _public_module(here, "worker")
     key = os.urandom(32)

@@ -122,11 +122,42 @@ def _report(why):
     raise AssertionError("harnessrl grader: rigged comparison: " + why)
 
 
+def _probe_false(a, op, b):
+    """Why this failing comparison (which an `assert not (...)` turns into a pass) is rigged."""
+    if op == "NotEq":
+        for x, y in ((a, b), (b, a)):
+            if _suspect(x) and not (x != _perturbed(y)):
+                return f"{type(x).__name__}.__ne__ says it equals values it cannot all equal"
+    elif op == "Eq":
+        for x in (a, b):
+            if _suspect(x) and not (x == x) and type(x) is not float:
+                return f"{type(x).__name__}.__eq__ says it differs from itself"
+    elif op in ("Lt", "LtE", "Gt", "GtE"):
+        up = op in ("Lt", "LtE")
+        if _suspect(a) and type(b) in (int, float) and not _OPS[op](a, math.inf if up else -math.inf):
+            return f"{type(a).__name__} refuses an order every number has"
+        if _suspect(b) and type(a) in (int, float) and not _OPS[op](-math.inf if up else math.inf, b):
+            return f"{type(b).__name__} refuses an order every number has"
+    elif op == "In":
+        if _suspect(b) and type(a) in _EXACT:
+            try:
+                items = list(type(b).__mro__[-2].__iter__(b)) if type(b).__mro__[-2] in (list, tuple, set, frozenset, dict) else None
+            except Exception:
+                items = None
+            if items is not None and any(type(i) is type(a) and i == a for i in items):
+                return f"{type(b).__name__}.__contains__ denies an item it holds"
+    return None
+
+
 def compare(a, op, b):
-    """`a <op> b` as Python evaluates it, refused when the passing answer is rigged."""
+    """`a <op> b` as Python evaluates it, refused when the answer is rigged: a passing one by
+    `_probe`, a failing one (an `assert not (...)`) by `_probe_false`."""
     result = _OPS[op](a, b)
-    if (_suspect(a) or _suspect(b) or _suspect(result)) and result:
-        why = _rigged(a, op, b, result)
+    if _suspect(a) or _suspect(b) or _suspect(result):
+        try:
+            why = _rigged(a, op, b, result) if result else _probe_false(a, op, b)
+        except Exception:
+            why = None
         if why:
             _report(why)
     return result
@@ -146,6 +177,8 @@ class _Asserts(ast.NodeTransformer):
             return ast.copy_location(call, test)
         if isinstance(test, ast.BoolOp):
             test.values = [self._wrap(v) for v in test.values]
+        elif isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+            test.operand = self._wrap(test.operand)
         return test
 
 

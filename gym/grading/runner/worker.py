@@ -76,6 +76,40 @@ def _lib_roots(extra):
     return [p for p in roots if p and os.path.isdir(p)]
 
 
+#: The runner's data that names or holds a test's inputs and expected values: read only by
+#: pytest itself (code under test that reads them is told no, and that is evidence).
+_RUNNER_DATA = (("_pytest.python", "Function", ("callspec", "funcargs")), ("_pytest.main", "Session", ("items",)),
+                ("_pytest.runner", "SetupState", ("stack",)))
+
+
+def _runner_data(name):
+    def get(self):
+        sys.audit("harnessrl.runner_data", name)
+        try:
+            return self.__dict__[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def put(self, value):
+        self.__dict__[name] = value
+
+    def drop(self):
+        self.__dict__.pop(name, None)
+    return property(get, put, drop)
+
+
+def _guard_runner_data():
+    """Put the runner's test data behind `harnessrl.runner_data`; returns the getter's code."""
+    for module, cls, names in _RUNNER_DATA:
+        klass = getattr(importlib.import_module(module), cls, None)
+        for name in names:
+            if klass is not None and not isinstance(vars(klass).get(name), property):
+                setattr(klass, name, _runner_data(name))
+    return [_runner_data.__code__.co_consts[i] for i in range(len(_runner_data.__code__.co_consts))
+            if type(_runner_data.__code__.co_consts[i]).__name__ == "code" and
+            _runner_data.__code__.co_consts[i].co_name == "get"]
+
+
 def run(spec, key_box, fd, guard, unrig):
     """Install the guard, set up pytest, pin, run; returns pytest's exit code."""
     guard.install(key_box, fd, {"repo": spec["repo"], "agent_files": spec.get("agent_files", []),
@@ -107,6 +141,7 @@ def run(spec, key_box, fd, guard, unrig):
     for name in ("inspect", "traceback", "logging", "pathlib", "linecache", "tokenize", "unittest", "doctest", "gc"):
         importlib.import_module(name)
     prunner._update_current_test_var = lambda item, when: None
+    guarded = _guard_runner_data()
     unrig.install(pytest)
     repo = os.path.realpath(spec["repo"])
     site = [i for i, p in enumerate(sys.path) if p.endswith(("site-packages", "dist-packages"))]
@@ -117,7 +152,7 @@ def run(spec, key_box, fd, guard, unrig):
                         ("pytest_runtest_logreport", "tryfirst"), ("pytest_collection_finish", "tryfirst"),
                         ("pytest_itemcollected", "tryfirst"), ("pytest_sessionfinish", "trylast")):
         setattr(Forwarder, hook, pytest.hookimpl(**{order: True})(getattr(Forwarder, hook)))
-    ours = [f.__code__ for f in vars(Forwarder).values() if type(f).__name__ == "function"] + unrig.codes()
+    ours = [f.__code__ for f in vars(Forwarder).values() if type(f).__name__ == "function"] + unrig.codes() + guarded
     from _pytest.reports import TestReport
     reports = [TestReport, *[c for c in TestReport.__subclasses__() if c.__module__.startswith("_pytest.")]]
     sys.audit("harnessrl.pin", _lib_roots(runner_paths), ours, reports)
