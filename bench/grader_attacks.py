@@ -20,7 +20,8 @@ import tempfile
 import time
 import uuid
 
-from harnessrl.gym.grading.attacks import ATTACKS, BY_NAME, caught, controls, create_sandbox, outcome, tasks
+from harnessrl.gym.grading.attack_tasks import controls, create_sandbox, tasks
+from harnessrl.gym.grading.attacks import ATTACKS, BY_NAME, caught, outcome
 from harnessrl.gym.rewards import score
 from harnessrl.sandboxes import SandboxUnavailable, make_backend
 

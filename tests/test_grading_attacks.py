@@ -12,7 +12,8 @@ import uuid
 import pytest
 
 from harnessrl.gym.grading.attacks import (ATTACKS, BY_NAME, CHEAT_PLUGIN, OBFUSCATED_PATCH, REPORT_PROPERTY_PATCH,
-                                           SITE_HOOK, WATCHER, caught, create_sandbox, outcome, tasks)
+                                           SITE_HOOK, WATCHER, caught, outcome)
+from harnessrl.gym.grading.attack_tasks import create_sandbox, tasks
 from harnessrl.gym.rewards import RewardConfig, score
 from harnessrl.sandboxes import make_backend
 
