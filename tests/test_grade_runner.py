@@ -202,6 +202,11 @@ for fd in range(3, 20):
     except OSError:
         pass
 ''', "channel", "not signed by the guard"),
+    "hidden tests rewritten by a subprocess": ('''
+import os, subprocess
+_t = os.path.join(os.path.dirname(__file__), "..", "tests", "test_a.py")
+subprocess.run(["sh", "-c", "printf 'def test_bad():\\n    pass\\n' >> " + _t])
+''', "framework", "hidden test files changed while the tests ran"),
     "patch exec'd from a data file": ('''
 import os
 exec(open(os.path.join(os.path.dirname(__file__), "data.txt")).read())

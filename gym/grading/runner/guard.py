@@ -64,7 +64,7 @@ def install(key_box, fd, config):
     literal, fingerprint, pinned_code, code_of = _literal, _fingerprint, _pinned_code, _code_of
     path_types = tuple(getattr(__import__("pathlib"), n) for n in ("PurePosixPath", "PosixPath", "Path", "PurePath"))
     st = {"seq": 0, "pinned": None, "lib": (), "pin_ns": 0, "before": None, "hot": None, "returners": frozenset(),
-          "tests": {}, "test_code": set(), "main": None, "ours": frozenset(), "said": set(), "kinds": {},
+          "tests": {}, "test_code": {}, "main": None, "ours": frozenset(), "said": set(), "kinds": {},
           "globals": [], "meta": (), "path_hooks": ()}
     busy, self_call = set(), set()
 
@@ -110,30 +110,29 @@ def install(key_box, fd, config):
         """'lib' (pinned, or files of the interpreter and the runner), 'trusted' (the repository
         as graded, the hidden tests) or 'agent' (files the agent changed, files made or changed
         since grading began, code made at run time)."""
-        if st["pinned"] is not None and id(code) in st["pinned"]:
+        if st["pinned"] is not None and st["pinned"].get(id(code)) is code:
             return "lib"
         fn = code.co_filename
         known = st["kinds"].get(fn)
-        if known is not None:
-            return known
-        kind = "agent"
-        if fn.startswith("<frozen "):
-            kind = "lib"
-        elif fn.startswith("/"):
-            real = resolve(fn)
-            if real is None or real in agent_files:
-                kind = "agent"
-            elif any(real.startswith(root) for root in st["lib"]):
-                try:  # a file made in a library folder after grading began is not the library's
-                    kind = "lib" if stat(real).st_ctime_ns < st["pin_ns"] else "agent"
-                except OSError:
-                    kind = "agent"
-            elif real.startswith(repo + "/"):
-                try:
-                    kind = "trusted" if stat(real).st_ctime_ns < st["pin_ns"] else "agent"
-                except OSError:
-                    kind = "agent"
-        st["kinds"][fn] = kind
+        if known is None:
+            known = ("agent", None)
+            if fn.startswith("<frozen "):
+                known = ("lib", None)
+            elif fn.startswith("/"):
+                real = resolve(fn)
+                if real is not None and real not in agent_files:
+                    if any(real.startswith(root) for root in st["lib"]):
+                        known = ("lib", real)
+                    elif real.startswith(repo + "/"):
+                        known = ("trusted", real)
+            st["kinds"][fn] = known
+        kind, real = known
+        if real is not None:  # a file made or rewritten since grading began is not what was graded
+            try:
+                if stat(real).st_ctime_ns >= st["pin_ns"]:
+                    return "agent"
+            except OSError:
+                return "agent"
         return kind
 
     def stack():
@@ -198,6 +197,16 @@ def install(key_box, fd, config):
         found = changed(st["hot"] if hot else st["before"])
         if found:
             violation("framework", "test framework changed (" + when + "): " + ", ".join(found))
+        touched = []
+        for real in hidden:
+            try:
+                if stat(real).st_ctime_ns >= st["pin_ns"]:
+                    touched.append(real)
+            except OSError:
+                touched.append(real)
+        if touched:
+            violation("framework", "hidden test files changed while the tests ran (" + when + "): "
+                      + ", ".join(touched[:3]))
         for modname, space, names in st["globals"]:
             moved = [n for n, v in names if space.get(n) is not v]
             if moved:
@@ -228,7 +237,7 @@ def install(key_box, fd, config):
         conftest importing the package runs before this point)."""
         more = [m for m in list(sys.modules.values()) if m is not None and
                 any(str(getattr(m, "__file__", "") or "").startswith(root) for root in st["lib"])]
-        st["pinned"] |= pinned_code(more)
+        st["pinned"].update(pinned_code(more))
         early = []
         for name, space, attr, value, code, keys in st["before"]:
             now = space.get(attr)
@@ -278,7 +287,7 @@ def install(key_box, fd, config):
             c = f.f_code
             if c is st["main"]:
                 break
-            if id(c) not in st["pinned"] and id(c) not in st["test_code"]:
+            if st["pinned"].get(id(c)) is not c and st["test_code"].get(id(c)) is not c:
                 return violation("framework", event + " reached the grader through " + c.co_name, where(f))
         if op == "session":  # pytest configured itself (its own late patches, its import hook): the baseline
             st["pinning"] = True
@@ -293,7 +302,7 @@ def install(key_box, fd, config):
             todo = [code] if type(code).__name__ == "code" else []
             while todo:
                 c = todo.pop()
-                st["test_code"].add(id(c))
+                st["test_code"][id(c)] = c
                 todo.extend(k for k in c.co_consts if type(k).__name__ == "code")
         elif op == "modules":  # test modules and conftests, collected: the names they bound are pinned
             for mod in args[0]:
@@ -369,7 +378,7 @@ def install(key_box, fd, config):
                     deny("introspection", "took a frame (" + name + ")", frames[n])
             elif name == "__code__" and st["pinned"] is not None and type(args[0]).__name__ == "function":
                 code = args[0].__code__
-                if id(code) in st["test_code"] or resolve(code.co_filename) in hidden:
+                if st["test_code"].get(id(code)) is code or resolve(code.co_filename) in hidden:
                     frames = stack()
                     n, k = foreign(frames)
                     if k == "agent":

@@ -58,8 +58,8 @@ def _fingerprint():
 
 
 def _pinned_code(modules):
-    """ids of every code object reachable from these modules' functions and classes."""
-    seen, todo = set(), []
+    """{id: code} of every code object reachable from these modules' functions and classes."""
+    seen, todo = {}, []
     for mod in modules:
         for value in list(vars(mod).values()):
             todo.append(value)
@@ -86,7 +86,7 @@ def _pinned_code(modules):
         c = v if tn == "code" else v.__code__
         if c is None or id(c) in seen:
             continue
-        seen.add(id(c))
+        seen[id(c)] = c  # held: a freed code object's id could be reused by the agent's
         todo.extend(k for k in c.co_consts if type(k).__name__ == "code")
     return seen
 
