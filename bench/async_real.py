@@ -607,7 +607,7 @@ async def amain(args) -> int:
     from harnessrl.gym.engine_client import EngineClient
     from harnessrl.gym.episode import EpisodeConfig
     from harnessrl.gym.models import load_tokenizer, resolve_model
-    from harnessrl.gym.rewards import RewardConfig
+    from harnessrl.gym.grading.verdict import RewardConfig
     from harnessrl.gym.rollout import Rollout, RolloutConfig, load_suite_tasks
     from harnessrl.trainers.engine import EngineServer
 

@@ -22,7 +22,7 @@ import uuid
 
 from harnessrl.gym.grading.attack_tasks import controls, create_sandbox, tasks
 from harnessrl.gym.grading.attacks import ATTACKS, BY_NAME, caught, outcome
-from harnessrl.gym.rewards import score
+from harnessrl.gym.grading.score import score
 from harnessrl.sandboxes import SandboxUnavailable, make_backend
 
 

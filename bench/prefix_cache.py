@@ -113,7 +113,7 @@ def _episodes(url: str, n: int, sched) -> dict:
     `rollout_other_s`: what the wall time holds beyond the episodes (task set-up, teardown)."""
     from harnessrl.gym.rollout import RolloutConfig, run_rollout
     from harnessrl.gym.episode import EpisodeConfig
-    from harnessrl.gym.rewards import RewardConfig
+    from harnessrl.gym.grading.verdict import RewardConfig
 
     cfg = RolloutConfig(difficulties=["trivial"], max_new_tokens=192, temperature=0.0,
                         episode=EpisodeConfig(max_calls=3, wall_time_s=600, reward=RewardConfig(test_timeout_s=120)))

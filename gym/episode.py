@@ -9,7 +9,7 @@ unexpected exception is `infra` with the stage and the exception in `error`. The
 code, the tails of its stdout/stderr and the ending in words (`ending`) go into the record's
 metadata; a harness that never started (exit 126/127, no model call) is `infra`. The record is
 read from the proxy once, after the session is closed. The harness only ever gets plain data
-(session URL, key, model, the problem statement, its sandbox); hidden tests are applied by `gym.rewards.score` after it
+(session URL, key, model, the problem statement, its sandbox); hidden tests are applied by `gym.grading.score` after it
 has exited. An ending caused by the infrastructure (sandbox died, engine unreachable,
 harness not installed, reward run failed) is `infra_error` with reward None: masked from
 training, never taught as a 0. So is `stale`: the proxy aborted the session because its
@@ -50,7 +50,8 @@ from harnessrl.adapters.relay import Relay
 from harnessrl.gym.canary import canary_record, withheld
 from harnessrl.gym.failures import describe
 from harnessrl.gym.proxy_admin import EpisodeAdmin, ProxyAdmin, ProxyHandle, engine_down
-from harnessrl.gym.rewards import RewardConfig, RewardResult, score
+from harnessrl.gym.grading.score import score
+from harnessrl.gym.grading.verdict import RewardConfig, RewardResult
 from harnessrl.gym.sandbox_source import SandboxLease, SandboxSource
 from harnessrl.gym.tasks import Task
 from harnessrl.gym.trajectory import Trajectory

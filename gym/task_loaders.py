@@ -31,7 +31,7 @@ from typing import Any, Callable
 
 from pydantic import ValidationError
 
-from harnessrl.gym.rewards import is_test_path
+from harnessrl.gym.grading.diff import is_test_path
 from harnessrl.gym.tasks import Task
 
 LAYOUTS = ("auto", "harnessrl", "swebench", "swegym", "swesmith", "r2e")

@@ -64,7 +64,7 @@ HOME = "/home/agent"
 # resets for the host over `docker attach` (see sandbox_init.py).
 _INIT = Path(__file__).with_name("sandbox_init.py").read_text()
 #: PID 1's interpreter flags when it keeps a warm python (DockerConfig.warm_python), and so
-#: the flags of a python that may fork from it: the grader's runner's (gym/rewards.py).
+#: the flags of a python that may fork from it: the grader's runner's (gym/grading/hidden_tests.py).
 WARM_PYTHON_FLAGS = ("-I", "--check-hash-based-pycs", "always")
 # Every exec: `timeout` puts the command in its own process group; the group dies with it.
 # $1=1 merges stderr into stdout at the source, so their order is kept (PID 1 reads the two apart).

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from harnessrl.gym.rewards import RewardConfig
+from harnessrl.gym.grading.verdict import RewardConfig
 from harnessrl.gym.tasks import Task
 
 MAJORS = ("7", "8", "9")

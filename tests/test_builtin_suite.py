@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from harnessrl.gym.rewards import score
+from harnessrl.gym.grading.score import score
 from harnessrl.gym.task_loaders import load_suite
 from harnessrl.sandboxes import make_backend
 

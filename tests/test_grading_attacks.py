@@ -14,7 +14,8 @@ import pytest
 from harnessrl.gym.grading.attacks import (ATTACKS, BY_NAME, CHEAT_PLUGIN, OBFUSCATED_PATCH, REPORT_PROPERTY_PATCH,
                                            SITE_HOOK, WATCHER, caught, outcome)
 from harnessrl.gym.grading.attack_tasks import create_sandbox, tasks
-from harnessrl.gym.rewards import RewardConfig, score
+from harnessrl.gym.grading.score import score
+from harnessrl.gym.grading.verdict import RewardConfig
 from harnessrl.sandboxes import make_backend
 
 TASKS = tasks()

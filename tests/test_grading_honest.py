@@ -18,7 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from harnessrl.gym.rewards import RewardResult, score
+from harnessrl.gym.grading.score import score
+
+from harnessrl.gym.grading.verdict import RewardResult
 from harnessrl.gym.task_loaders import load_suite
 from harnessrl.gym.tasks import Task
 from harnessrl.sandboxes import make_backend

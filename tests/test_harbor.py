@@ -178,7 +178,7 @@ def backend():
 @pytest.mark.docker
 @pytest.mark.timeout(600)
 def test_tests_and_solution_are_not_visible_and_limits_apply(backend):
-    from harnessrl.gym.rewards import score
+    from harnessrl.gym.grading.score import score
 
     task = next(t for t in load_dir(SHIPPED) if t.instance_id == "wordcount-fix")
     sb = _sandbox(backend, task)
@@ -199,7 +199,7 @@ def test_tests_and_solution_are_not_visible_and_limits_apply(backend):
 @pytest.mark.docker
 @pytest.mark.timeout(600)
 def test_reward_json_metrics_are_kept_and_reward_is_the_reward_key(backend):
-    from harnessrl.gym.rewards import score
+    from harnessrl.gym.grading.score import score
 
     task = next(t for t in load_dir(SHIPPED) if t.instance_id == "csv-stats")
     sb = _sandbox(backend, task)
@@ -231,7 +231,7 @@ def answer_tasks(tmp_path_factory):
 @pytest.mark.docker
 @pytest.mark.timeout(600)
 def test_a_reward_file_the_agent_wrote_beforehand_does_not_count(backend, answer_tasks):
-    from harnessrl.gym.rewards import score
+    from harnessrl.gym.grading.score import score
 
     task = answer_tasks["only-on-pass"]
     sb = _sandbox(backend, task)
@@ -252,7 +252,7 @@ def test_a_reward_file_the_agent_wrote_beforehand_does_not_count(backend, answer
 @pytest.mark.docker
 @pytest.mark.timeout(600)
 def test_a_background_process_the_agent_left_cannot_write_the_reward(backend, answer_tasks):
-    from harnessrl.gym.rewards import score
+    from harnessrl.gym.grading.score import score
 
     task = answer_tasks["only-on-pass"]
     sb = _sandbox(backend, task)
@@ -276,7 +276,7 @@ def test_a_background_process_the_agent_left_cannot_write_the_reward(backend, an
 def test_a_process_escaping_the_verifier_makes_its_reward_untrusted(backend, answer_tasks):
     """The agent's code, run by test.sh, leaves a writer that outlives test.sh (its own session)
     and keeps overwriting the reward test.sh wrote: it is found, killed, and the run scores 0."""
-    from harnessrl.gym.rewards import score
+    from harnessrl.gym.grading.score import score
 
     task = answer_tasks["always-writes"]
     sb = _sandbox(backend, task)
@@ -294,7 +294,7 @@ def test_a_process_escaping_the_verifier_makes_its_reward_untrusted(backend, ans
 @pytest.mark.docker
 @pytest.mark.timeout(600)
 def test_no_reward_is_the_agents_zero_and_a_dying_verifier_is_masked(backend, answer_tasks):
-    from harnessrl.gym.rewards import score
+    from harnessrl.gym.grading.score import score
 
     never = answer_tasks["never-writes"]
     sb = _sandbox(backend, never)
@@ -398,7 +398,7 @@ def test_check_adapter_takes_its_gold_task_from_a_harbor_folder(tmp_path):
 def test_a_runner_shadow_in_the_workdir_is_tampering(backend):
     """wordcount-fix's test.sh runs `python3 -m pytest` from /app, where a pytest.py of the
     agent's would be imported first and could exit 0: the episode is tampered, scored 0."""
-    from harnessrl.gym.rewards import score
+    from harnessrl.gym.grading.score import score
 
     task = next(t for t in load_dir(SHIPPED) if t.instance_id == "wordcount-fix")
     sb = _sandbox(backend, task)
@@ -466,7 +466,7 @@ def test_code_under_test_writing_the_reward_file_is_tampered(backend, reward_tas
     while pytest ran: tampered, with `reward_file` evidence. The gold is paid, and both verdicts
     say the reward file was not protected."""
     from harnessrl.gym.harbor.reward_watch import UNPROTECTED
-    from harnessrl.gym.rewards import score
+    from harnessrl.gym.grading.score import score
 
     task = reward_tasks["pytest-on-pass"]
     sb = _sandbox(backend, task)
@@ -493,7 +493,7 @@ def test_a_reward_no_writer_can_be_checked_for_is_recorded_unprotected(backend, 
     """Where the watch cannot tell the writer (the agent's script is itself run by bash; the
     reward is a program's output), the attack is not caught, and the verdict says so."""
     from harnessrl.gym.harbor.reward_watch import UNPROTECTED
-    from harnessrl.gym.rewards import score
+    from harnessrl.gym.grading.score import score
 
     task = answer_tasks["only-on-pass"]
     sb = _sandbox(backend, task)

@@ -1,10 +1,10 @@
-"""The agent's diff cut per path and sorted (gym/reward_diff.py), on patches real git wrote."""
+"""The agent's diff cut per path and sorted (gym/grading/diff.py), on patches real git wrote."""
 from __future__ import annotations
 
 import subprocess
 from pathlib import Path
 
-from harnessrl.gym.reward_diff import pytest_section, split_patch, triage
+from harnessrl.gym.grading.diff import pytest_section, split_patch, triage
 
 
 def git_diff(tmp_path: Path, files: dict[str, bytes | None]) -> str:

@@ -13,7 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from harnessrl.gym.rewards import RewardConfig, nodeid_key, parse_junit, score
+from harnessrl.gym.grading.hidden_tests import nodeid_key, parse_junit
+
+from harnessrl.gym.grading.score import score
+
+from harnessrl.gym.grading.verdict import RewardConfig
 from harnessrl.gym.task_loaders import load_suite
 from harnessrl.sandboxes import SandboxError, make_backend
 

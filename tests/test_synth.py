@@ -230,7 +230,7 @@ def test_bad_config_names_the_field():
 @pytest.mark.docker
 @pytest.mark.timeout(600)
 def test_emitted_tasks_verify_in_docker(tmp_path):
-    from harnessrl.gym.rewards import score
+    from harnessrl.gym.grading.score import score
     from harnessrl.sandboxes import make_backend
     from harnessrl.sandboxes.docker import DockerConfig
 

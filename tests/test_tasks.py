@@ -12,7 +12,9 @@ import pyarrow.parquet as pq
 import pytest
 from pydantic import ValidationError
 
-from harnessrl.gym.rewards import is_test_path, patch_files
+from harnessrl.gym.grading.diff import is_test_path
+
+from harnessrl.gym.grading.hidden_tests import patch_files
 from harnessrl.gym.suites import builtin
 from harnessrl.gym.task_loaders import (SUITES, TaskFileError, detect_layout, load_jsonl, load_parquet,
                                         load_suite, load_tasks, reverse_patch)

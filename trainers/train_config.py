@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from harnessrl.gym.canary import CanaryConfig
 from harnessrl.gym.episode import EpisodeConfig
-from harnessrl.gym.rewards import RewardConfig
+from harnessrl.gym.grading.verdict import RewardConfig
 from harnessrl.gym.rollout import RolloutConfig
 from harnessrl.gym.scheduler import SchedulerConfig
 from harnessrl.trainers.bridges.tinker import TinkerTrainerConfig

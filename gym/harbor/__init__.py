@@ -5,6 +5,6 @@ same suite path as every other task file (`harnessrl tasks list|check DIR`, `rol
 `train`, `collect`): `instruction.md` is the problem statement, `task.toml` the timeouts and
 limits (`spec.HarborSpec`), `environment/Dockerfile` the image (built offline by the docker
 backend), `tests/test.sh` the verifier (`verify.score_harbor`, reached through
-`gym.rewards.score`), `solution/solve.sh` the gold plan. This package's `__init__` imports
+`gym.grading.score`), `solution/solve.sh` the gold plan. This package's `__init__` imports
 nothing, so `gym.tasks` can import `spec` without a cycle.
 """

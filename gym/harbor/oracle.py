@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from harnessrl.gym.rewards import RewardConfig, score
+from harnessrl.gym.grading.score import score
+
+from harnessrl.gym.grading.verdict import RewardConfig
 from harnessrl.gym.suites.check import base_problem, gold_verdict, verdict
 from harnessrl.gym.tasks import Task
 

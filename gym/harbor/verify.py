@@ -1,9 +1,9 @@
 """Grade a Harbor task: its tests/test.sh, run in a clean room after the agent is gone.
 
-Contract (reached through `gym.rewards.score`, whose verdict helpers it shares; never raises
+Contract (reached through `gym.grading.score`, whose verdict helpers it shares; never raises
 past it). In order:
 1. the agent's change is read as one diff of the workdir against base and triaged as for
-   every task (`reward_diff.triage`): shadows of a test runner, site hooks, code reaching into
+   every task (`gym.grading.diff.triage`): shadows of a test runner, site hooks, code reaching into
    pytest make the episode `tampered` (0.0); build artefacts are dropped; pytest's config
    files (conftest.py, pytest.ini, tox.ini) are left at base; other files, test-named ones
    included (a Harbor task's tests live in /tests, not in the workdir), are kept;
@@ -53,8 +53,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from harnessrl.gym.reward_diff import TEST_CONFIG_NAMES, split_patch, triage
-from harnessrl.gym.rewards import RewardConfig, RewardResult, _agent, _infra, _twice, tampered
+from harnessrl.gym.grading.diff import TEST_CONFIG_NAMES, split_patch, triage
+from harnessrl.gym.grading.verdict import RewardConfig, RewardResult, agent, infra, twice, tampered
 from harnessrl.gym.grading import evidence
 from harnessrl.gym.harbor.reward_watch import UNPROTECTED, WATCH, reward_evidence
 from harnessrl.gym.tasks import Task
@@ -189,7 +189,7 @@ def _pack_tests(folder: Path) -> str:
 def _run_verifier(sandbox: Sandbox, task: Task, config: RewardConfig, patch: str) -> tuple[dict, str]:
     """Reset, prepare (fresh /logs and /tests, `patch` applied), run test.sh; (verdict, output)."""
     h = task.harbor
-    _twice(sandbox, sandbox.reset, "the sandbox could not be reset to base from the state the agent left")
+    twice(sandbox, sandbox.reset, "the sandbox could not be reset to base from the state the agent left")
     token = uuid.uuid4().hex
     bundle = f"/tmp/harnessrl-harbor-{token}.json"
     sandbox.write_file(bundle, json.dumps({"tests": _pack_tests(Path(h.tests_dir)), "patch": patch}).encode(),
@@ -197,9 +197,9 @@ def _run_verifier(sandbox: Sandbox, task: Task, config: RewardConfig, patch: str
     done = sandbox.exec(["python3", "-I", "-c", _PREPARE, bundle, task.workdir], timeout=config.command_timeout_s,
                         workdir=task.workdir)
     if done.exit_code == 4:
-        raise _agent(done.output.strip()[-500:])
+        raise agent(done.output.strip()[-500:])
     if done.exit_code != 0 or done.timed_out:
-        raise _infra(f"preparing /logs and /tests failed (exit {done.exit_code}): {done.output.strip()[-500:]}")
+        raise infra(f"preparing /logs and /tests failed (exit {done.exit_code}): {done.output.strip()[-500:]}")
     timeout = min(h.verifier_timeout_s, config.test_timeout_s)
     marker = f"harnessrl-harbor-{uuid.uuid4().hex}"
     env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/home/agent",
@@ -217,8 +217,8 @@ def _run_verifier(sandbox: Sandbox, task: Task, config: RewardConfig, patch: str
         raise tampered([evidence("channel", f"{len(blocks)} verdicts in one verifier run: something besides the grader wrote one")])
     if not blocks:
         if run.timed_out:
-            raise _agent(f"the verifier run was killed after {timeout:g}s")
-        raise _infra(f"the verifier runner gave no verdict (exit {run.exit_code}): {run.output.strip()[-300:]}")
+            raise agent(f"the verifier run was killed after {timeout:g}s")
+        raise infra(f"the verifier runner gave no verdict (exit {run.exit_code}): {run.output.strip()[-300:]}")
     try:
         verdict = ast.literal_eval(blocks[0])
     except (ValueError, SyntaxError, MemoryError, RecursionError):
@@ -255,13 +255,13 @@ def score_harbor(sandbox: Sandbox, task: Task, config: RewardConfig, out: Reward
     """Fill `out` for a Harbor task (see the module docstring); raises rewards' _Verdict."""
     out.protected, out.unprotected_reason = False, UNPROTECTED  # whatever the verdict (reward_watch)
     if not sandbox.alive():
-        raise _infra("sandbox is not alive")
-    diff = _twice(sandbox, sandbox.diff, "the agent's changes could not be read")
+        raise infra("sandbox is not alive")
+    diff = twice(sandbox, sandbox.diff, "the agent's changes could not be read")
     out.agent_diff = diff.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
     try:
         changes = split_patch(diff)
     except ValueError as e:
-        raise _agent(f"the agent's diff is unreadable: {e}") from None
+        raise agent(f"the agent's diff is unreadable: {e}") from None
     sorted_ = triage(changes)
     if sorted_.tampered:
         raise tampered(sorted_.tampered)
@@ -278,7 +278,7 @@ def score_harbor(sandbox: Sandbox, task: Task, config: RewardConfig, out: Reward
     if found:
         raise tampered(found)
     if verdict.get("timed_out"):
-        raise _agent(f"test.sh timed out after {min(task.harbor.verifier_timeout_s, config.test_timeout_s):g}s")
+        raise agent(f"test.sh timed out after {min(task.harbor.verifier_timeout_s, config.test_timeout_s):g}s")
     try:
         reward, metrics, source = _usable(verdict)
     except ValueError as e:
@@ -294,9 +294,9 @@ def _no_reward(sandbox: Sandbox, task: Task, config: RewardConfig, what: str) ->
     pristine base (the verifier works; a test.sh that writes no reward on failure is common),
     else the verifier's or the machine's (infra_error, masked)."""
     if not config.check_cause:
-        raise _agent(what)
+        raise agent(what)
     verdict, _ = _run_verifier(sandbox, task, config, "")
     why = _broken(verdict)
     if why:
-        raise _infra(f"{what} -- on the pristine base the verifier does not complete either ({why})")
-    raise _agent(f"{what} -- on the pristine base test.sh runs to its end, so the agent's state caused it")
+        raise infra(f"{what} -- on the pristine base the verifier does not complete either ({why})")
+    raise agent(f"{what} -- on the pristine base test.sh runs to its end, so the agent's state caused it")

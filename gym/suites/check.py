@@ -1,6 +1,6 @@
 """Validate a task suite in real sandboxes before training on it.
 
-Contract: a task is valid when, scored by `gym.rewards.score`, the untouched base gives 0.0
+Contract: a task is valid when, scored by `gym.grading.score`, the untouched base gives 0.0
 with every FAIL_TO_PASS test failing and every PASS_TO_PASS test passing, and the gold
 `patch` (written as a file, then `git apply`-ed) gives 1.0. One sandbox per repository
 serves all of its tasks through reset(). Infra errors are reported as such, not as invalid.
@@ -25,7 +25,8 @@ import time
 from typing import Any, Callable
 
 from harnessrl.gym.failures import describe
-from harnessrl.gym.rewards import RewardConfig, score
+from harnessrl.gym.grading.score import score
+from harnessrl.gym.grading.verdict import RewardConfig
 from harnessrl.gym.tasks import Task
 from harnessrl.sandboxes.base import SandboxError
 

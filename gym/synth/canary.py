@@ -149,7 +149,7 @@ def make_canaries(tasks: list[Task], log: Callable[[str], None] = lambda _: None
 def check_canary(sb: Any, task: Task, config: Any = None) -> dict[str, Any]:
     """{"instance_id", "valid", "problem", "base_reward", "gold_reward"} of one canary, graded
     for real in sandbox `sb` (a fresh or reset sandbox of its repository): module doc."""
-    from harnessrl.gym.rewards import score
+    from harnessrl.gym.grading.score import score
 
     out: dict[str, Any] = {"instance_id": task.instance_id, "valid": False, "problem": "",
                            "base_reward": None, "gold_reward": None}

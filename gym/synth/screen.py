@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harnessrl.gym.rewards import runner_command
+from harnessrl.gym.grading.hidden_tests import runner_command
 
 __all__ = ["Run", "Screener", "classify"]
 _WORST = ("error", "failed", "skipped", "passed")

@@ -20,7 +20,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from harnessrl.gym.reward_diff import is_test_path
+from harnessrl.gym.grading.diff import is_test_path
 
 __all__ = ["BUILTIN_PROJECTS", "clean_repo", "source_files", "bug_commit", "gold_patch", "write_bundle",
            "git", "project_name"]

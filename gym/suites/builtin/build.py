@@ -26,7 +26,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from harnessrl.gym.rewards import nodeid_key, parse_junit
+from harnessrl.gym.grading.hidden_tests import nodeid_key, parse_junit
 
 HERE = Path(__file__).resolve().parent
 REPO_OWNER = "harnessrl-builtin"
