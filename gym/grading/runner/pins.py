@@ -18,7 +18,10 @@ _WATCHED_MODULES = ("pytest", "_pytest", "pluggy", "py", "iniconfig", "unittest"
 _HOT = frozenset({"pytest", "builtins", "unittest.case", "_pytest.reports", "_pytest.runner", "_pytest.python",
                   "_pytest.outcomes", "_pytest.python_api", "_pytest.approx", "_pytest.raises", "_pytest.skipping",
                   "_pytest.fixtures", "_pytest.main", "_pytest.nodes", "_pytest.unittest", "_pytest.subtests",
-                  "pluggy._hooks", "pluggy._callers", "pluggy._manager", "pluggy._result"})
+                  "pluggy._hooks", "pluggy._callers", "pluggy._manager", "pluggy._result", "sys",
+                  "harnessrl_grader_unrig", "harnessrl_grader_worker"})
+#: The runner's own modules: every global is pinned, not only functions and classes.
+_OURS = "harnessrl_grader_"
 _MUTABLE = frozenset({"_reprcompare", "_assertion_pass", "_config", "__warningregistry__", "environ", "_environ",
                       "_cache", "cache", "_bootstrap_external", "path_importer_cache"})
 _FUNC_TYPES = ("function", "builtin_function_or_method", "method_descriptor", "wrapper_descriptor", "cython_function_or_method")
@@ -33,7 +36,8 @@ def _code_of(v):
 
 
 def _watched(name):
-    return name.split(".")[0] in _WATCHED_MODULES or name in ("json", "json.encoder", "_pytest")
+    return name.split(".")[0] in _WATCHED_MODULES or name in ("json", "json.encoder", "_pytest", "sys") \
+        or name.startswith(_OURS)
 
 
 def _fingerprint():
@@ -47,6 +51,9 @@ def _fingerprint():
             if attr in _MUTABLE or (attr.startswith("__") and name != "builtins"):
                 continue
             is_class = isinstance(value, type)
+            if name.startswith(_OURS) and not (is_class or type(value).__name__ in _FUNC_TYPES):
+                snap.append((name, vars(mod), attr, value, None, None))  # a table, a tuple of roots
+                continue
             if is_class or type(value).__name__ in _FUNC_TYPES or type(value) in (classmethod, staticmethod):
                 own = is_class and vars(value).get("__module__") == name
                 snap.append((name, vars(mod), attr, value, _code_of(value), frozenset(vars(value)) if own else None))

@@ -19,14 +19,15 @@ import math
 import operator
 import os
 import sys
+from types import MappingProxyType
 
-_OPS = {"Eq": operator.eq, "NotEq": operator.ne, "Lt": operator.lt, "LtE": operator.le, "Gt": operator.gt,
-        "GtE": operator.ge, "In": lambda a, b: a in b, "NotIn": lambda a, b: a not in b}
+_INF = float("inf")
+_OPS = MappingProxyType({"Eq": operator.eq, "NotEq": operator.ne, "Lt": operator.lt, "LtE": operator.le, "Gt": operator.gt,
+        "GtE": operator.ge, "In": lambda a, b: a in b, "NotIn": lambda a, b: a not in b})
 _EXACT = (int, float, complex, str, bytes, bool, type(None))
 _DUNDERS = ("__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__contains__", "__bool__", "__len__")
 _LIB = tuple(p.rstrip("/") + "/" for p in {os.path.dirname(os.__file__), *[
     p for p in sys.path if p.endswith(("site-packages", "dist-packages"))]})
-_seen = {}
 
 
 class _Probe:
@@ -39,18 +40,15 @@ class _Probe:
 
 
 def _foreign(tp):
-    """Does this type carry comparison or truth methods written outside the library?"""
-    hit = _seen.get(tp)
-    if hit is None:
-        hit = False
-        for klass in type.__getattribute__(tp, "__mro__")[:-1]:
-            for name in _DUNDERS:
-                fn = vars(klass).get(name)
-                code = getattr(fn, "__code__", None) if type(fn).__name__ == "function" else None
-                if code is not None and not code.co_filename.startswith(_LIB):
-                    hit = True
-        _seen[tp] = hit
-    return hit
+    """Does this type carry comparison or truth methods written outside the library? (Worked
+    out each time: a cache would be state the code under test could edit.)"""
+    for klass in type.__getattribute__(tp, "__mro__")[:-1]:
+        for name in _DUNDERS:
+            fn = vars(klass).get(name)
+            code = getattr(fn, "__code__", None) if type(fn).__name__ == "function" else None
+            if code is not None and not code.co_filename.startswith(_LIB):
+                return True
+    return False
 
 
 def _suspect(v):
@@ -99,7 +97,7 @@ def _probe(a, op, b, result):
         for x, y, flip in ((a, b, False), (b, a, True)):
             if not _suspect(x):
                 continue
-            probe = (-math.inf if low != flip else math.inf) if type(y) in (int, float) else _Probe()
+            probe = (-_INF if low != flip else _INF) if type(y) in (int, float) else _Probe()
             try:
                 if _OPS[op if not flip else {"Lt": "Gt", "LtE": "GtE", "Gt": "Lt", "GtE": "LtE"}[op]](x, probe):
                     return f"{type(x).__name__} orders itself past every value"
@@ -116,9 +114,9 @@ def _probe(a, op, b, result):
     return None
 
 
-def _report(why):
-    frame = sys._getframe(2)
-    sys.audit("harnessrl.rigged", why, f"{frame.f_code.co_filename}:{frame.f_lineno}")
+def _report(why, _audit=sys.audit, _getframe=sys._getframe):
+    frame = _getframe(2)
+    _audit("harnessrl.rigged", why, f"{frame.f_code.co_filename}:{frame.f_lineno}")
     raise AssertionError("harnessrl grader: rigged comparison: " + why)
 
 
@@ -134,9 +132,9 @@ def _probe_false(a, op, b):
                 return f"{type(x).__name__}.__eq__ says it differs from itself"
     elif op in ("Lt", "LtE", "Gt", "GtE"):
         up = op in ("Lt", "LtE")
-        if _suspect(a) and type(b) in (int, float) and not _OPS[op](a, math.inf if up else -math.inf):
+        if _suspect(a) and type(b) in (int, float) and not _OPS[op](a, _INF if up else -_INF):
             return f"{type(a).__name__} refuses an order every number has"
-        if _suspect(b) and type(a) in (int, float) and not _OPS[op](-math.inf if up else math.inf, b):
+        if _suspect(b) and type(a) in (int, float) and not _OPS[op](-_INF if up else _INF, b):
             return f"{type(b).__name__} refuses an order every number has"
     elif op == "In":
         if _suspect(b) and type(a) in _EXACT:
@@ -214,7 +212,6 @@ def install(pytest):
     global _LIB
     from _pytest.assertion import rewrite
     _LIB = (*_LIB, os.path.dirname(os.path.dirname(pytest.__file__)).rstrip("/") + "/")
-    _seen.clear()
     original = rewrite.rewrite_asserts
 
     def rewrite_asserts(mod, *args, **kwargs):
