@@ -16,22 +16,12 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 import time
-import uuid
 
-from harnessrl.gym.grading.attack_tasks import controls, create_sandbox, tasks
+from harnessrl.gym.grading.attack_tasks import controls, create_sandbox, open_backend, tasks
 from harnessrl.gym.grading.attacks import ATTACKS, BY_NAME, caught, outcome
 from harnessrl.gym.grading.score import score
-from harnessrl.sandboxes import SandboxUnavailable, make_backend
-
-
-def open_backend(name: str):
-    if name == "docker":
-        from harnessrl.sandboxes.docker import DockerConfig
-        return make_backend("docker", DockerConfig(run_id=f"bench-attacks-{uuid.uuid4().hex[:8]}"))
-    from harnessrl.sandboxes.local import LocalConfig
-    return make_backend("local", LocalConfig(root=tempfile.mkdtemp(prefix="bench-attacks-")))
+from harnessrl.sandboxes import SandboxUnavailable
 
 
 class Sandboxes:
@@ -88,7 +78,7 @@ def main() -> None:
     started = time.perf_counter()
     for name in args.backends.split(","):
         try:
-            backend = open_backend(name)
+            backend = open_backend(name, "bench-attacks")
         except SandboxUnavailable as e:
             skipped[name] = str(e).splitlines()[0][:200]
             print(f"{name}: unavailable, skipped ({skipped[name]})", file=sys.stderr)

@@ -7,16 +7,14 @@ the answer key, a patch exec'd from a data file, test helpers outside tests/) co
 standing catalogue, harnessrl.gym.grading.attacks, which bench/grader_attacks.py runs whole."""
 from __future__ import annotations
 
-import uuid
 
 import pytest
 
 from harnessrl.gym.grading.attacks import (ATTACKS, BY_NAME, CHEAT_PLUGIN, OBFUSCATED_PATCH, REPORT_PROPERTY_PATCH,
                                            SITE_HOOK, WATCHER, caught, outcome)
-from harnessrl.gym.grading.attack_tasks import create_sandbox, tasks
+from harnessrl.gym.grading.attack_tasks import open_backend, create_sandbox, tasks
 from harnessrl.gym.grading.score import score
 from harnessrl.gym.grading.verdict import RewardConfig
-from harnessrl.sandboxes import make_backend
 
 TASKS = tasks()
 CALC2 = TASKS["calc-2"]  # 3 FAIL_TO_PASS, 15 PASS_TO_PASS; the fix is in calc/parser.py
@@ -41,13 +39,8 @@ def write(sb, path: str, text: str) -> None:
 @pytest.fixture(scope="module", params=[pytest.param("docker", marks=pytest.mark.docker),
                                         pytest.param("local", marks=pytest.mark.bwrap)])
 def backend(request, tmp_path_factory):
-    try:
-        if request.param == "docker":
-            from harnessrl.sandboxes.docker import DockerConfig
-            b = make_backend("docker", DockerConfig(run_id=f"test-attacks-{uuid.uuid4().hex[:8]}"))
-        else:
-            from harnessrl.sandboxes.local import LocalConfig
-            b = make_backend("local", LocalConfig(root=str(tmp_path_factory.mktemp("local"))))
+    try:  # the honest default config, warm python included: PID 1 has the image's own pytest
+        b = open_backend(request.param, "test-attacks", str(tmp_path_factory.mktemp("local")))
     except Exception as e:  # SandboxUnavailable: no engine / no bubblewrap here
         pytest.skip(f"{request.param} backend unavailable here: {e}")
     yield b

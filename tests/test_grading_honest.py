@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 
 import pytest
@@ -23,7 +22,7 @@ from harnessrl.gym.grading.score import score
 from harnessrl.gym.grading.verdict import RewardResult
 from harnessrl.gym.task_loaders import load_suite
 from harnessrl.gym.tasks import Task
-from harnessrl.sandboxes import make_backend
+from harnessrl.gym.grading.attack_tasks import open_backend
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from grading_corpus import MORE_ITERTOOLS, more_itertools_task, pyplug_task  # noqa: E402
@@ -39,15 +38,8 @@ XFAIL_AT_BASE = "tests/test_path_pytest.py::test_parent_above_a_relative_start_i
                                         pytest.param("local", marks=pytest.mark.bwrap)])
 def backend(request, tmp_path_factory):
     require_pytests()
-    try:
-        if request.param == "docker":
-            from harnessrl.sandboxes.docker import DockerConfig
-            # The default config, warm python included: PID 1 has the image's own pytest imported,
-            # and the lent one must still be the one that grades.
-            b = make_backend("docker", DockerConfig(run_id=f"test-honest-{uuid.uuid4().hex[:8]}"))
-        else:
-            from harnessrl.sandboxes.local import LocalConfig
-            b = make_backend("local", LocalConfig(root=str(tmp_path_factory.mktemp("local"))))
+    try:  # the honest default config, warm python included: PID 1 has the image's own pytest
+        b = open_backend(request.param, "test-honest", str(tmp_path_factory.mktemp("local")))
     except Exception as e:  # SandboxUnavailable: no engine / no bubblewrap here
         pytest.skip(f"{request.param} backend unavailable here: {e}")
     yield b

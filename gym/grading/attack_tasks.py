@@ -5,8 +5,8 @@ small repository (`cmpkit`) whose hidden tests each compare results in one commo
 `!=`, `<`, `in`, `pytest.approx`, unittest's `assertEqual`, ...) or import a test helper that
 lives outside tests/ (`_testing.py`, `testing.py`); same base and gold patch for all. The
 repository is built once, deterministically, under ~/.cache/harnessrl/grader-attacks/.
-`controls()` names the tasks whose gold plan must grade 1.0; `create_sandbox` makes one on
-either backend (lending this interpreter's pytest to bubblewrap's host python3).
+`controls()` names the tasks whose gold plan must grade 1.0; `open_backend` opens a backend and
+`create_sandbox` makes a sandbox on it (lending this interpreter's pytest to bubblewrap's host python3).
 """
 from __future__ import annotations
 
@@ -179,6 +179,19 @@ def tasks() -> dict[str, Task]:
 def controls() -> list[str]:
     """Tasks whose gold plan is an honest control: every built-in task and every cmp task."""
     return list(tasks())
+
+
+def open_backend(name: str, label: str, root: str | None = None):
+    """A grading backend ("docker" or "local") whose sandboxes are named for `label`; the local
+    one under `root` (a fresh temporary folder if None). Raises if the backend cannot run here."""
+    import uuid
+
+    from harnessrl.sandboxes import make_backend
+    if name == "docker":
+        from harnessrl.sandboxes.docker import DockerConfig
+        return make_backend("docker", DockerConfig(run_id=f"{label}-{uuid.uuid4().hex[:8]}"))
+    from harnessrl.sandboxes.local import LocalConfig
+    return make_backend("local", LocalConfig(root=root or tempfile.mkdtemp(prefix=f"{label}-")))
 
 
 def create_sandbox(backend, task: Task):

@@ -66,12 +66,9 @@ def _check(sb: Any, task: Task, config: RewardConfig | None, out: dict[str, Any]
     status = {t.node_id: t.status for t in base.tests}
     passing_f2p = [n for n in task.FAIL_TO_PASS if status.get(n) == "passed"]
     failing_p2p = [n for n in task.PASS_TO_PASS if status.get(n) != "passed"]
-    sb.reset()
-    sb.write_file("/tmp/harnessrl-gold.patch", task.patch.encode())
-    applied = sb.exec("git apply --whitespace=nowarn /tmp/harnessrl-gold.patch && rm /tmp/harnessrl-gold.patch",
-                      timeout=60)
-    if applied.exit_code != 0:
-        out["problem"] = f"gold patch does not apply: {applied.output.strip()[-300:]}"
+    not_applied = apply_gold(sb, task)
+    if not_applied:
+        out["problem"] = not_applied
         return out
     gold = score(sb, task, config)
     problems = []
@@ -80,6 +77,16 @@ def _check(sb: Any, task: Task, config: RewardConfig | None, out: dict[str, Any]
     if failing_p2p:
         problems.append(f"PASS_TO_PASS not passing at base: {failing_p2p[:3]}")
     return gold_verdict(out, problems, gold, "gold patch not rewarded")
+
+
+def apply_gold(sb: Any, task: Task) -> str:
+    """Reset `sb` and `git apply` the task's gold patch (written as a file); "" when it applied,
+    else why not."""
+    sb.reset()
+    sb.write_file("/tmp/harnessrl-gold.patch", task.patch.encode())
+    applied = sb.exec("git apply --whitespace=nowarn /tmp/harnessrl-gold.patch && rm /tmp/harnessrl-gold.patch",
+                      timeout=60)
+    return "" if applied.exit_code == 0 else f"gold patch does not apply: {applied.output.strip()[-300:]}"
 
 
 def base_problem(base: Any) -> str:

@@ -150,21 +150,15 @@ def check_canary(sb: Any, task: Task, config: Any = None) -> dict[str, Any]:
     """{"instance_id", "valid", "problem", "base_reward", "gold_reward"} of one canary, graded
     for real in sandbox `sb` (a fresh or reset sandbox of its repository): module doc."""
     from harnessrl.gym.grading.score import score
+    from harnessrl.gym.suites.check import apply_gold, base_problem
 
     out: dict[str, Any] = {"instance_id": task.instance_id, "valid": False, "problem": "",
                            "base_reward": None, "gold_reward": None}
     sb.reset()
     base = score(sb, task, config)
     out["base_reward"] = base.reward
-    if base.status != "ok":
-        out["problem"] = f"infra_error at base: {base.reason}"
-        return out
-    sb.reset()
-    sb.write_file("/tmp/harnessrl-gold.patch", task.patch.encode())
-    applied = sb.exec("git apply --whitespace=nowarn /tmp/harnessrl-gold.patch && rm /tmp/harnessrl-gold.patch",
-                      timeout=60)
-    if applied.exit_code != 0:
-        out["problem"] = f"gold patch does not apply: {applied.output.strip()[-300:]}"
+    out["problem"] = base_problem(base) or apply_gold(sb, task)
+    if out["problem"]:
         return out
     gold = score(sb, task, config)
     out["gold_reward"] = gold.reward
