@@ -36,9 +36,9 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from harnessrl.gym.grading import evidence
-from harnessrl.gym.grading.diff import SECTIONED_CONFIG_NAMES, pytest_section, split_patch, triage
+from harnessrl.gym.grading.diff import SECTIONED_CONFIG_NAMES, pytest_section, triage
 from harnessrl.gym.grading.verdict import (RewardConfig, RewardResult, TestOutcome, TestStatus, agent, infra,
-                                           tampered, twice)
+                                           read_changes, tampered, twice)
 from harnessrl.gym.tasks import Task
 from harnessrl.sandboxes.base import Sandbox, SandboxDied, SandboxError
 
@@ -169,13 +169,7 @@ def grade(sandbox: Sandbox, task: Task, config: RewardConfig, out: RewardResult)
     # 1. The agent's work, read before anything changes it.
     head = sandbox.exec("git -c core.fsmonitor=false rev-parse -q --verify HEAD", timeout=quick,
                         workdir=sandbox.workdir)
-    diff = twice(sandbox, sandbox.diff, "the agent's changes could not be read")
-    # The record is plain text; what is applied keeps any non-UTF-8 bytes (surrogate escapes).
-    out.agent_diff = diff.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
-    try:
-        changes = split_patch(diff)
-    except ValueError as e:
-        raise agent(f"the agent's diff is unreadable: {e}") from None
+    changes = read_changes(sandbox, out)
     protected = set(patch_files(task.test_patch)) | set(task.test_files())
     sorted_ = triage(changes, protected)
     out.restored_files, out.dropped_files = sorted_.reverted, sorted_.dropped

@@ -135,3 +135,16 @@ def twice(sandbox: Sandbox, step, what: str):
                 if answers(sandbox):
                     raise agent(f"{what}: {describe(e)}") from None
                 raise
+
+
+def read_changes(sandbox: Sandbox, out: RewardResult) -> list:
+    """The agent's changes against base, read before anything changes the tree: recorded in
+    `out.agent_diff` (as text; what is applied keeps any non-UTF-8 bytes) and cut per path
+    (`gym.grading.diff.split_patch`); an unreadable diff is the agent's 0."""
+    from harnessrl.gym.grading.diff import split_patch
+    diff = twice(sandbox, sandbox.diff, "the agent's changes could not be read")
+    out.agent_diff = diff.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    try:
+        return split_patch(diff)
+    except ValueError as e:
+        raise agent(f"the agent's diff is unreadable: {e}") from None

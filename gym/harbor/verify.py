@@ -53,8 +53,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from harnessrl.gym.grading.diff import TEST_CONFIG_NAMES, split_patch, triage
-from harnessrl.gym.grading.verdict import RewardConfig, RewardResult, agent, infra, twice, tampered
+from harnessrl.gym.grading.diff import TEST_CONFIG_NAMES, triage
+from harnessrl.gym.grading.verdict import RewardConfig, RewardResult, agent, infra, read_changes, tampered, twice
 from harnessrl.gym.grading import evidence
 from harnessrl.gym.harbor.reward_watch import UNPROTECTED, WATCH, reward_evidence
 from harnessrl.gym.tasks import Task
@@ -252,16 +252,11 @@ def _usable(verdict: dict) -> tuple[float, dict[str, float], str]:
 
 
 def score_harbor(sandbox: Sandbox, task: Task, config: RewardConfig, out: RewardResult) -> None:
-    """Fill `out` for a Harbor task (see the module docstring); raises rewards' _Verdict."""
+    """Fill `out` for a Harbor task (see the module docstring); raises a Verdict (gym.grading.verdict)."""
     out.protected, out.unprotected_reason = False, UNPROTECTED  # whatever the verdict (reward_watch)
     if not sandbox.alive():
         raise infra("sandbox is not alive")
-    diff = twice(sandbox, sandbox.diff, "the agent's changes could not be read")
-    out.agent_diff = diff.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
-    try:
-        changes = split_patch(diff)
-    except ValueError as e:
-        raise agent(f"the agent's diff is unreadable: {e}") from None
+    changes = read_changes(sandbox, out)
     sorted_ = triage(changes)
     if sorted_.tampered:
         raise tampered(sorted_.tampered)
