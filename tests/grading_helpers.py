@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from harnessrl.gym.grading.attack_tasks import open_backend
 from harnessrl.gym.grading.verdict import RewardConfig
 from harnessrl.gym.tasks import Task
 
@@ -70,3 +71,16 @@ def pytest_that_graded(test_output: str) -> str:
     """The version in pytest's session header of a grading run, "" when it printed none."""
     found = re.search(r"^platform \S+ -- Python \S+, pytest-([^,\s]+),", test_output, flags=re.M)
     return found.group(1) if found else ""
+
+
+#: The two grading backends, each test marked for what it needs.
+BACKENDS = [pytest.param("docker", marks=pytest.mark.docker), pytest.param("local", marks=pytest.mark.bwrap)]
+
+
+def backend_or_skip(name: str, label: str, tmp_path_factory):
+    """A grading backend in its default config (docker's warm python included: PID 1 has the
+    image's own pytest), or the test skipped naming why it cannot run here."""
+    try:
+        return open_backend(name, label, str(tmp_path_factory.mktemp("local")))
+    except Exception as e:  # SandboxUnavailable: no engine / no bubblewrap here
+        pytest.skip(f"{name} backend unavailable here: {e}")

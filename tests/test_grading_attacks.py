@@ -7,14 +7,19 @@ the answer key, a patch exec'd from a data file, test helpers outside tests/) co
 standing catalogue, harnessrl.gym.grading.attacks, which bench/grader_attacks.py runs whole."""
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 
 import pytest
 
 from harnessrl.gym.grading.attacks import (ATTACKS, BY_NAME, CHEAT_PLUGIN, OBFUSCATED_PATCH, REPORT_PROPERTY_PATCH,
                                            SITE_HOOK, WATCHER, caught, outcome)
-from harnessrl.gym.grading.attack_tasks import open_backend, create_sandbox, tasks
+from harnessrl.gym.grading.attack_tasks import create_sandbox, tasks
 from harnessrl.gym.grading.score import score
 from harnessrl.gym.grading.verdict import RewardConfig
+
+sys.path.insert(0, str(Path(__file__).parent))
+from grading_helpers import BACKENDS, backend_or_skip  # noqa: E402
 
 TASKS = tasks()
 CALC2 = TASKS["calc-2"]  # 3 FAIL_TO_PASS, 15 PASS_TO_PASS; the fix is in calc/parser.py
@@ -36,13 +41,9 @@ def write(sb, path: str, text: str) -> None:
     sb.write_file(path, text.encode())
 
 
-@pytest.fixture(scope="module", params=[pytest.param("docker", marks=pytest.mark.docker),
-                                        pytest.param("local", marks=pytest.mark.bwrap)])
+@pytest.fixture(scope="module", params=BACKENDS)
 def backend(request, tmp_path_factory):
-    try:  # the honest default config, warm python included: PID 1 has the image's own pytest
-        b = open_backend(request.param, "test-attacks", str(tmp_path_factory.mktemp("local")))
-    except Exception as e:  # SandboxUnavailable: no engine / no bubblewrap here
-        pytest.skip(f"{request.param} backend unavailable here: {e}")
+    b = backend_or_skip(request.param, "test-attacks", tmp_path_factory)
     yield b
     b.reap(run_id=getattr(b, "run_id", None))
 

@@ -22,26 +22,21 @@ from harnessrl.gym.grading.score import score
 from harnessrl.gym.grading.verdict import RewardResult
 from harnessrl.gym.task_loaders import load_suite
 from harnessrl.gym.tasks import Task
-from harnessrl.gym.grading.attack_tasks import open_backend
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from grading_corpus import MORE_ITERTOOLS, more_itertools_task, pyplug_task  # noqa: E402
-from grading_helpers import (GRADING_HOME, MAJORS, mounts, pytest_that_graded, require_pytests,  # noqa: E402
-                             reward_config, sdist, with_header)
+from grading_helpers import (BACKENDS, GRADING_HOME, MAJORS, backend_or_skip, mounts, pytest_that_graded,  # noqa: E402
+                             require_pytests, reward_config, sdist, with_header)
 
 # Three built-in tasks, one per project, fixed: all 32 under three versions take minutes.
 BUILTIN_SAMPLE = ("harnessrl-builtin__calc-2", "harnessrl-builtin__ledger-1", "harnessrl-builtin__textkit-1")
 XFAIL_AT_BASE = "tests/test_path_pytest.py::test_parent_above_a_relative_start_is_kept"
 
 
-@pytest.fixture(scope="module", params=[pytest.param("docker", marks=pytest.mark.docker),
-                                        pytest.param("local", marks=pytest.mark.bwrap)])
+@pytest.fixture(scope="module", params=BACKENDS)
 def backend(request, tmp_path_factory):
     require_pytests()
-    try:  # the honest default config, warm python included: PID 1 has the image's own pytest
-        b = open_backend(request.param, "test-honest", str(tmp_path_factory.mktemp("local")))
-    except Exception as e:  # SandboxUnavailable: no engine / no bubblewrap here
-        pytest.skip(f"{request.param} backend unavailable here: {e}")
+    b = backend_or_skip(request.param, "test-honest", tmp_path_factory)
     yield b
     b.reap(run_id=getattr(b, "run_id", None))
 
