@@ -305,3 +305,12 @@ def build_samples(
         result.reward_mean = sum(scored) / len(scored)
         result.success_rate = sum(r >= config.success_threshold for r in scored) / len(scored)
     return result
+
+
+def baseline_members(group: list[Trajectory], config: SampleConfig) -> list[tuple[str, float]]:
+    """(session id, reward) of the trajectories of `group` that enter GRPO's baseline under
+    `config`, as `build_samples` decides it: no canary, no infrastructure failure, scored, and
+    not a truncated episode that `truncated` keeps out of the baseline."""
+    return [(t.session_id, float(t.reward)) for t in group
+            if not t.metadata.get("canary") and t.status != "infra_error" and t.reward is not None
+            and not (t.status == "truncated" and config.truncated != "keep")]
