@@ -29,6 +29,7 @@ from typing import Any
 
 from harnessrl.gym.trajectory import CallRecord, Trajectory
 from harnessrl.trainers.engine.sampling import LOGPROB_SPACES as ENGINE_SPACES
+from harnessrl.trainers.records import RecordError
 
 #: The spaces a record's logprobs can be in: the local engine's two, and vLLM's raw logprobs.
 LOGPROB_SPACES: tuple[str, ...] = (*ENGINE_SPACES, "raw")
@@ -37,9 +38,7 @@ LOGPROB_SPACES: tuple[str, ...] = (*ENGINE_SPACES, "raw")
 NEUTRAL = (1.0, 1.0, -1)
 
 
-def _error(sid: str, message: str, field: str):
-    from harnessrl.trainers.samples import RecordError
-
+def _error(sid: str, message: str, field: str) -> RecordError:
     return RecordError(sid, message, field=field)
 
 

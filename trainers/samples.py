@@ -40,6 +40,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from harnessrl.gym.trajectory import STATUSES, Trajectory
+from harnessrl.trainers.records import RecordError
 
 #: Engine logprobs are <= 0; allow float noise above zero, nothing more.
 LOGPROB_TOLERANCE = 1e-3
@@ -67,19 +68,6 @@ class SampleConfig(BaseModel):
     them out of the baseline ("zero_advantage": no policy-gradient signal, KL still applies)."""
     success_threshold: float = 1.0
     """A scored trajectory counts as a success when reward >= this (for the success rate)."""
-
-
-class RecordError(ValueError):
-    """A trajectory record is malformed; names the session, segment and field."""
-
-    def __init__(self, session_id: str, message: str, segment: int | None = None, field: str | None = None):
-        self.session_id, self.segment, self.field = session_id, segment, field
-        where = f"trajectory {session_id!r}"
-        if segment is not None:
-            where += f" segment {segment}"
-        if field is not None:
-            where += f" field {field!r}"
-        super().__init__(f"{where}: {message}")
 
 
 @dataclass
@@ -230,8 +218,24 @@ def build_samples(
 
     `temperature` scores trajectories that hold no call records (hand-built segments);
     recorded calls are scored at their own sampling (`trainers.behaviour`)."""
-    from harnessrl.trainers.behaviour import token_sampling
+    _refuse_teachers_and_repeats(batch)
+    result = SampleBatch(samples=[])
+    triage = _triage(batch, config, result, current_version, vocab_size)
+    advantages, result.degenerate_groups = _advantages(triage.in_baseline, config)
+    result.groups = len(triage.in_baseline) if config.baseline == "group_mean" else 0
+    advantages.update({t.session_id: 0.0 for t in triage.zero_adv})
+    for traj in triage.kept + triage.zero_adv:
+        _add_samples(result, traj, advantages[traj.session_id], config, temperature)
+    scored = triage.scored
+    if scored:
+        result.reward_mean = sum(scored) / len(scored)
+        result.success_rate = sum(r >= config.success_threshold for r in scored) / len(scored)
+    return result
 
+
+def _refuse_teachers_and_repeats(batch: list[Trajectory]) -> None:
+    """The whole batch is checked for teacher and evaluation records, and for a session that
+    appears twice, before any record is sorted."""
     seen: set[str] = set()
     for traj in batch:
         refuse_teacher(traj)
@@ -239,11 +243,26 @@ def build_samples(
             raise RecordError(traj.session_id, "appears twice in the batch", field="session_id")
         seen.add(traj.session_id)
 
-    result = SampleBatch(samples=[])
-    scored: list[float] = []
-    in_baseline: dict[str, list[tuple[str, float]]] = defaultdict(list)
-    zero_adv: list[Trajectory] = []
-    kept: list[Trajectory] = []
+
+@dataclass
+class _Triage:
+    """Where each record of a batch goes (`_triage`)."""
+
+    scored: list[float] = field(default_factory=list)
+    """Rewards of the scored records, for the reward mean and success rate."""
+    in_baseline: dict[str, list[tuple[str, float]]] = field(default_factory=lambda: defaultdict(list))
+    """(session_id, reward) by task_id: the GRPO groups."""
+    zero_adv: list[Trajectory] = field(default_factory=list)
+    """Truncated records kept with advantage 0 (`truncated="zero_advantage"`)."""
+    kept: list[Trajectory] = field(default_factory=list)
+    """Records trained on with their group-relative advantage."""
+
+
+def _triage(batch: list[Trajectory], config: SampleConfig, result: SampleBatch, current_version: int | None,
+            vocab_size: int | None) -> _Triage:
+    """Each record left out (canary, infra, dropped truncated: counted in `result`), or
+    validated and kept, in the baseline or with advantage 0."""
+    out = _Triage()
     for traj in batch:
         if traj.metadata.get("canary"):  # never rewarded, never trained on (gym.canary)
             result.canaries += 1
@@ -256,55 +275,55 @@ def build_samples(
         if traj.status == "truncated" and config.truncated == "drop":
             result.dropped_truncated += 1  # never enters training, so not validated
             if traj.reward is not None:
-                scored.append(float(traj.reward))
+                out.scored.append(float(traj.reward))
             continue
         validate_trajectory(traj, current_version=current_version, vocab_size=vocab_size)
         if traj.reward is not None:
-            scored.append(float(traj.reward))
+            out.scored.append(float(traj.reward))
         if traj.status == "truncated" and config.truncated == "zero_advantage":
-            zero_adv.append(traj)
+            out.zero_adv.append(traj)
             continue
         if config.baseline == "group_mean" and not traj.task_id:
             raise RecordError(traj.session_id, "is empty; GRPO groups rollouts by task_id", field="task_id")
-        in_baseline[traj.task_id].append((traj.session_id, float(traj.reward)))
-        kept.append(traj)
+        out.in_baseline[traj.task_id].append((traj.session_id, float(traj.reward)))
+        out.kept.append(traj)
+    return out
 
-    advantages, result.degenerate_groups = _advantages(in_baseline, config)
-    result.groups = len(in_baseline) if config.baseline == "group_mean" else 0
-    advantages.update({t.session_id: 0.0 for t in zero_adv})
 
-    for traj in kept + zero_adv:
-        counts = [sum(seg.loss_mask) for seg in traj.segments]
-        if sum(counts) == 0:
-            continue  # a rollout with no sampled token still counted in its group's baseline
-        weights = _segment_weights(counts, config.segment_weighting)
-        scoring = token_sampling(traj, temperature)
-        adv = advantages[traj.session_id] * _staleness_weight(traj)
-        result.advantages[traj.session_id] = adv
-        result.trajectories += 1
-        for s, (seg, w) in enumerate(zip(traj.segments, weights)):
-            if counts[s] == 0:
-                continue
-            result.samples.append(
-                Sample(
-                    token_ids=list(seg.token_ids),
-                    loss_mask=list(seg.loss_mask),
-                    logprobs=[float(x) for x in seg.logprobs],
-                    versions=list(seg.versions),
-                    advantage=adv,
-                    weight=w,
-                    session_id=traj.session_id,
-                    segment=s,
-                    task_id=traj.task_id,
-                    temperature=[x[0] for x in scoring[s]],
-                    top_p=[x[1] for x in scoring[s]],
-                    top_k=[x[2] for x in scoring[s]],
-                )
+def _add_samples(result: SampleBatch, traj: Trajectory, advantage: float, config: SampleConfig,
+                 temperature: float) -> None:
+    """One trajectory's samples (one per segment with a sampled token), its advantage scaled
+    by its staleness weight."""
+    # behaviour reads the engine's logprob spaces (torch): imported only when samples are built
+    from harnessrl.trainers.behaviour import token_sampling
+
+    counts = [sum(seg.loss_mask) for seg in traj.segments]
+    if sum(counts) == 0:
+        return  # a rollout with no sampled token still counted in its group's baseline
+    weights = _segment_weights(counts, config.segment_weighting)
+    scoring = token_sampling(traj, temperature)
+    adv = advantage * _staleness_weight(traj)
+    result.advantages[traj.session_id] = adv
+    result.trajectories += 1
+    for s, (seg, w) in enumerate(zip(traj.segments, weights)):
+        if counts[s] == 0:
+            continue
+        result.samples.append(
+            Sample(
+                token_ids=list(seg.token_ids),
+                loss_mask=list(seg.loss_mask),
+                logprobs=[float(x) for x in seg.logprobs],
+                versions=list(seg.versions),
+                advantage=adv,
+                weight=w,
+                session_id=traj.session_id,
+                segment=s,
+                task_id=traj.task_id,
+                temperature=[x[0] for x in scoring[s]],
+                top_p=[x[1] for x in scoring[s]],
+                top_k=[x[2] for x in scoring[s]],
             )
-    if scored:
-        result.reward_mean = sum(scored) / len(scored)
-        result.success_rate = sum(r >= config.success_threshold for r in scored) / len(scored)
-    return result
+        )
 
 
 def baseline_members(group: list[Trajectory], config: SampleConfig) -> list[tuple[str, float]]:
