@@ -67,85 +67,110 @@ def session_meta(v: Any) -> dict[str, Any]:
     return v
 
 
-def admin_routes(core: ProxyCore, admin_token: str) -> list[Route]:
-    cfg = core.config
+class AdminGuard:
+    """Wraps each admin handler: loopback check, bearer token, the small JSON body read, and
+    every exception turned into its 4xx/5xx JSON error (nothing escapes to the server)."""
 
-    def admin(fn):
+    def __init__(self, core: ProxyCore, admin_token: str):
+        self.core, self.config, self.token = core, core.config, admin_token
+
+    def __call__(self, fn):
+        """The Starlette endpoint of `fn(core, request, body)`."""
         async def handler(request: Request) -> Response:
-            if cfg.admin_clients == "loopback" and not is_loopback(request.client):
-                return json_response({"error": {"message": "the admin API answers loopback clients only "
-                                                           "(ProxyConfig.admin_clients)"}}, 403)
-            auth = request.headers.get("authorization", "")
-            if not secrets.compare_digest(auth.encode(), f"Bearer {admin_token}".encode()):
-                return json_response({"error": {"message": "invalid admin token"}}, 401)
-            try:
-                body: Any = {}
-                if request.method == "POST":
-                    raw = await read_body(request, cfg.admin_max_body_bytes)
-                    body = decode(raw) if raw.strip() else {}
-                out = await fn(request, body)
-                return out if isinstance(out, Response) else json_response(out)
-            except ProxyError as e:
-                return json_response({"error": {"message": e.message, "param": e.param}}, e.status)
-            except KeyError as e:
-                return json_response({"error": {"message": str(e.args[0]) if e.args else "not found"}}, 404)
-            except (ValueError, TypeError) as e:
-                return json_response({"error": {"message": str(e)}}, 400)
-            except Exception as e:  # a bug: a 500 naming it, never a reset connection
-                log.error("admin call failed", exc_info=e)
-                return json_response({"error": {"message": f"{type(e).__name__}: {e}"}}, 500)
+            return await self.serve(fn, request)
         return handler
 
-    async def a_open(request, body):
-        sid, key = core.open_session(session_meta(body.get("meta")))
-        return {"session_id": sid, "key": key, "openai_base_url": f"/s/{sid}/v1", "anthropic_base_url": f"/s/{sid}"}
+    async def serve(self, fn, request: Request) -> Response:
+        cfg = self.config
+        if cfg.admin_clients == "loopback" and not is_loopback(request.client):
+            return json_response({"error": {"message": "the admin API answers loopback clients only "
+                                                       "(ProxyConfig.admin_clients)"}}, 403)
+        auth = request.headers.get("authorization", "")
+        if not secrets.compare_digest(auth.encode(), f"Bearer {self.token}".encode()):
+            return json_response({"error": {"message": "invalid admin token"}}, 401)
+        try:
+            body: Any = {}
+            if request.method == "POST":
+                raw = await read_body(request, cfg.admin_max_body_bytes)
+                body = decode(raw) if raw.strip() else {}
+            out = await fn(self.core, request, body)
+            return out if isinstance(out, Response) else json_response(out)
+        except ProxyError as e:
+            return json_response({"error": {"message": e.message, "param": e.param}}, e.status)
+        except KeyError as e:
+            return json_response({"error": {"message": str(e.args[0]) if e.args else "not found"}}, 404)
+        except (ValueError, TypeError) as e:
+            return json_response({"error": {"message": str(e)}}, 400)
+        except Exception as e:  # a bug: a 500 naming it, never a reset connection
+            log.error("admin call failed", exc_info=e)
+            return json_response({"error": {"message": f"{type(e).__name__}: {e}"}}, 500)
 
-    async def a_close(request, body):
-        core.close_session(request.path_params["sid"])
-        return {"closed": True}
 
-    async def a_reward(request, body):
-        r = body.get("reward")
-        if r is not None and (r.__class__ not in (int, float) or not math.isfinite(r)):
-            raise ValueError(f"reward must be a finite number or null, got {repr(r)[:60]}")
-        status = body.get("status", "ok")
-        termination = body.get("termination") or ""
-        if status.__class__ is not str or termination.__class__ is not str or len(status) > 64 \
-                or len(termination) > 4096:
-            raise ValueError("status and termination must be strings (at most 64 and 4096 characters)")
-        core.set_reward(request.path_params["sid"], None if r is None else float(r), status, termination)
-        return {"ok": True}
+# -- the handlers: (core, request, body) -> a JSON-ready value or a Response -------------------
+async def open_session(core: ProxyCore, request: Request, body: Any):
+    sid, key = core.open_session(session_meta(body.get("meta")))
+    return {"session_id": sid, "key": key, "openai_base_url": f"/s/{sid}/v1", "anthropic_base_url": f"/s/{sid}"}
 
-    async def a_traj(request, body):
-        sid = request.path_params["sid"]
-        # Built and encoded in a worker thread: a long session's export must not stall streams.
-        return Response(await offload(lambda: dumps(core.export_trajectory(sid))), media_type="application/json")
 
-    async def a_pause(request, body):
-        core.gate.pause()
-        return {"paused": True}
+async def close_session(core: ProxyCore, request: Request, body: Any):
+    core.close_session(request.path_params["sid"])
+    return {"closed": True}
 
-    async def a_resume(request, body):
-        core.gate.resume()
-        return {"paused": False}
 
-    async def a_version(request, body):
-        v = body.get("version")
-        if v.__class__ is not int or not 0 <= v < F.INT63:
-            raise ValueError(f"version: {repr(v)[:60]} is not a policy version (an integer in [0, 2**63))")
-        core.set_policy_version(v)
-        return {"policy_version": core.policy_version}
+async def set_reward(core: ProxyCore, request: Request, body: Any):
+    r = body.get("reward")
+    if r is not None and (r.__class__ not in (int, float) or not math.isfinite(r)):
+        raise ValueError(f"reward must be a finite number or null, got {repr(r)[:60]}")
+    status = body.get("status", "ok")
+    termination = body.get("termination") or ""
+    if status.__class__ is not str or termination.__class__ is not str or len(status) > 64 \
+            or len(termination) > 4096:
+        raise ValueError("status and termination must be strings (at most 64 and 4096 characters)")
+    core.set_reward(request.path_params["sid"], None if r is None else float(r), status, termination)
+    return {"ok": True}
 
-    async def a_stats(request, body):
-        return core.stats()
 
-    return [
-        Route("/admin/sessions", admin(a_open), methods=["POST"]),
-        Route("/admin/sessions/{sid}/close", admin(a_close), methods=["POST"]),
-        Route("/admin/sessions/{sid}/reward", admin(a_reward), methods=["POST"]),
-        Route("/admin/sessions/{sid}/trajectory", admin(a_traj), methods=["GET"]),
-        Route("/admin/pause", admin(a_pause), methods=["POST"]),
-        Route("/admin/resume", admin(a_resume), methods=["POST"]),
-        Route("/admin/stats", admin(a_stats), methods=["GET"]),
-        Route("/admin/policy_version", admin(a_version), methods=["POST"]),
-    ]
+async def trajectory(core: ProxyCore, request: Request, body: Any):
+    sid = request.path_params["sid"]
+    # Built and encoded in a worker thread: a long session's export must not stall streams.
+    return Response(await offload(lambda: dumps(core.export_trajectory(sid))), media_type="application/json")
+
+
+async def pause(core: ProxyCore, request: Request, body: Any):
+    core.gate.pause()
+    return {"paused": True}
+
+
+async def resume(core: ProxyCore, request: Request, body: Any):
+    core.gate.resume()
+    return {"paused": False}
+
+
+async def policy_version(core: ProxyCore, request: Request, body: Any):
+    v = body.get("version")
+    if v.__class__ is not int or not 0 <= v < F.INT63:
+        raise ValueError(f"version: {repr(v)[:60]} is not a policy version (an integer in [0, 2**63))")
+    core.set_policy_version(v)
+    return {"policy_version": core.policy_version}
+
+
+async def stats(core: ProxyCore, request: Request, body: Any):
+    return core.stats()
+
+
+ADMIN_ROUTES = (
+    ("/admin/sessions", open_session, "POST"),
+    ("/admin/sessions/{sid}/close", close_session, "POST"),
+    ("/admin/sessions/{sid}/reward", set_reward, "POST"),
+    ("/admin/sessions/{sid}/trajectory", trajectory, "GET"),
+    ("/admin/pause", pause, "POST"),
+    ("/admin/resume", resume, "POST"),
+    ("/admin/stats", stats, "GET"),
+    ("/admin/policy_version", policy_version, "POST"),
+)
+"""(path, handler, method) of every admin route."""
+
+
+def admin_routes(core: ProxyCore, admin_token: str) -> list[Route]:
+    guard = AdminGuard(core, admin_token)
+    return [Route(path, guard(fn), methods=[method]) for path, fn, method in ADMIN_ROUTES]

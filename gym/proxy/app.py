@@ -89,12 +89,15 @@ def _as_proxy_error(e: BaseException) -> ProxyError:
     return ProxyError(502, f"generation failed: {type(e).__name__}: {e}", kind="api_error")
 
 
-def build_app(core: ProxyCore, admin_token: str) -> Starlette:
-    cfg = core.config
+class ProxyApp:
+    """The proxy's HTTP handlers over one `ProxyCore`: one method per kind of route."""
 
-    def session_for(request: Request):
+    def __init__(self, core: ProxyCore):
+        self.core, self.config = core, core.config
+
+    def session_for(self, request: Request):
         sid = request.path_params["sid"]
-        s = core.sessions.get(sid)
+        s = self.core.sessions.get(sid)
         if s is None or s.closed:
             raise ProxyError(404, f"unknown or closed session {sid!r}", kind="not_found_error")
         auth = request.headers.get("authorization", "")
@@ -104,41 +107,46 @@ def build_app(core: ProxyCore, admin_token: str) -> Starlette:
             raise ProxyError(401, "invalid API key for this session", kind="authentication_error")
         return s
 
-    def dialect_route(name: str, parser=None):
+    def dialect_route(self, name: str, parser=None):
         """The handler of one dialect; `parser(request)`, when given, is the body parser of
         this request (Gemini reads the model and streaming from the URL)."""
         dialect = DIALECTS[name]
 
         async def handler(request: Request) -> Response:
-            arrived = time.monotonic()
-            try:
-                s = session_for(request)
-                parse = dialect.parse if parser is None else parser(request)
-                req = await _parsed(parse, await read_body(request, cfg.max_body_bytes))
-                core.check_model(req)
-                core.check_budget(s)
-                core.check_staleness(s)
-                await core.admit()
-                core.check_staleness(s)  # a weight update may have landed while it waited
-                p = Prepared(s, req, arrived, request.is_disconnected)
-                if req.stream:
-                    return await _stream(p, dialect)
-                async for c in core.run(p):
-                    return json_response(dialect.response(req, c))
-                raise RuntimeError("the call produced no completion")
-            except Exception as e:  # never out to the server: that would reset the connection
-                return _fail(dialect, e)
+            return await self.call(dialect, parser, request)
         return handler
 
-    def _fail(dialect, e: BaseException) -> Response:
-        pe = as_proxy_error(e, cfg.engine_url)
-        core.counters["errors_4xx" if pe.status < 500 else "errors_5xx"] += 1
+    async def call(self, dialect, parser, request: Request) -> Response:
+        """One model call of `dialect`: session, body, checks, admission, then the reply."""
+        core, arrived = self.core, time.monotonic()
+        try:
+            s = self.session_for(request)
+            parse = dialect.parse if parser is None else parser(request)
+            req = await _parsed(parse, await read_body(request, self.config.max_body_bytes))
+            core.check_model(req)
+            core.check_budget(s)
+            core.check_staleness(s)
+            await core.admit()
+            core.check_staleness(s)  # a weight update may have landed while it waited
+            p = Prepared(s, req, arrived, request.is_disconnected)
+            if req.stream:
+                return await self.stream(p, dialect)
+            async for c in core.run(p):
+                return json_response(dialect.response(req, c))
+            raise RuntimeError("the call produced no completion")
+        except Exception as e:  # never out to the server: that would reset the connection
+            return self.fail(dialect, e)
+
+    def fail(self, dialect, e: BaseException) -> Response:
+        pe = as_proxy_error(e, self.config.engine_url)
+        self.core.counters["errors_4xx" if pe.status < 500 else "errors_5xx"] += 1
         return _error(dialect, pe)
 
-    async def _stream(p: Prepared, dialect) -> Response:
+    async def stream(self, p: Prepared, dialect) -> Response:
         """Render (and have the engine start) before the 200: until the stream's first event
         is out, every refusal is still an HTTP error in the dialect's shape."""
-        agen = core.run(p, dialect.Stream)
+        cfg = self.config
+        agen = self.core.run(p, dialect.Stream)
         try:
             head = [await agen.__anext__()]  # the prompt is rendered: the stream's start event
         except BaseException:
@@ -156,10 +164,10 @@ def build_app(core: ProxyCore, admin_token: str) -> Starlette:
                 raise
             else:
                 nxt = None
-        return StreamingResponse(_sse(p, dialect, agen, head, nxt), media_type="text/event-stream",
+        return StreamingResponse(self.sse(p, dialect, agen, head, nxt), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
 
-    async def _sse(p: Prepared, dialect, agen, head: list[bytes], nxt):
+    async def sse(self, p: Prepared, dialect, agen, head: list[bytes], nxt):
         try:
             for chunk in head:
                 yield chunk
@@ -172,8 +180,8 @@ def build_app(core: ProxyCore, admin_token: str) -> Starlette:
             async for chunk in agen:
                 yield chunk
         except Exception as e:  # headers are out: report in the dialect's stream error event
-            pe = as_proxy_error(e, cfg.engine_url)
-            core.counters["errors_4xx" if pe.status < 500 else "errors_5xx"] += 1
+            pe = as_proxy_error(e, self.config.engine_url)
+            self.core.counters["errors_4xx" if pe.status < 500 else "errors_5xx"] += 1
             yield dialect.Stream(p.req, "error", p.req.model, 0).error(pe.status, pe.message)
         finally:
             if nxt is not None and not nxt.done():
@@ -182,43 +190,44 @@ def build_app(core: ProxyCore, admin_token: str) -> Starlette:
                     await nxt
             await agen.aclose()
 
-    async def count_tokens(request: Request) -> Response:
+    async def count_tokens(self, request: Request) -> Response:
         """Anthropic's /v1/messages/count_tokens: the prompt a call would get, from scratch."""
         def count(body: dict) -> int:
             body.setdefault("max_tokens", 1)
             req = anthropic_messages.parse(body)
-            return len(core.renderer.full_prompt(req.messages, req.tools))
+            return len(self.core.renderer.full_prompt(req.messages, req.tools))
         try:
-            session_for(request)
-            raw = await read_body(request, cfg.max_body_bytes) or b"{}"
+            self.session_for(request)
+            raw = await read_body(request, self.config.max_body_bytes) or b"{}"
             return json_response({"input_tokens": await offload(lambda: count(decode(raw)), heavy=len(raw) > HEAVY_BYTES)})
         except Exception as e:
-            return _fail(anthropic_messages, e)
+            return self.fail(anthropic_messages, e)
 
-    gemini_generate = dialect_route("gemini", lambda request: gemini.request_parser(
-        request.path_params["target"], request.query_params.get("alt")))
-
-    async def gemini_models(request: Request) -> Response:
+    async def gemini_models(self, request: Request) -> Response:
         """`models/{model}:generateContent`, `:streamGenerateContent?alt=sse` and `:countTokens`."""
         try:
-            session_for(request)
+            self.session_for(request)
             model, method = gemini.split_target(request.path_params["target"])
             if method != "countTokens":
-                return await gemini_generate(request)  # refuses a method it does not serve
-            raw = await read_body(request, cfg.max_body_bytes) or b"{}"
+                return await self.gemini_generate(request)  # refuses a method it does not serve
+            raw = await read_body(request, self.config.max_body_bytes) or b"{}"
 
             def count() -> int:
                 req = gemini.parse(gemini.count_request(decode(raw)), model)
-                return len(core.renderer.full_prompt(req.messages, req.tools))
+                return len(self.core.renderer.full_prompt(req.messages, req.tools))
             return json_response({"totalTokens": await offload(count, heavy=len(raw) > HEAVY_BYTES)})
         except Exception as e:
-            return _fail(gemini, e)
+            return self.fail(gemini, e)
 
-    async def models(request: Request) -> Response:
+    async def gemini_generate(self, request: Request) -> Response:
+        return await self.call(DIALECTS["gemini"], _gemini_parser, request)
+
+    async def models(self, request: Request) -> Response:
         try:
-            session_for(request)
+            self.session_for(request)
         except ProxyError as e:
             return _error(openai_chat, e)
+        cfg = self.config
         names = cfg.served_models or [cfg.model]
         if "anthropic-version" in request.headers:
             data = [{"type": "model", "id": n, "display_name": n, "created_at": "2026-01-01T00:00:00Z"} for n in names]
@@ -226,9 +235,27 @@ def build_app(core: ProxyCore, admin_token: str) -> Starlette:
         return json_response({"object": "list", "data": [{"id": n, "object": "model", "created": 0, "owned_by": "harnessrl"}
                                                  for n in names]})
 
-    async def ok(request: Request) -> Response:
+    async def ok(self, request: Request) -> Response:
         return Response(b"", 200) if request.method == "HEAD" else json_response({"status": "ok"})
 
+    @contextlib.asynccontextmanager
+    async def lifespan(self, app):
+        await self.core.start()
+        try:
+            yield
+        finally:
+            await self.core.stop()
+
+
+def _gemini_parser(request: Request):
+    """Gemini's body parser for this request: the model and streaming come from the URL."""
+    return gemini.request_parser(request.path_params["target"], request.query_params.get("alt"))
+
+
+def build_app(core: ProxyCore, admin_token: str) -> Starlette:
+    proxy = ProxyApp(core)
+    ok, dialect_route, count_tokens, models, gemini_models = (
+        proxy.ok, proxy.dialect_route, proxy.count_tokens, proxy.models, proxy.gemini_models)
     routes = [
         Route("/", ok, methods=["GET", "HEAD"]),
         Route("/s/{sid}", ok, methods=["GET", "HEAD"]),
@@ -242,14 +269,4 @@ def build_app(core: ProxyCore, admin_token: str) -> Starlette:
         Route("/s/{sid}/v1/models/{target}", gemini_models, methods=["POST"]),  # the SDKs' api_version="v1"
         *admin_routes(core, admin_token),
     ]
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app):
-        await core.start()
-        try:
-            yield
-        finally:
-            await core.stop()
-
-    return Starlette(routes=routes, lifespan=lifespan)
-
+    return Starlette(routes=routes, lifespan=proxy.lifespan)

@@ -59,6 +59,27 @@ class Prepared:
     `request.is_disconnected`): its reply is then recorded undelivered, never trained."""
 
 
+@dataclass
+class _Call:
+    """One call while it runs: what `ProxyCore.run`'s steps hand each other."""
+
+    p: Prepared
+    pl: Any
+    """The rendered prompt and where it goes (`recorder.plan`)."""
+    cid: str
+    created: int
+    gen: Generation
+    writer: Any
+    """The dialect's Stream of a streamed call; None for a plain one."""
+    markers: list[str]
+    """Where streamed text is held back: the stop strings and the tool-call start."""
+    params: dict[str, Any]
+    ignored: list[str]
+    rec: CallRow
+    sent: str = ""
+    """The text a streamed call has sent so far."""
+
+
 class _ClientGone(Exception):
     """A plain call's client disconnected while it was generating."""
 
@@ -275,58 +296,13 @@ class ProxyCore:
         if s.lock is None:
             s.lock = asyncio.Lock()
         async with s.lock:
-            queue_s = time.monotonic() - p.arrived
-            env_s = (p.arrived - s.last_response_at) if s.last_response_at is not None else None
-            # Rendering and tokenizing off the event loop: one huge prompt must not stall other sessions.
-            pl = await offload(plan, s, req, self.renderer, heavy=req.body_bytes > HEAVY_BYTES)
-            cid = _PREFIX[req.dialect] + uuid.uuid4().hex[:24]
-            created = int(time.time())
-            gen = Generation()
-            stream_writer = stream_cls(req, cid, req.model, created) if stream_cls is not None else None
-            sent = ""
-            markers = list(req.stop)
-            if req.tools and req.tool_choice != "none":
-                markers.append(self.renderer.tool_format.start_marker)
-            (params, ignored), maxi = self._params(req), self.config.max_interruptions
-            params["priority"] = self._priority(s)
-            budget = s.meta.get("max_tokens")
-            if isinstance(budget, int):  # never sample past the episode's token budget
-                params["max_new_tokens"] = max(1, min(params["max_new_tokens"], budget - s.completion_tokens))
-            rec = CallRow(self.store, self.versions, self.counters, s, pl, req, cid, gen, queue_s, env_s)
+            call = await self._open(p, stream_cls)
+            rec, params = call.rec, call.params
             try:
                 space = await self.sampling.space(self.engine)
-                if stream_writer is not None:
-                    yield stream_writer.start()
-                if stream_writer is not None and self.config.engine_stream and not isinstance(self.engine, TeacherChat):
-                    detok = Detokenizer(self.renderer)
-                    held, text = False, ""
-                    async with contextlib.aclosing(generate(self.engine, self.gate, pl.prompt_ids, stream=True,
-                                                            params=params, max_interruptions=maxi, rid=cid,
-                                                            out=gen)) as chunks:
-                        async for ids in chunks:
-                            piece = detok.add(ids)
-                            if held or not piece:
-                                continue
-                            text += piece
-                            cut, held = _safe_len(text, markers)
-                            if cut > len(sent):
-                                delta = text[len(sent):cut]
-                                sent += delta
-                                yield stream_writer.text(delta)
-                else:
-                    # One engine request; a streamed call sends keep-alives meanwhile, a plain
-                    # one watches its client (a client gone stops the engine request).
-                    task = asyncio.ensure_future(self._drain(pl.prompt_ids, params, cid, gen, req))
-                    try:
-                        while not (await asyncio.wait({task}, timeout=self.config.keepalive_s))[0]:
-                            if stream_writer is not None:
-                                yield stream_writer.keepalive()
-                            elif p.disconnected is not None and await p.disconnected():
-                                raise _ClientGone()
-                        task.result()
-                    finally:
-                        if not task.done():
-                            task.cancel()  # closing the engine request aborts it there
+                async with contextlib.aclosing(self._generate(call)) as events:
+                    async for event in events:
+                        yield event
             except EngineError as e:  # the app answers it: an HTTP status, or the stream's error event
                 try:
                     healthy = await self._healthy() if isinstance(e, EngineTimeout) else None
@@ -344,41 +320,110 @@ class ProxyCore:
                 rec.detached("proxy_error", params, finish_reason="proxy_error", completion=False,
                              proxy_error=f"{type(e).__name__}: {e}")
                 raise
-            if self.teacher is not None:
-                mark(gen)  # teacher tokens: no behaviour logprob, no policy version
-            c, reply, flags = self._finish(req, gen, cid, created, len(pl.prompt_ids),
-                                           sent if stream_writer is not None else None)
-            if self.teacher is not None:
-                flags["teacher"] = self.teacher
-            flags["sampling"] = self.sampling.record(req, params, space, ignored)
-            if pl.split_reason is not None:
-                flags["split_reason"] = pl.split_reason
-            if pl.spawned_by is not None:
-                flags["spawned_by"] = pl.spawned_by
-            if stream_writer is None and p.disconnected is not None and await p.disconnected():
-                # generated, but nobody is left to receive it: keep it out of training
-                rec.detached("undelivered", params, flags, undelivered="client_disconnected")
-                raise ProxyError(499, "the client disconnected before the reply was ready")
-            versions = rec.add(flags)  # durable before the reply's last byte leaves
-            if pl.split_reason is not None:
-                self.counters["segments_split"] += 1
-            self.counters["calls"] += 1
-            self.counters["prompt_tokens"] += len(pl.prompt_ids)
-            self.counters["completion_tokens"] += len(gen.ids)
-            self.counters["interruptions"] += gen.interruptions
-            s.completion_tokens += len(gen.ids)
-            if stream_writer is None:
-                self._advance(s, pl, req, reply, gen, versions)
+            c, reply, versions = await self._record(call, space)
+            if call.writer is None:
+                self._advance(s, call.pl, req, reply, call.gen, versions)
                 yield c
                 return
             try:
-                yield stream_writer.finish(c, c.content[len(sent):] if c.content.startswith(sent) else "")
+                yield call.writer.finish(c, c.content[len(call.sent):] if c.content.startswith(call.sent) else "")
             except (asyncio.CancelledError, GeneratorExit):
                 # The stream was closed before its final event went out: the harness has no reply.
-                self.store.mark_undelivered(cid, "client_disconnected")
+                self.store.mark_undelivered(call.cid, "client_disconnected")
                 self.counters["undelivered"] += 1
                 raise
-            self._advance(s, pl, req, reply, gen, versions)
+            self._advance(s, call.pl, req, reply, call.gen, versions)
+
+    async def _open(self, p: Prepared, stream_cls) -> _Call:
+        """The call's first step, under its session's lock: its timings, its prompt rendered
+        (off the event loop), its reply id, its sampling capped by the episode's token budget,
+        and the writer of its row."""
+        s, req = p.session, p.req
+        queue_s = time.monotonic() - p.arrived
+        env_s = (p.arrived - s.last_response_at) if s.last_response_at is not None else None
+        # Rendering and tokenizing off the event loop: one huge prompt must not stall other sessions.
+        pl = await offload(plan, s, req, self.renderer, heavy=req.body_bytes > HEAVY_BYTES)
+        cid = _PREFIX[req.dialect] + uuid.uuid4().hex[:24]
+        created = int(time.time())
+        gen = Generation()
+        writer = stream_cls(req, cid, req.model, created) if stream_cls is not None else None
+        markers = list(req.stop)
+        if req.tools and req.tool_choice != "none":
+            markers.append(self.renderer.tool_format.start_marker)
+        params, ignored = self._params(req)
+        params["priority"] = self._priority(s)
+        budget = s.meta.get("max_tokens")
+        if isinstance(budget, int):  # never sample past the episode's token budget
+            params["max_new_tokens"] = max(1, min(params["max_new_tokens"], budget - s.completion_tokens))
+        rec = CallRow(self.store, self.versions, self.counters, s, pl, req, cid, gen, queue_s, env_s)
+        return _Call(p, pl, cid, created, gen, writer, markers, params, ignored, rec)
+
+    async def _generate(self, call: _Call) -> AsyncIterator[bytes]:
+        """A streamed call's start event, then the generation: the engine's token stream
+        relayed as text (`engine_stream`), or one engine request meanwhile sending keep-alives
+        (streamed) or watching the client (plain: a client gone stops the engine request)."""
+        writer, gen, cid, params = call.writer, call.gen, call.cid, call.params
+        maxi = self.config.max_interruptions
+        if writer is not None:
+            yield writer.start()
+        if writer is not None and self.config.engine_stream and not isinstance(self.engine, TeacherChat):
+            detok = Detokenizer(self.renderer)
+            held, text = False, ""
+            async with contextlib.aclosing(generate(self.engine, self.gate, call.pl.prompt_ids, stream=True,
+                                                    params=params, max_interruptions=maxi, rid=cid,
+                                                    out=gen)) as chunks:
+                async for ids in chunks:
+                    piece = detok.add(ids)
+                    if held or not piece:
+                        continue
+                    text += piece
+                    cut, held = _safe_len(text, call.markers)
+                    if cut > len(call.sent):
+                        delta = text[len(call.sent):cut]
+                        call.sent += delta
+                        yield writer.text(delta)
+            return
+        task = asyncio.ensure_future(self._drain(call.pl.prompt_ids, params, cid, gen, call.p.req))
+        try:
+            while not (await asyncio.wait({task}, timeout=self.config.keepalive_s))[0]:
+                if writer is not None:
+                    yield writer.keepalive()
+                elif call.p.disconnected is not None and await call.p.disconnected():
+                    raise _ClientGone()
+            task.result()
+        finally:
+            if not task.done():
+                task.cancel()  # closing the engine request aborts it there
+
+    async def _record(self, call: _Call, space: str) -> tuple[Completion, Message, list[int]]:
+        """The generated call cut, parsed and flagged, its row written (durable before the
+        reply's last byte leaves) and the counters advanced; a plain call whose client is gone
+        is recorded undelivered instead, and refused (499)."""
+        p, req, gen, pl = call.p, call.p.req, call.gen, call.pl
+        if self.teacher is not None:
+            mark(gen)  # teacher tokens: no behaviour logprob, no policy version
+        c, reply, flags = self._finish(req, gen, call.cid, call.created, len(pl.prompt_ids),
+                                       call.sent if call.writer is not None else None)
+        if self.teacher is not None:
+            flags["teacher"] = self.teacher
+        flags["sampling"] = self.sampling.record(req, call.params, space, call.ignored)
+        if pl.split_reason is not None:
+            flags["split_reason"] = pl.split_reason
+        if pl.spawned_by is not None:
+            flags["spawned_by"] = pl.spawned_by
+        if call.writer is None and p.disconnected is not None and await p.disconnected():
+            # generated, but nobody is left to receive it: keep it out of training
+            call.rec.detached("undelivered", call.params, flags, undelivered="client_disconnected")
+            raise ProxyError(499, "the client disconnected before the reply was ready")
+        versions = call.rec.add(flags)  # durable before the reply's last byte leaves
+        if pl.split_reason is not None:
+            self.counters["segments_split"] += 1
+        self.counters["calls"] += 1
+        self.counters["prompt_tokens"] += len(pl.prompt_ids)
+        self.counters["completion_tokens"] += len(gen.ids)
+        self.counters["interruptions"] += gen.interruptions
+        p.session.completion_tokens += len(gen.ids)
+        return c, reply, versions
 
     async def _healthy(self) -> bool:
         """Does the engine answer /health right after a timed-out call? (briefly: a stopped
