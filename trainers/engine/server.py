@@ -138,15 +138,26 @@ class _BearerAuth:
         await self.app(scope, receive, send)
 
 
-def build_app(state: EngineState) -> FastAPI:
-    app = FastAPI(title="harnessrl local engine (SGLang API subset)")
-    sched = state.scheduler
-    cfg = state.config
+class EngineApp:
+    """The SGLang routes over one `EngineState`: request checks and the run of one request
+    (shared with the vLLM routes), then one method per route."""
 
-    if cfg.api_key:
-        app.add_middleware(_BearerAuth, token=cfg.api_key)
+    def __init__(self, state: EngineState):
+        self.state, self.sched, self.config = state, state.scheduler, state.config
 
-    def _check(body: GenerateRequest, where: str = "") -> None:
+    def mount(self, app: FastAPI) -> None:
+        app.post("/generate")(self.generate)
+        app.post("/abort_request")(self.abort_request)
+        app.post("/pause_generation")(self.pause_generation)
+        app.post("/continue_generation")(self.continue_generation)
+        app.post("/update_weights_from_disk")(self.update_weights_from_disk)
+        app.api_route("/flush_cache", methods=["GET", "POST"])(self.flush_cache)
+        app.get("/health")(self.health)
+        app.get("/get_model_info")(self.get_model_info)
+
+    # -- one request: checked, submitted, run to its end or streamed ----------------------------
+    def check(self, body: GenerateRequest, where: str = "") -> None:
+        state = self.state
         bad = next(((i, t) for i, t in enumerate(body.input_ids) if t >= state.vocab_size), None)
         if bad is not None:
             raise BadRequest(f"{where}input_ids[{bad[0]}]: token id {bad[1]} is outside the vocabulary "
@@ -164,7 +175,7 @@ def build_app(state: EngineState) -> FastAPI:
         if body.rid is not None and body.rid in state.in_flight:
             raise BadRequest(f"{where}rid: {body.rid!r} is already running")
 
-    def _start(body: GenerateRequest) -> tuple[Req, asyncio.Queue, _Accumulator]:
+    def start(self, body: GenerateRequest) -> tuple[Req, asyncio.Queue, _Accumulator]:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Delta] = asyncio.Queue()
         rid = body.rid or uuid.uuid4().hex
@@ -175,100 +186,97 @@ def build_app(state: EngineState) -> FastAPI:
                   stream=body.stream, top_logprobs_num=body.top_logprobs_num if body.return_logprob else 0,
                   logprob_start_len=body.logprob_start_len if body.return_logprob else -1, generator=gen,
                   priority=body.priority or 0)
-        state.in_flight.add(rid)
-        sched.submit(req)
-        return req, queue, _Accumulator(state, body, rid)
+        self.state.in_flight.add(rid)
+        self.sched.submit(req)
+        return req, queue, _Accumulator(self.state, body, rid)
 
-    async def _collect(body: GenerateRequest, request: Request) -> _Accumulator:
+    async def collect(self, body: GenerateRequest, request: Request) -> _Accumulator:
         """Run one request to its end (aborted if the client goes away); its accumulator."""
-        req, queue, acc = _start(body)
+        req, queue, acc = self.start(body)
         try:
             while acc.finish is None:
                 try:
                     acc.add(await asyncio.wait_for(queue.get(), timeout=1.0))
                 except asyncio.TimeoutError:
                     if await request.is_disconnected():  # nobody will read it: free the batch slot
-                        sched.abort(req.rid)
+                        self.sched.abort(req.rid)
             if (acc.finish or {}).get("status_code") == 500:  # an engine failure, not a requested abort
                 raise _EngineFailure(acc.finish.get("message", "engine error"))
             return acc
         finally:
-            state.in_flight.discard(req.rid)
+            self.state.in_flight.discard(req.rid)
             if acc.finish is None:
-                sched.abort(req.rid)
+                self.sched.abort(req.rid)
 
-    async def _deltas(body: GenerateRequest) -> AsyncIterator[tuple[_Accumulator, int, int]]:
+    async def deltas(self, body: GenerateRequest) -> AsyncIterator[tuple[_Accumulator, int, int]]:
         """A streamed request's deltas as (accumulator, start, end) of the new output tokens."""
-        req, queue, acc = _start(body)
+        req, queue, acc = self.start(body)
         try:
             while acc.finish is None:
                 start, end = acc.add(await queue.get())
                 yield acc, start, end
         finally:  # also on client disconnect (the generator is closed)
-            state.in_flight.discard(req.rid)
+            self.state.in_flight.discard(req.rid)
             if acc.finish is None:
-                sched.abort(req.rid)
+                self.sched.abort(req.rid)
 
-    async def _stream(body: GenerateRequest) -> AsyncIterator[bytes]:
-        incremental = cfg.incremental_streaming_output
-        async with aclosing(_deltas(body)) as deltas:
+    async def stream(self, body: GenerateRequest) -> AsyncIterator[bytes]:
+        incremental = self.config.incremental_streaming_output
+        async with aclosing(self.deltas(body)) as deltas:
             async for acc, start, end in deltas:
                 chunk = acc.render(start, end) if incremental else acc.render()
                 yield b"data: " + json.dumps(chunk).encode() + b"\n\n"
         yield b"data: [DONE]\n\n"
 
-    @app.post("/generate")
-    async def generate(request: Request):
+    # -- the routes --------------------------------------------------------------------------------
+    async def generate(self, request: Request):
         try:
             data = decode_json(await request.body(), GenerateRequest)
             batch = split_batch(data)
             if batch is None:
                 body = validate(data, GenerateRequest)
-                _check(body)
+                self.check(body)
                 if body.stream:
-                    return StreamingResponse(_stream(body), media_type="text/event-stream")
-                return (await _collect(body, request)).render()
+                    return StreamingResponse(self.stream(body), media_type="text/event-stream")
+                return (await self.collect(body, request)).render()
             bodies = [validate(b, GenerateRequest, prefix=f"[{i}].") for i, b in enumerate(batch)]
             for i, b in enumerate(bodies):
-                _check(b, where=f"[{i}].")
-            return [acc.render() for acc in await asyncio.gather(*(_collect(b, request) for b in bodies))]
+                self.check(b, where=f"[{i}].")
+            return [acc.render() for acc in await asyncio.gather(*(self.collect(b, request) for b in bodies))]
         except BadRequest as e:
             return _error(400, str(e))
         except _EngineFailure as e:  # as SGLang: a non-streamed request that failed is a 500
             return _error(500, str(e))
 
-    @app.post("/abort_request")
-    async def abort_request(request: Request):
+    async def abort_request(self, request: Request):
         try:
             body = parse_body(await request.body(), AbortRequest)
         except BadRequest as e:
             return _error(400, str(e))
         if not body.rid and not body.abort_all:
             return _error(400, "rid: give a request id or abort_all: true")
-        sched.abort(body.rid or None, body.abort_all)
+        self.sched.abort(body.rid or None, body.abort_all)
         return JSONResponse({})
 
-    @app.post("/pause_generation")
-    async def pause_generation(request: Request):
+    async def pause_generation(self, request: Request):
         try:
             body = parse_body(await request.body(), PauseRequest, required=False)
         except BadRequest as e:
             return _error(400, str(e))
-        n = await asyncio.wrap_future(sched.call(lambda s: s.pause(body.mode)))
+        n = await asyncio.wrap_future(self.sched.call(lambda s: s.pause(body.mode)))
         return JSONResponse({"message": f"Generation paused (mode {body.mode})", "num_paused_requests": n})
 
-    @app.post("/continue_generation")
-    async def continue_generation():
-        await asyncio.wrap_future(sched.call(lambda s: s.resume()))
+    async def continue_generation(self):
+        await asyncio.wrap_future(self.sched.call(lambda s: s.resume()))
         return JSONResponse({"message": "Generation continued"})
 
-    @app.post("/update_weights_from_disk")
-    async def update_weights_from_disk(request: Request):
+    async def update_weights_from_disk(self, request: Request):
         try:
             body = parse_body(await request.body(), UpdateWeightsRequest)
         except BadRequest as e:
             return _error(400, str(e))
-        async with state.update_lock:
+        sched = self.sched
+        async with self.state.update_lock:
             try:  # read and check off the scheduler thread; decoding goes on meanwhile
                 weights = await asyncio.to_thread(read_weights, body.model_path, sched.model, body.load_format)
             except WeightLoadError as e:
@@ -284,30 +292,24 @@ def build_app(state: EngineState) -> FastAPI:
                 return n
 
             n = await asyncio.wrap_future(sched.call(swap))
-            state.model_path = str(Path(body.model_path))
+            self.state.model_path = str(Path(body.model_path))
         return JSONResponse({"success": True, "num_paused_requests": n,
                              "message": f"Succeeded to update model weights (version {sched.weight_version})."})
 
-    @app.api_route("/flush_cache", methods=["GET", "POST"])
-    async def flush_cache():
-        await asyncio.wrap_future(sched.call(lambda s: s.weights_changed()))  # drops the prefix cache
+    async def flush_cache(self):
+        await asyncio.wrap_future(self.sched.call(lambda s: s.weights_changed()))  # drops the prefix cache
         return PlainTextResponse("Cache flushed.\n")
 
-    @app.get("/health")
-    async def health():
-        if not sched.alive:
+    async def health(self):
+        if not self.sched.alive:
             return _error(503, "engine loop is not running")
         return PlainTextResponse("")
 
-    def _counters(s) -> dict:
-        return {"speculative": dict(s.spec_stats), "steps": s.steps, "timing": dict(s.timing),
-                "decode_by_rows": {str(n): list(v) for n, v in sorted(s.decode_by_rows.items())}}
-
-    @app.get("/get_model_info")
-    async def get_model_info():
+    async def get_model_info(self):
         # The counters are read on the stepping thread between two steps, so one reading never
         # holds half a step (busy seconds counted, slot seconds not yet) and a request whose
         # answer has already gone out has its last step counted.
+        state, sched = self.state, self.sched
         counters = None
         if sched.alive:
             try:
@@ -324,7 +326,7 @@ def build_app(state: EngineState) -> FastAPI:
             "vocab_size": state.vocab_size,
             "max_context_length": state.max_context,
             "eos_token_ids": sorted(sched.eos_ids),
-            "max_running_requests": cfg.max_running_requests,
+            "max_running_requests": self.config.max_running_requests,
             "logprob_space": sched.logprob_space,
             "prefix_cache": sched.prefix_cache.report(),
             "scheduler_tid": sched.native_tid,
@@ -332,5 +334,18 @@ def build_app(state: EngineState) -> FastAPI:
             **sched.load(),
         }
 
-    add_vllm_routes(app, state, check=_check, collect=_collect, deltas=_deltas, failure=_EngineFailure)
+
+def _counters(s) -> dict:
+    return {"speculative": dict(s.spec_stats), "steps": s.steps, "timing": dict(s.timing),
+            "decode_by_rows": {str(n): list(v) for n, v in sorted(s.decode_by_rows.items())}}
+
+
+def build_app(state: EngineState) -> FastAPI:
+    app = FastAPI(title="harnessrl local engine (SGLang API subset)")
+    if state.config.api_key:
+        app.add_middleware(_BearerAuth, token=state.config.api_key)
+    engine = EngineApp(state)
+    engine.mount(app)
+    add_vllm_routes(app, state, check=engine.check, collect=engine.collect, deltas=engine.deltas,
+                    failure=_EngineFailure)
     return app

@@ -60,16 +60,29 @@ def add_vllm_routes(app: FastAPI, state: Any, *, check: Callable, collect: Calla
     """Serve the routes on `app`. `check(body)` raises BadRequest in the engine's field names,
     `collect(body, request)` runs a request to its end (raising `failure` on an engine error),
     `deltas(body)` streams (accumulator, start, end) (server.py's handlers)."""
-    served = Path(state.model_path).name
-    dec = state.tokenizer.decode
+    VllmRoutes(state, check, collect, deltas, failure).mount(app)
 
-    def engine_request(ids: list[int], sp: Any, rid: str | None, stream: bool, priority: int,
+
+class VllmRoutes:
+    """vLLM's routes over the engine's state and its request runner (`add_vllm_routes`)."""
+
+    def __init__(self, state: Any, check: Callable, collect: Callable, deltas: Callable, failure: type[Exception]):
+        self.state, self.check, self.collect, self.deltas, self.failure = state, check, collect, deltas, failure
+        self.served = Path(state.model_path).name  # the name at start-up, kept across weight updates
+        self.dec = state.tokenizer.decode
+
+    def mount(self, app: FastAPI) -> None:
+        app.post("/inference/v1/generate")(self.vllm_generate)
+        app.post("/v1/completions")(self.vllm_completions)
+        app.get("/v1/models")(self.vllm_models)
+
+    def engine_request(self, ids: list[int], sp: Any, rid: str | None, stream: bool, priority: int,
                        names: tuple) -> GenerateRequest:
-        body = GenerateRequest(input_ids=ids, sampling_params=sp.engine_params(max(1, state.max_context - len(ids))),
+        body = GenerateRequest(input_ids=ids, sampling_params=sp.engine_params(max(1, self.state.max_context - len(ids))),
                                rid=rid, stream=stream, return_logprob=True,
                                top_logprobs_num=sp.logprobs or 0, priority=-priority)
         try:
-            check(body)
+            self.check(body)
         except BadRequest as e:
             msg = str(e)
             for old, new in names:
@@ -79,20 +92,20 @@ def add_vllm_routes(app: FastAPI, state: Any, *, check: Callable, collect: Calla
             raise BadRequest(msg) from None
         return body
 
-    async def run(body: GenerateRequest, request: Request):
+    async def run(self, body: GenerateRequest, request: Request):
         try:
-            return await collect(body, request), None
-        except failure as e:
+            return await self.collect(body, request), None
+        except self.failure as e:
             return None, _bad(500, f"engine error: {e}")
 
-    @app.post("/inference/v1/generate")
-    async def vllm_generate(request: Request):
+    async def vllm_generate(self, request: Request):
         try:
             v = parse_body(await request.body(), VllmGenerateRequest)
-            body = engine_request(v.token_ids, v.sampling_params, v.request_id, v.stream, v.priority, _GENERATE_NAMES)
+            body = self.engine_request(v.token_ids, v.sampling_params, v.request_id, v.stream, v.priority,
+                                       _GENERATE_NAMES)
         except BadRequest as e:
             return _bad(400, str(e))
-        num, model = v.sampling_params.logprobs, v.model or served
+        num, model = v.sampling_params.logprobs, v.model or self.served
 
         def reply(acc, start: int, end: int, stream: bool) -> dict:
             ids = acc.ids[start:end]
@@ -103,7 +116,7 @@ def add_vllm_routes(app: FastAPI, state: Any, *, check: Callable, collect: Calla
 
         if v.stream:
             async def chunks() -> AsyncIterator[bytes]:
-                async with aclosing(deltas(body)) as ds:
+                async with aclosing(self.deltas(body)) as ds:
                     async for acc, start, end in ds:
                         if (acc.finish or {}).get("status_code") == 500:
                             yield _sse(error_body(500, f"engine error: {acc.finish.get('message')}"))
@@ -113,17 +126,17 @@ def add_vllm_routes(app: FastAPI, state: Any, *, check: Callable, collect: Calla
                 yield b"data: [DONE]\n\n"
 
             return StreamingResponse(chunks(), media_type="text/event-stream")
-        acc, err = await run(body, request)
+        acc, err = await self.run(body, request)
         return err or reply(acc, 0, len(acc.ids), False)
 
-    @app.post("/v1/completions")
-    async def vllm_completions(request: Request):
+    async def vllm_completions(self, request: Request):
         try:
             v = parse_body(await request.body(), VllmCompletionRequest)
-            body = engine_request(v.prompt, v, v.request_id, v.stream, v.priority, _COMPLETION_NAMES)
+            body = self.engine_request(v.prompt, v, v.request_id, v.stream, v.priority, _COMPLETION_NAMES)
         except BadRequest as e:
             return _bad(400, str(e))
-        num, model, with_ids = v.logprobs, v.model or served, v.return_token_ids
+        dec = self.dec
+        num, model, with_ids = v.logprobs, v.model or self.served, v.return_token_ids
         name = (lambda t: f"token_id:{t}") if v.return_tokens_as_token_ids else (lambda t: dec([t]))
 
         def reply(acc, start: int, end: int, text: str, offset0: int, stream: bool) -> dict:
@@ -139,7 +152,7 @@ def add_vllm_routes(app: FastAPI, state: Any, *, check: Callable, collect: Calla
         if v.stream:
             async def chunks() -> AsyncIterator[bytes]:
                 sent = ""
-                async with aclosing(deltas(body)) as ds:
+                async with aclosing(self.deltas(body)) as ds:
                     async for acc, start, end in ds:
                         if (acc.finish or {}).get("status_code") == 500:
                             yield _sse(error_body(500, f"engine error: {acc.finish.get('message')}"))
@@ -152,12 +165,12 @@ def add_vllm_routes(app: FastAPI, state: Any, *, check: Callable, collect: Calla
                 yield b"data: [DONE]\n\n"
 
             return StreamingResponse(chunks(), media_type="text/event-stream")
-        acc, err = await run(body, request)
+        acc, err = await self.run(body, request)
         return err or reply(acc, 0, len(acc.ids), acc.text(), 0, False)
 
-    @app.get("/v1/models")
-    async def vllm_models():
-        card = {"id": served, "object": "model", "created": int(time.time()), "owned_by": "harnessrl",
+    async def vllm_models(self):
+        state = self.state
+        card = {"id": self.served, "object": "model", "created": int(time.time()), "owned_by": "harnessrl",
                 "root": state.model_path, "parent": None, "max_model_len": state.max_context,
                 "logprob_space": state.scheduler.logprob_space}
         return {"object": "list", "data": [card]}
