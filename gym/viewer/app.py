@@ -82,79 +82,72 @@ def _param(loc: tuple) -> str:
     return str(loc[-1]) if loc else "request"
 
 
-def build_app(indexes: list[RunIndex], model: str | None = None) -> FastAPI:
-    runs = Runs(indexes, model)
-    app = FastAPI(title="harnessrl view", docs_url=None, redoc_url=None, openapi_url=None)
-    app.mount("/static", StaticFiles(directory=STATIC), name="static")
+async def bad_input(request: Request, exc: RequestValidationError) -> JSONResponse:
+    err = exc.errors()[0]
+    param = _param(tuple(err.get("loc", ())))
+    return JSONResponse({"error": f"{param}: {err.get('msg', 'invalid')}", "param": param}, status_code=400)
 
-    @app.exception_handler(RequestValidationError)
-    async def bad_input(request: Request, exc: RequestValidationError) -> JSONResponse:
-        err = exc.errors()[0]
-        param = _param(tuple(err.get("loc", ())))
-        return JSONResponse({"error": f"{param}: {err.get('msg', 'invalid')}", "param": param}, status_code=400)
 
-    @app.exception_handler(NotFound)
-    async def not_found(request: Request, exc: NotFound) -> JSONResponse:
-        return JSONResponse({"error": exc.message}, status_code=404)
+async def not_found(request: Request, exc: NotFound) -> JSONResponse:
+    return JSONResponse({"error": exc.message}, status_code=404)
 
-    @app.get("/")
-    def index() -> FileResponse:
+
+class Api:
+    """The page and the JSON API over the runs being viewed: one method per route (`ROUTES`)."""
+
+    def __init__(self, runs: Runs):
+        self.runs = runs
+
+    def index(self) -> FileResponse:
         return FileResponse(STATIC / "index.html")
 
-    @app.get("/api/runs")
-    def list_runs() -> list[dict[str, Any]]:
+    def list_runs(self) -> list[dict[str, Any]]:
         return [{"run": i, "name": ix.name, "root": str(ix.files.root),
                  "kind": "train" if ix.files.metrics else "rollout",
-                 "episodes": ix.query("SELECT COUNT(*) FROM episodes")[0][0]} for i, ix in enumerate(runs.indexes)]
+                 "episodes": ix.query("SELECT COUNT(*) FROM episodes")[0][0]} for i, ix in enumerate(self.runs.indexes)]
 
-    @app.get("/api/runs/{r}/summary")
-    def summary(r: int, max_points: int = Query(500, ge=2, le=5000)) -> dict[str, Any]:
-        return curves.summary(runs.run(r), max_points)
+    def summary(self, r: int, max_points: int = Query(500, ge=2, le=5000)) -> dict[str, Any]:
+        return curves.summary(self.runs.run(r), max_points)
 
-    @app.get("/api/runs/{r}/filters")
-    def filters(r: int) -> dict[str, list[str]]:
-        ix = runs.run(r)
+    def filters(self, r: int) -> dict[str, list[str]]:
+        ix = self.runs.run(r)
         return {c: ix.distinct(c) for c in ("harness", "status", "termination")}
 
-    @app.get("/api/runs/{r}/episodes")
-    def episodes(r: int, limit: int = Query(50, ge=1, le=500), offset: int = Query(0, ge=0),
+    def episodes(self, r: int, limit: int = Query(50, ge=1, le=500), offset: int = Query(0, ge=0),
                  sort: Sort = "order", desc: bool = False, task: str | None = None, harness: str | None = None,
                  status: str | None = None, termination: str | None = None, split: str | None = None,
                  min_reward: float | None = None, max_reward: float | None = None) -> dict[str, Any]:
-        return runs.run(r).episodes(limit, offset, sort, desc, task, harness, status, termination, split,
-                                    min_reward, max_reward)
+        return self.runs.run(r).episodes(limit, offset, sort, desc, task, harness, status, termination, split,
+                                         min_reward, max_reward)
 
-    @app.get("/api/runs/{r}/episodes/{sid}")
-    def episode(r: int, sid: str) -> dict[str, Any]:
-        traj = runs.trajectory(r, sid)
-        dec, why = runs.decoder(traj)
+    def episode(self, r: int, sid: str) -> dict[str, Any]:
+        traj = self.runs.trajectory(r, sid)
+        dec, why = self.runs.decoder(traj)
         return dict(episode_view.header(traj), run=r, decoded_with=dec.model if dec else None, decode_note=why)
 
-    @app.get("/api/runs/{r}/episodes/{sid}/calls")
-    def calls(r: int, sid: str, limit: int = Query(50, ge=1, le=500), offset: int = Query(0, ge=0)) -> dict[str, Any]:
-        traj = runs.trajectory(r, sid)
-        return episode_view.calls_page(traj, runs.decoder(traj)[0], offset, limit)
+    def calls(self, r: int, sid: str, limit: int = Query(50, ge=1, le=500),
+              offset: int = Query(0, ge=0)) -> dict[str, Any]:
+        traj = self.runs.trajectory(r, sid)
+        return episode_view.calls_page(traj, self.runs.decoder(traj)[0], offset, limit)
 
-    @app.get("/api/runs/{r}/episodes/{sid}/tokens")
-    def tokens(r: int, sid: str, segment: int = Query(0, ge=0), limit: int = Query(4000, ge=1, le=20000),
+    def tokens(self, r: int, sid: str, segment: int = Query(0, ge=0), limit: int = Query(4000, ge=1, le=20000),
                offset: int = Query(0, ge=0)) -> Any:
-        traj = runs.trajectory(r, sid)
+        traj = self.runs.trajectory(r, sid)
         if segment >= len(traj.segments):
             return JSONResponse({"error": f"segment: episode {sid} has {len(traj.segments)} segment(s), "
                                           f"no segment {segment}", "param": "segment"}, status_code=400)
-        return episode_view.token_page(traj, runs.decoder(traj)[0], segment, offset, limit)
+        return episode_view.token_page(traj, self.runs.decoder(traj)[0], segment, offset, limit)
 
-    @app.get("/api/compare/tasks")
-    def compare_tasks(runs_: str = Query("", alias="runs"), limit: int = Query(100, ge=1, le=500),
+    def compare_tasks(self, runs_: str = Query("", alias="runs"), limit: int = Query(100, ge=1, le=500),
                       offset: int = Query(0, ge=0)) -> Any:
         try:
-            which = [int(x) for x in runs_.split(",") if x.strip()] or list(range(len(runs.indexes)))
+            which = [int(x) for x in runs_.split(",") if x.strip()] or list(range(len(self.runs.indexes)))
         except ValueError:
             return JSONResponse({"error": f"runs: a comma-separated list of run numbers, got {runs_!r}",
                                  "param": "runs"}, status_code=400)
         per: dict[str, dict[int, dict[str, Any]]] = {}
         for r in which:
-            for task, n, wins, mean in runs.run(r).query(
+            for task, n, wins, mean in self.runs.run(r).query(
                     "SELECT task_id, COUNT(*), SUM(reward >= 1.0), AVG(reward) FROM episodes GROUP BY task_id"):
                 per.setdefault(task, {})[r] = {"episodes": n, "successes": wins or 0, "reward_mean": mean}
         tasks = sorted(per)
@@ -162,4 +155,27 @@ def build_app(indexes: list[RunIndex], model: str | None = None) -> FastAPI:
                 "rows": [{"task_id": t, "by_run": {str(r): per[t].get(r) for r in which}}
                          for t in tasks[offset:offset + limit]]}
 
+
+ROUTES = (
+    ("/", "index"),
+    ("/api/runs", "list_runs"),
+    ("/api/runs/{r}/summary", "summary"),
+    ("/api/runs/{r}/filters", "filters"),
+    ("/api/runs/{r}/episodes", "episodes"),
+    ("/api/runs/{r}/episodes/{sid}", "episode"),
+    ("/api/runs/{r}/episodes/{sid}/calls", "calls"),
+    ("/api/runs/{r}/episodes/{sid}/tokens", "tokens"),
+    ("/api/compare/tasks", "compare_tasks"),
+)
+"""(path, `Api` method) of every GET route, in the order they are matched."""
+
+
+def build_app(indexes: list[RunIndex], model: str | None = None) -> FastAPI:
+    api = Api(Runs(indexes, model))
+    app = FastAPI(title="harnessrl view", docs_url=None, redoc_url=None, openapi_url=None)
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
+    app.add_exception_handler(RequestValidationError, bad_input)
+    app.add_exception_handler(NotFound, not_found)
+    for path, name in ROUTES:
+        app.get(path)(getattr(api, name))
     return app
