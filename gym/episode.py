@@ -367,10 +367,7 @@ def run_episode(task: Task, adapter: HarnessAdapter, make_sandbox: SandboxFactor
             status, reason, ending_text = ending.status, ending.reason, str(ending)
             error = ending_text if status == "infra_error" else ""
             if status != "infra_error" and run.sandbox is not None:
-                run.stage = "scoring"
-                t0 = time.monotonic()
-                reward = score(run.sandbox, task, cfg.reward)  # hidden tests only now, harness gone
-                run.timings["reward_s"] = time.monotonic() - t0
+                reward = _score(run, task, cfg)
                 if run.cancel.is_set():
                     status, reason = "infra_error", Cancelled.reason
                     error = f"cancelled while scoring: {run.cancel.reason}"
@@ -393,6 +390,23 @@ def run_episode(task: Task, adapter: HarnessAdapter, make_sandbox: SandboxFactor
         session_id=sid or f"unrecorded-{uuid.uuid4().hex[:12]}", segments=[], task_id=task.instance_id,
         harness=adapter.name)
     traj.reward, traj.status, traj.termination = final, status, reason
+    _annotate(traj, run, task, reward, graded, error, ending_text, cleanup)
+    return EpisodeResult(traj, run.harness, reward, reason, status, run.timings, error)
+
+
+def _score(run: _Run, task: Task, cfg: EpisodeConfig) -> RewardResult:
+    """The hidden tests, run only now that the harness is gone; their time in `reward_s`."""
+    run.stage = "scoring"
+    t0 = time.monotonic()
+    reward = score(run.sandbox, task, cfg.reward)
+    run.timings["reward_s"] = time.monotonic() - t0
+    return reward
+
+
+def _annotate(traj: Trajectory, run: _Run, task: Task, reward: RewardResult | None, graded: float | None,
+              error: str, ending_text: str, cleanup: list[str]) -> None:
+    """What the record says besides its reward and ending: the harness's own account, the
+    timings, a canary's cheat signal, cleanup failures and why the grader decided as it did."""
     h = run.harness
     traj.metadata.update({"harness_status": h.harness_status if h else None,
                           "harness_exit_code": h.exit_code if h else None, "timings": run.timings, "error": error,
@@ -415,7 +429,6 @@ def run_episode(task: Task, adapter: HarnessAdapter, make_sandbox: SandboxFactor
                                     "agent_diff_chars": len(reward.agent_diff), "test_output": reward.test_output,
                                     "tests": [t.model_dump() for t in reward.tests],
                                     "metrics": reward.metrics}  # a Harbor verifier's named numbers
-    return EpisodeResult(traj, h, reward, reason, status, run.timings, error)
 
 
 def _record_failure(admin: EpisodeAdmin, sid: str, close: bool, status: str, reason: str, errors: list[str]) -> None:
