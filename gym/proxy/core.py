@@ -33,7 +33,7 @@ from .config import ProxyConfig
 from .errors import ProxyError
 from .generation import Generation, PauseGate, VersionMap, generate
 from .offload import HEAVY_BYTES, offload
-from .recorder import Session, commit, plan
+from .recorder import Plan, Session, commit, plan
 from .render import Renderer
 from .rows import CallRow
 from .sampling import SamplingPolicy
@@ -64,7 +64,7 @@ class _Call:
     """One call while it runs: what `ProxyCore.run`'s steps hand each other."""
 
     p: Prepared
-    pl: Any
+    pl: Plan
     """The rendered prompt and where it goes (`recorder.plan`)."""
     cid: str
     created: int
