@@ -54,169 +54,180 @@ _RETURNERS = (("inspect", "currentframe"), ("inspect", "stack"), ("inspect", "tr
               ("logging", "currentframe"))
 def install(key_box, fd, config):
     """Add the guard's audit hook; the key leaves `key_box`."""
-    key = key_box.pop()
-    sha256 = hashlib.sha256
-    block = 64
-    key = key if len(key) <= block else sha256(key).digest()
-    key = key + b"\0" * (block - len(key))
-    ipad, opad = bytes(k ^ 0x36 for k in key), bytes(k ^ 0x5C for k in key)
-    del key
-    write, getframe, getpid, ident = os.write, sys._getframe, os.getpid, __import__("_thread").get_ident
-    osopen, osclose, readlink, stat, fspath = os.open, os.close, os.readlink, os.stat, os.fspath
-    O_PATH = getattr(os, "O_PATH", 0) | os.O_CLOEXEC
-    literal, fingerprint, pinned_code, code_of = _literal, _fingerprint, _pinned_code, _code_of
-    path_types = tuple(getattr(__import__("pathlib"), n) for n in ("PurePosixPath", "PosixPath", "Path", "PurePath"))
-    st = {"seq": 0, "pinned": None, "lib": (), "pin_ns": 0, "before": None, "hot": None, "returners": frozenset(),
-          "tests": {}, "test_code": {}, "main": None, "ours": frozenset(), "said": set(), "kinds": {},
-          "globals": [], "meta": (), "path_hooks": (), "called": {}}
-    busy, self_call = set(), set()
+    sys.addaudithook(_Guard(key_box, fd, config).hook)
 
-    def resolve(path):
+
+class _Guard:
+    """The hook's state and its steps. Only the audit hook holds the instance, so code under
+    test reaches it no more than it could reach a closure: through frames or gc, both refused.
+    Every library function a step calls is bound here, at install."""
+
+    def __init__(self, key_box, fd, config):
+        key = key_box.pop()
+        self.sha256 = sha256 = hashlib.sha256
+        block = 64
+        key = key if len(key) <= block else sha256(key).digest()
+        key = key + b"\0" * (block - len(key))
+        self.ipad, self.opad = bytes(k ^ 0x36 for k in key), bytes(k ^ 0x5C for k in key)
+        del key
+        self.fd = fd
+        self.write, self.getframe, self.getpid = os.write, sys._getframe, os.getpid
+        self.ident = __import__("_thread").get_ident
+        self.osopen, self.osclose, self.readlink, self.stat, self.fspath = os.open, os.close, os.readlink, os.stat, os.fspath
+        self.O_PATH = getattr(os, "O_PATH", 0) | os.O_CLOEXEC
+        self.literal, self.fingerprint, self.pinned_code, self.code_of = _literal, _fingerprint, _pinned_code, _code_of
+        self.path_types = tuple(getattr(__import__("pathlib"), n) for n in ("PurePosixPath", "PosixPath", "Path", "PurePath"))
+        self.st = {"seq": 0, "pinned": None, "lib": (), "pin_ns": 0, "before": None, "hot": None, "returners": frozenset(),
+                   "tests": {}, "test_code": {}, "main": None, "ours": frozenset(), "said": set(), "kinds": {},
+                   "globals": [], "meta": (), "path_hooks": (), "called": {}}
+        self.busy, self.self_call = set(), set()
+        resolve = self.resolve
+        self.repo = repo = resolve(config["repo"]) or config["repo"]
+        self.agent_files = frozenset(filter(None, (resolve(repo + "/" + p) for p in config.get("agent_files", ()))))
+        self.hidden = frozenset(filter(None, (resolve(repo + "/" + p) for p in config.get("test_files", ()))))
+        self.private = tuple(filter(None, (resolve(p) for p in config.get("private", ()))))
+
+    def resolve(self, path):
         """The kernel's own name for `path` (symlinks, .., /proc/self followed); None if absent."""
-        self_call.add(ident())
+        self.self_call.add(self.ident())
         try:
-            fd_ = osopen(path, O_PATH)
+            fd_ = self.osopen(path, self.O_PATH)
         except (OSError, ValueError, TypeError):
             return None
         finally:
-            self_call.discard(ident())
+            self.self_call.discard(self.ident())
         try:
-            return readlink("/proc/self/fd/" + int.__repr__(fd_))
+            return self.readlink("/proc/self/fd/" + int.__repr__(fd_))
         except OSError:
             return None
         finally:
-            osclose(fd_)
+            self.osclose(fd_)
 
-    repo = resolve(config["repo"]) or config["repo"]
-    agent_files = frozenset(filter(None, (resolve(repo + "/" + p) for p in config.get("agent_files", ()))))
-    hidden = frozenset(filter(None, (resolve(repo + "/" + p) for p in config.get("test_files", ()))))
-    private = tuple(filter(None, (resolve(p) for p in config.get("private", ()))))
-
-    def send(payload):
-        st["seq"] += 1
-        body = literal([st["seq"], getpid(), payload]).encode()
-        mac = sha256(opad + sha256(ipad + body).digest()).hexdigest()
+    def send(self, payload):
+        self.st["seq"] += 1
+        body = self.literal([self.st["seq"], self.getpid(), payload]).encode()
+        mac = self.sha256(self.opad + self.sha256(self.ipad + body).digest()).hexdigest()
         line = body + b" " + mac.encode() + b"\n"
         try:
             while line:
-                line = line[write(fd, line):]
+                line = line[self.write(self.fd, line):]
         except OSError:
             pass  # the channel is gone: the supervisor sees what did not come
 
-    def violation(kind, what, where=""):
+    def violation(self, kind, what, where=""):
         sig = (kind, what)
-        if sig not in st["said"] and len(st["said"]) < 20:
-            st["said"].add(sig)
-            send({"violation": {"kind": kind, "what": what[:400], "where": where[:300]}})
+        if sig not in self.st["said"] and len(self.st["said"]) < 20:
+            self.st["said"].add(sig)
+            self.send({"violation": {"kind": kind, "what": what[:400], "where": where[:300]}})
 
-    def classify(code):
+    def classify(self, code):
         """'lib' (pinned, or files of the interpreter and the runner), 'trusted' (the repository
         as graded, the hidden tests) or 'agent' (files the agent changed, files made or changed
         since grading began, code made at run time)."""
-        if st["pinned"] is not None and st["pinned"].get(id(code)) is code:
+        if self.st["pinned"] is not None and self.st["pinned"].get(id(code)) is code:
             return "lib"
         fn = code.co_filename
-        known = st["kinds"].get(fn)
+        known = self.st["kinds"].get(fn)
         if known is None:
             known = ("agent", None)
             if fn.startswith("<frozen "):
                 known = ("lib", None)
             elif fn.startswith("/"):
-                real = resolve(fn)
-                if real is not None and real not in agent_files:
-                    if any(real.startswith(root) for root in st["lib"]):
+                real = self.resolve(fn)
+                if real is not None and real not in self.agent_files:
+                    if any(real.startswith(root) for root in self.st["lib"]):
                         known = ("lib", real)
-                    elif real.startswith(repo + "/"):
+                    elif real.startswith(self.repo + "/"):
                         known = ("trusted", real)
-            st["kinds"][fn] = known
+            self.st["kinds"][fn] = known
         kind, real = known
         if real is not None:  # a file made or rewritten since grading began is not what was graded
             try:
-                if stat(real).st_ctime_ns >= st["pin_ns"]:
+                if self.stat(real).st_ctime_ns >= self.st["pin_ns"]:
                     return "agent"
             except OSError:
                 return "agent"
         return kind
 
-    def stack():
+    def stack(self):
         """Frames from the one that raised the event outwards (the hook's own left out)."""
-        self_call.add(ident())
-        f = getframe(3)
+        self.self_call.add(self.ident())
+        f = self.getframe(3)
         out = []
         while f is not None and len(out) < 500:
             out.append(f)
             f = f.f_back
         return out
 
-    def foreign(frames):
+    def foreign(self, frames):
         """(index, kind) of the first frame that is not library code; (-1, 'lib') if none."""
         for n, f in enumerate(frames):
-            if f.f_code is st["main"]:
+            if f.f_code is self.st["main"]:
                 break  # below the worker's run: the supervisor
-            k = classify(f.f_code)
+            k = self.classify(f.f_code)
             if k != "lib":
                 return n, k
         return -1, "lib"
 
-    def where(f):
+    def where(self, f):
         return f.f_code.co_filename + ":" + int.__repr__(f.f_lineno or 0)
 
-    def deny(kind, what, frame):
-        violation(kind, what, where(frame))
+    def deny(self, kind, what, frame):
+        self.violation(kind, what, self.where(frame))
         raise RuntimeError("harnessrl grader: " + what + " is refused to code under test")
 
-    def changed(snap):
+    def changed(self, snap):
         out = []
         for name, space, attr, value, code, keys in snap:
             now = space.get(attr)
-            if now is not value or (code is not None and code_of(now) is not code and
-                                    not (type(code) is tuple and code_of(now) == code)):
+            if now is not value or (code is not None and self.code_of(now) is not code and
+                                    not (type(code) is tuple and self.code_of(now) == code)):
                 out.append(name + "." + attr if name != attr else name)
             elif keys is not None and frozenset(vars(value)) != keys:
                 members = vars(value)
-                extra = sorted([m for m in frozenset(members) - keys if agents(members[m])] + list(keys - frozenset(members)))
+                extra = sorted([m for m in frozenset(members) - keys if self.agents(members[m])] + list(keys - frozenset(members)))
                 if extra:
                     out.append(name + "." + attr + " (members " + ", ".join(extra[:3]) + ")")
             if len(out) >= 8:
                 break
-        if tuple(sys.meta_path) != st["meta"] or tuple(sys.path_hooks) != st["path_hooks"]:
+        if tuple(sys.meta_path) != self.st["meta"] or tuple(sys.path_hooks) != self.st["path_hooks"]:
             out.append("sys.meta_path / sys.path_hooks")
         if sys.gettrace() is not None or sys.getprofile() is not None:
             out.append("a trace or profile hook")
         return out
 
-    def agents(v):
+    def agents(self, v):
         """Is this new class member code of the agent's (or not code at all, e.g. a callable object)?"""
-        code = code_of(v)
+        code = self.code_of(v)
         if type(code) is tuple:
-            return any(c is not None and classify(c) == "agent" for c in code)
+            return any(c is not None and self.classify(c) == "agent" for c in code)
         if code is None:
             return type(v).__name__ not in ("bool", "int", "str", "NoneType", "float", "tuple", "dict", "list")
-        return classify(code) == "agent"
+        return self.classify(code) == "agent"
 
-    def check_all(when, hot=False):
-        if st["hot"] is None:
-            return violation("framework", "the session never started (" + when + ")")
-        found = changed(st["hot"] if hot else st["before"])
+    def check_all(self, when, hot=False):
+        if self.st["hot"] is None:
+            return self.violation("framework", "the session never started (" + when + ")")
+        found = self.changed(self.st["hot"] if hot else self.st["before"])
         if found:
-            violation("framework", "test framework changed (" + when + "): " + ", ".join(found))
+            self.violation("framework", "test framework changed (" + when + "): " + ", ".join(found))
         touched = []
-        for real in hidden:
+        for real in self.hidden:
             try:
-                if stat(real).st_ctime_ns >= st["pin_ns"]:
+                if self.stat(real).st_ctime_ns >= self.st["pin_ns"]:
                     touched.append(real)
             except OSError:
                 touched.append(real)
         if touched:
-            violation("framework", "hidden test files changed while the tests ran (" + when + "): "
+            self.violation("framework", "hidden test files changed while the tests ran (" + when + "): "
                       + ", ".join(touched[:3]))
-        for modname, space, names in st["globals"]:
+        for modname, space, names in self.st["globals"]:
             moved = [n for n, v in names if space.get(n) is not v]
             if moved:
-                violation("framework", "test module " + modname + " had its names rebound (" + when + "): "
+                self.violation("framework", "test module " + modname + " had its names rebound (" + when + "): "
                           + ", ".join(moved[:5]))
 
-    def hooks_from_agent(pm):
+    def hooks_from_agent(self, pm):
         """A hook implementation whose code is the agent's (a plugin it registered, an impl it
         appended) is evidence; conftest.py files of the graded tree are the repository's."""
         found = []
@@ -228,223 +239,234 @@ def install(key_box, fd, config):
             for impl in caller.get_hookimpls():
                 fn = getattr(impl, "function", None)
                 fn = getattr(fn, "__func__", fn) if type(fn).__name__ == "method" else fn
-                code = code_of(fn)
-                if code is None or type(code) is tuple or classify(code) == "agent":
+                code = self.code_of(fn)
+                if code is None or type(code) is tuple or self.classify(code) == "agent":
                     found.append(name + " from " + (code.co_filename if type(code).__name__ == "code" else "?"))
         if found:
-            violation("framework", "pytest hooks implemented by code under test: " + ", ".join(found[:4]))
+            self.violation("framework", "pytest hooks implemented by code under test: " + ", ".join(found[:4]))
 
-    def baseline():
+    def baseline(self):
         """The fingerprint the run is held to, taken once pytest has configured itself. What
         changed since pin is pytest's own doing unless the new code is the agent's (a
         conftest importing the package runs before this point)."""
         more = [m for m in list(sys.modules.values()) if m is not None and
-                any(str(getattr(m, "__file__", "") or "").startswith(root) for root in st["lib"])]
-        st["pinned"].update(pinned_code(more))
+                any(str(getattr(m, "__file__", "") or "").startswith(root) for root in self.st["lib"])]
+        self.st["pinned"].update(self.pinned_code(more))
         early = []
-        for name, space, attr, value, code, keys in st["before"]:
+        for name, space, attr, value, code, keys in self.st["before"]:
             now = space.get(attr)
-            new = code_of(now) if now is not value else None
-            if type(new).__name__ == "code" and classify(new) == "agent":
+            new = self.code_of(now) if now is not value else None
+            if type(new).__name__ == "code" and self.classify(new) == "agent":
                 early.append(name + "." + attr)
         if early:
-            violation("framework", "test framework changed before the session started: " + ", ".join(early[:5]))
-        st["before"] = fingerprint()
-        st["hot"] = [e for e in st["before"] if e[0] in _HOT or e[0].rsplit(".", 1)[0] in _HOT]
-        st["meta"], st["path_hooks"] = tuple(sys.meta_path), tuple(sys.path_hooks)
+            self.violation("framework", "test framework changed before the session started: " + ", ".join(early[:5]))
+        self.st["before"] = self.fingerprint()
+        self.st["hot"] = [e for e in self.st["before"] if e[0] in _HOT or e[0].rsplit(".", 1)[0] in _HOT]
+        self.st["meta"], self.st["path_hooks"] = tuple(sys.meta_path), tuple(sys.path_hooks)
 
-    def pin(frames, args):
-        st["main"] = frames[0].f_code
-        st["lib"] = tuple(r.rstrip("/") + "/" for r in filter(None, (resolve(p) for p in args[0])))
-        st["ours"] = frozenset(id(c) for c in args[1])
-        st["pinned"] = pinned_code([m for m in list(sys.modules.values()) if m is not None])
-        st["returners"] = frozenset(id(getattr(getattr(sys.modules.get(m), n, None), "__code__", None))
+    def pin(self, frames, args):
+        self.st["main"] = frames[0].f_code
+        self.st["lib"] = tuple(r.rstrip("/") + "/" for r in filter(None, (self.resolve(p) for p in args[0])))
+        self.st["ours"] = frozenset(id(c) for c in args[1])
+        self.st["pinned"] = self.pinned_code([m for m in list(sys.modules.values()) if m is not None])
+        self.st["returners"] = frozenset(id(getattr(getattr(sys.modules.get(m), n, None), "__code__", None))
                                     for m, n in _RETURNERS)
-        st["before"] = fingerprint()
-        st["meta"], st["path_hooks"] = tuple(sys.meta_path), tuple(sys.path_hooks)
-        st["reports"] = tuple(args[2])
-        st["pin_ns"] = time.time_ns()
+        self.st["before"] = self.fingerprint()
+        self.st["meta"], self.st["path_hooks"] = tuple(sys.meta_path), tuple(sys.path_hooks)
+        self.st["reports"] = tuple(args[2])
+        self.st["pin_ns"] = time.time_ns()
 
-    def on_ours(event, args):
+    def on_ours(self, event, args):
         op = event[10:]
-        frames = stack()
+        frames = self.stack()
         if op == "pin":
-            if st["pinned"] is None:
-                st["pinning"] = True
+            if self.st["pinned"] is None:
+                self.st["pinning"] = True
                 try:
-                    pin(frames, args)
+                    self.pin(frames, args)
                 finally:
-                    st["pinning"] = False
+                    self.st["pinning"] = False
             return
-        if st["pinned"] is None:
+        if self.st["pinned"] is None:
             return
-        if op == "runner_data" and frames and id(frames[0].f_code) in st["ours"]:
-            n, k = foreign(frames[1:])
+        if op == "runner_data" and frames and id(frames[0].f_code) in self.st["ours"]:
+            n, k = self.foreign(frames[1:])
             if k == "agent":
-                deny("answer_key", "read the runner's " + str(args[0]) + " (the tests' inputs and ids)", frames[1 + n])
+                self.deny("answer_key", "read the runner's " + str(args[0]) + " (the tests' inputs and ids)", frames[1 + n])
             return
-        if not frames or id(frames[0].f_code) not in st["ours"]:
-            return violation("channel", event + " raised by code that is not the grader's",
-                             where(frames[0]) if frames else "")
+        if not frames or id(frames[0].f_code) not in self.st["ours"]:
+            return self.violation("channel", event + " raised by code that is not the grader's",
+                             self.where(frames[0]) if frames else "")
         for f in frames[1:]:
             c = f.f_code
-            if c is st["main"]:
+            if c is self.st["main"]:
                 break
-            if st["pinned"].get(id(c)) is not c and st["test_code"].get(id(c)) is not c:
-                return violation("framework", event + " reached the grader through " + c.co_name, where(f))
+            if self.st["pinned"].get(id(c)) is not c and self.st["test_code"].get(id(c)) is not c:
+                return self.violation("framework", event + " reached the grader through " + c.co_name, self.where(f))
         if op == "session":  # pytest configured itself (its own late patches, its import hook): the baseline
-            st["pinning"] = True
+            self.st["pinning"] = True
             try:
-                baseline()
+                self.baseline()
             finally:
-                st["pinning"] = False
+                self.st["pinning"] = False
         elif op == "item":
-            nodeid, fn, runtest = args
-            code = getattr(fn, "__code__", None)
-            st["tests"][nodeid] = (getattr(fn, "__func__", fn), code, runtest)
-            todo = [code] if type(code).__name__ == "code" else []
-            while todo:
-                c = todo.pop()
-                st["test_code"][id(c)] = c
-                todo.extend(k for k in c.co_consts if type(k).__name__ == "code")
+            self.on_item(args)
         elif op == "modules":  # test modules and conftests, collected: the names they bound are pinned
             for mod in args[0]:
                 space = vars(mod)
                 names = [(n, v) for n, v in list(space.items())
                          if type(v).__name__ in ("module", "function", "type", "builtin_function_or_method")]
-                st["globals"].append((space.get("__name__", "?"), space, names))
+                self.st["globals"].append((space.get("__name__", "?"), space, names))
         elif op == "collected":
-            check_all("after collection")
-            send({"collected": args[0]})
+            self.check_all("after collection")
+            self.send({"collected": args[0]})
         elif op == "call":
-            nodeid, fn, runtest, overridden = args
-            pinned = st["tests"].get(nodeid)
-            code = getattr(fn, "__code__", None)
-            if pinned is not None and (pinned[0] is not getattr(fn, "__func__", fn) or pinned[1] is not code
-                                       or pinned[2] is not runtest or overridden):
-                violation("framework", "test " + nodeid + " was replaced after collection")
-            if type(code).__name__ == "code" and classify(code) == "agent":
-                violation("framework", "test " + nodeid + " runs code from " + code.co_filename + ", not a test file")
+            self.on_call(args)
         elif op == "called":  # from the wrapper around the call: did the test raise?
-            st["called"][args[0]] = bool(args[1])
+            self.st["called"][args[0]] = bool(args[1])
         elif op == "report":
-            nodeid, when, outcome, message, rtype = args
-            if not any(rtype is t for t in st["reports"]):
-                violation("framework", "the report of " + nodeid + " is not one of pytest's report types")
-            if when == "call" and rtype is st["reports"][0]:  # the test's own report (not a subtest's)
-                raised = st["called"].pop(nodeid, None)
-                if raised is None:
-                    violation("framework", "a call report of " + nodeid + " without the call the grader saw")
-                elif raised and outcome == "passed":
-                    violation("framework", "the report of " + nodeid + " says passed but the test raised")
-            if when == "call" or outcome != "passed":
-                check_all("reporting " + nodeid, hot=True)
-            if type(nodeid) is str and type(when) is str and type(outcome) is str and type(message) is str:
-                send({"report": nodeid, "when": when, "outcome": outcome, "message": message[:300]})
+            self.on_report(args)
         elif op == "hooks":
-            hooks_from_agent(args[0])
+            self.hooks_from_agent(args[0])
         elif op == "rigged":
-            violation("rigged_comparison", args[0], args[1])
+            self.violation("rigged_comparison", args[0], args[1])
         elif op == "collect_error":
-            send({"collect_error": args[0], "message": args[1][-300:]})
+            self.send({"collect_error": args[0], "message": args[1][-300:]})
         elif op == "done":
-            check_all("at the end")
-            send({"done": args[0]})
+            self.check_all("at the end")
+            self.send({"done": args[0]})
 
-    def opened(path, frames):
+    def on_item(self, args):
+        """A collected test: its function, code (nested code too) and runtest, pinned."""
+        nodeid, fn, runtest = args
+        code = getattr(fn, "__code__", None)
+        self.st["tests"][nodeid] = (getattr(fn, "__func__", fn), code, runtest)
+        todo = [code] if type(code).__name__ == "code" else []
+        while todo:
+            c = todo.pop()
+            self.st["test_code"][id(c)] = c
+            todo.extend(k for k in c.co_consts if type(k).__name__ == "code")
+
+    def on_call(self, args):
+        """A test about to run: is it still the one collected, and is its code a test file's?"""
+        nodeid, fn, runtest, overridden = args
+        pinned = self.st["tests"].get(nodeid)
+        code = getattr(fn, "__code__", None)
+        if pinned is not None and (pinned[0] is not getattr(fn, "__func__", fn) or pinned[1] is not code
+                                   or pinned[2] is not runtest or overridden):
+            self.violation("framework", "test " + nodeid + " was replaced after collection")
+        if type(code).__name__ == "code" and self.classify(code) == "agent":
+            self.violation("framework", "test " + nodeid + " runs code from " + code.co_filename + ", not a test file")
+
+    def on_report(self, args):
+        """One report: pytest's own type, the call the wrapper saw, the fingerprint; then signed."""
+        nodeid, when, outcome, message, rtype = args
+        if not any(rtype is t for t in self.st["reports"]):
+            self.violation("framework", "the report of " + nodeid + " is not one of pytest's report types")
+        if when == "call" and rtype is self.st["reports"][0]:  # the test's own report (not a subtest's)
+            raised = self.st["called"].pop(nodeid, None)
+            if raised is None:
+                self.violation("framework", "a call report of " + nodeid + " without the call the grader saw")
+            elif raised and outcome == "passed":
+                self.violation("framework", "the report of " + nodeid + " says passed but the test raised")
+        if when == "call" or outcome != "passed":
+            self.check_all("reporting " + nodeid, hot=True)
+        if type(nodeid) is str and type(when) is str and type(outcome) is str and type(message) is str:
+            self.send({"report": nodeid, "when": when, "outcome": outcome, "message": message[:300]})
+
+    def opened(self, path, frames):
         """Refuse code under test the hidden tests, the grader's files and the process's memory."""
         t = type(path)
         if t is int:
             return
-        n, k = foreign(frames)
+        n, k = self.foreign(frames)
         if k != "agent":
             return
         if t is bytes:
             path = path.decode("utf-8", "surrogateescape")
         elif t is not str:
-            if t not in path_types:
-                deny("answer_key", "opened a file through a " + t.__name__ + " object (its path cannot be checked)",
+            if t not in self.path_types:
+                self.deny("answer_key", "opened a file through a " + t.__name__ + " object (its path cannot be checked)",
                      frames[n])
-            path = fspath(path)
-        real = resolve(path)
+            path = self.fspath(path)
+        real = self.resolve(path)
         if real is None:
             return
-        if real in hidden:
-            deny("answer_key", "opened the hidden test file " + real, frames[n])
-        if any(real == p or real.startswith(p + "/") for p in private):
-            deny("answer_key", "opened the grader's file " + real, frames[n])
+        if real in self.hidden:
+            self.deny("answer_key", "opened the hidden test file " + real, frames[n])
+        if any(real == p or real.startswith(p + "/") for p in self.private):
+            self.deny("answer_key", "opened the grader's file " + real, frames[n])
         tail = real.rsplit("/", 1)[-1]
         if real.startswith("/proc/") and tail in ("mem", "pagemap", "environ", "maps", "syscall"):
-            deny("introspection", "opened the process's memory " + real, frames[n])
+            self.deny("introspection", "opened the process's memory " + real, frames[n])
 
-    def on_guarded(event, args):
-        if st["pinned"] is None:  # nothing but the grader has run yet
+    def on_guarded(self, event, args):
+        if self.st["pinned"] is None:  # nothing but the grader has run yet
             return
         if event == "object.__getattr__":
             name = args[1]
             if name in _FRAME_ATTRS:
-                frames = stack()
-                n, k = foreign(frames)
-                if k == "agent" and (n == 0 or id(frames[n - 1].f_code) in st["returners"]):
-                    deny("introspection", "took a frame (" + name + ")", frames[n])
-            elif name == "__code__" and st["pinned"] is not None and type(args[0]).__name__ == "function":
+                frames = self.stack()
+                n, k = self.foreign(frames)
+                if k == "agent" and (n == 0 or id(frames[n - 1].f_code) in self.st["returners"]):
+                    self.deny("introspection", "took a frame (" + name + ")", frames[n])
+            elif name == "__code__" and self.st["pinned"] is not None and type(args[0]).__name__ == "function":
                 code = args[0].__code__
-                if st["test_code"].get(id(code)) is code or resolve(code.co_filename) in hidden:
-                    frames = stack()
-                    n, k = foreign(frames)
+                if self.st["test_code"].get(id(code)) is code or self.resolve(code.co_filename) in self.hidden:
+                    frames = self.stack()
+                    n, k = self.foreign(frames)
                     if k == "agent":
-                        deny("answer_key", "read the code of test function " + code.co_name, frames[n])
+                        self.deny("answer_key", "read the code of test function " + code.co_name, frames[n])
         elif event == "object.__setattr__":
             if args[1] in _FUNC_GUTS and type(args[0]).__name__ == "function":
-                frames = stack()
-                n, k = foreign(frames)
+                frames = self.stack()
+                n, k = self.foreign(frames)
                 if k == "agent":
-                    deny("framework", "set " + args[1] + " of " + args[0].__qualname__, frames[n])
+                    self.deny("framework", "set " + args[1] + " of " + args[0].__qualname__, frames[n])
         elif event in _FRAMES:
-            frames = stack()
-            n, k = foreign(frames)
-            if k == "agent" and (n == 0 or id(frames[n - 1].f_code) in st["returners"]):
-                deny("introspection", "took a frame (" + event + ")", frames[n])
+            frames = self.stack()
+            n, k = self.foreign(frames)
+            if k == "agent" and (n == 0 or id(frames[n - 1].f_code) in self.st["returners"]):
+                self.deny("introspection", "took a frame (" + event + ")", frames[n])
         elif event == "open":
-            opened(args[0], stack())
+            self.opened(args[0], self.stack())
         elif event == "compile" or event == "code.__new__":
             name = args[1] if len(args) > 1 else None
-            if type(name) is str and name.startswith("/") and resolve(name) is not None \
-                    and resolve(name) not in agent_files:
-                frames = stack()
-                if frames and classify(frames[0].f_code) == "agent":
-                    deny("framework", "made code under the name of " + name, frames[0])
+            if type(name) is str and name.startswith("/") and self.resolve(name) is not None \
+                    and self.resolve(name) not in self.agent_files:
+                frames = self.stack()
+                if frames and self.classify(frames[0].f_code) == "agent":
+                    self.deny("framework", "made code under the name of " + name, frames[0])
         else:  # gc, ctypes, trace / profile / audit hooks, utime / chmod
-            frames = stack()
-            n, k = foreign(frames)
+            frames = self.stack()
+            n, k = self.foreign(frames)
             if k == "agent":
-                deny("introspection", event, frames[n])
+                self.deny("introspection", event, frames[n])
 
-    def hook(event, args):
+    def hook(self, event, args):
         watched = event in WATCHED
         if not watched and event[:10] != "harnessrl.":
             return
-        me = ident()
-        if me in busy:
+        me = self.ident()
+        if me in self.busy:
             # Inside the hook itself only its own frame walk and path lookups go through;
             # anything else is code that ran inside the guard (a patched builtin): refused.
-            if me in self_call and (event in ("sys._getframe", "open")):
+            if me in self.self_call and (event in ("sys._getframe", "open")):
                 if event == "sys._getframe":
-                    self_call.discard(me)
+                    self.self_call.discard(me)
                 return
             if event == "object.__getattr__" and args[1] in ("f_code", "__code__"):
                 return
-            if not watched or st.get("pinning"):
+            if not watched or self.st.get("pinning"):
                 return  # pinning walks only the library's own objects
             raise RuntimeError("harnessrl grader: " + event + " refused inside the guard")
-        busy.add(me)
+        self.busy.add(me)
         try:
             if watched:
-                on_guarded(event, args)
+                self.on_guarded(event, args)
             else:
-                on_ours(event, args)
+                self.on_ours(event, args)
         finally:
-            busy.discard(me)
-            self_call.discard(me)
+            self.busy.discard(me)
+            self.self_call.discard(me)
 
-    sys.addaudithook(hook)
