@@ -20,6 +20,9 @@ One `step(batch)`:
 The fidelity number, |trainer logprob - engine logprob|, is measured before any update on
 tokens sampled by the current version (older tokens differ by the policy change itself).
 
+With `lora`, only peft adapters train (`trainers.lora`); checkpoints hold the adapter, `publish`
+writes merged full weights and `publish_adapter` the adapter alone (`trainers.lora_sync`).
+
 bf16 is autocast (fp32 master weights): by default on a CUDA device that supports it,
 on CPU only when asked for; CPU trains in float32 by default. Logprobs are always taken
 from float32 logits.
@@ -33,14 +36,16 @@ from pathlib import Path
 from typing import Iterator, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from harnessrl.gym.trajectory import Trajectory
-from harnessrl.trainers import checkpoint
+from harnessrl.trainers import checkpoint, lora
 from harnessrl.trainers.base import StepMetrics
 from harnessrl.trainers.batching import MicroBatch, collate, plan_micro_batches, token_logprobs
+from harnessrl.trainers.lora import LoraConfig
 from harnessrl.trainers.losses import aggregate, decoupled_ppo_loss, kl_k3, ppo_clip_loss
 from harnessrl.trainers.samples import Sample, SampleConfig, build_samples
+from harnessrl.trainers.trainable import freeze_below, load_model
 
 
 class TorchTrainerConfig(BaseModel):
@@ -107,6 +112,10 @@ class TorchTrainerConfig(BaseModel):
     """Seed of the trainer's own generator (the shuffle into minibatches)."""
     samples: SampleConfig = Field(default_factory=SampleConfig)
     """How trajectories become samples: advantages, weights, truncated episodes."""
+    lora: LoraConfig | None = None
+    """Train low-rank adapters (peft) instead of every weight: rank, alpha, dropout, target
+    modules (`trainers.lora.LoraConfig`). None: full fine-tuning. Not combined with
+    `trainable_layers`."""
 
     @field_validator("device")
     @classmethod
@@ -115,29 +124,11 @@ class TorchTrainerConfig(BaseModel):
             raise ValueError(f"{v!r} is not 'auto', 'cpu', 'cuda' or 'cuda:N'")
         return v
 
-
-def _load_model(name: str, device: torch.device):
-    from transformers import AutoModelForCausalLM
-
-    from harnessrl.gym.models import resolve_model
-
-    path = resolve_model(name)
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
-    return model.to(device), path
-
-
-def _freeze_below(model, n: int) -> None:
-    """requires_grad only on the top `n` decoder blocks and the final norm (TorchTrainerConfig.trainable_layers)."""
-    inner = getattr(model, "model", None)
-    blocks, norm = getattr(inner, "layers", None), getattr(inner, "norm", None)
-    if blocks is None or norm is None:
-        raise ValueError(f"trainable_layers: {type(model).__name__} has no model.layers / model.norm to freeze below")
-    if n > len(blocks):
-        raise ValueError(f"trainable_layers: {n} > the model's {len(blocks)} decoder blocks")
-    model.requires_grad_(False)
-    for block in list(blocks)[len(blocks) - n:]:
-        block.requires_grad_(True)
-    norm.requires_grad_(True)
+    @model_validator(mode="after")
+    def _lora_alone(self) -> "TorchTrainerConfig":
+        if self.lora is not None and self.trainable_layers is not None:
+            raise ValueError("lora: set either lora or trainable_layers, not both (lora freezes the base model)")
+        return self
 
 
 class TorchTrainer:
@@ -159,15 +150,17 @@ class TorchTrainer:
         # but is slow without AMX/AVX512-bf16, so CPU gets it only when asked for.
         use_bf16 = config.dtype == "bfloat16" or (config.dtype == "auto" and cuda_bf16)
         self.autocast_dtype = torch.bfloat16 if use_bf16 else None
-        self.model, self.model_path = _load_model(config.model, self.device)
+        self.model, self.model_path = load_model(config.model, self.device)
         self.model.config.use_cache = False
         if config.trainable_layers is not None:
-            _freeze_below(self.model, config.trainable_layers)
+            freeze_below(self.model, config.trainable_layers)
+        if config.lora is not None:
+            self.model = lora.wrap(self.model, config.lora, seed=config.seed)
         if config.activation_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.ref_model = None
         if config.kl_coef > 0:
-            self.ref_model, _ = _load_model(config.ref_model or config.model, self.device)
+            self.ref_model, _ = load_model(config.ref_model or config.model, self.device)
             self.ref_model.eval().requires_grad_(False)
         self.vocab_size = self.model.get_input_embeddings().num_embeddings
         cfg = self.model.config
@@ -291,7 +284,10 @@ class TorchTrainer:
         out = Path(out_dir)
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = checkpoint.atomic_dir(out)
-        self.model.save_pretrained(tmp, safe_serialization=True)
+        if self.config.lora is None:
+            self.model.save_pretrained(tmp, safe_serialization=True)
+        else:  # the adapter folded into full weights, for engines that load only whole models
+            lora.save_merged(self.model, tmp)
         # tokenizer.json as the model has it, labelled so any transformers (or SGLang) loads it as is
         load_tokenizer(str(self.model_path)).save_pretrained(tmp)
         label_tokenizer_verbatim(tmp)
@@ -299,11 +295,19 @@ class TorchTrainer:
         checkpoint.commit_dir(tmp, out)
         return self._version
 
+    def publish_adapter(self, out_dir: str | Path) -> int:
+        """LoRA only: the adapter's peft folder (adapter_config.json + adapter_model.safetensors,
+        no base weights) into `out_dir`, atomically; returns the version, as `publish`."""
+        if self.config.lora is None:
+            raise ValueError("publish_adapter: this trainer has no lora config; use publish")
+        lora.publish_adapter(self.model, Path(out_dir), version=self._version, step=self.step_count)
+        return self._version
+
     # -- Checkpointable / TensorPublisher -----------------------------------------------
 
     def save_checkpoint(self, ckpt_dir: str | Path) -> Path:
-        state = {
-            "model": self.model.state_dict(),
+        state = {  # with lora, the adapter only: the base weights are the model's own files
+            "model": self.model.state_dict() if self.config.lora is None else lora.adapter_state(self.model),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "generator": self.generator.get_state(),
@@ -313,13 +317,19 @@ class TorchTrainer:
 
     def load_checkpoint(self, ckpt_dir: str | Path) -> None:
         state, meta = checkpoint.load(Path(ckpt_dir), self.device)
-        self.model.load_state_dict(state["model"])
+        if self.config.lora is None:
+            self.model.load_state_dict(state["model"])
+        else:
+            lora.load_adapter_state(self.model, state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.generator.set_state(state["generator"])
         self.step_count, self._version = int(meta["step"]), int(meta["version"])
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        if self.config.lora is not None:  # the policy as full weights under the base model's names
+            yield from lora.merged_state_dict(self.model).items()
+            return
         for name, p in self.model.named_parameters():
             yield name, p.detach()
 
