@@ -403,6 +403,25 @@ class EngineClient:
             raise EngineError(f"engine at {url} could not load {model_path}: {body.get('message')}")
         return body
 
+    async def load_lora_adapter(self, lora_name: str, lora_path: str) -> dict:
+        """POST /load_lora_adapter {lora_name, lora_path} (a peft adapter folder the engine can
+        read); raises EngineError when the engine reports failure (404: no LoRA routes)."""
+        body = await self._json("POST", "/load_lora_adapter", {"lora_name": lora_name, "lora_path": lora_path})
+        if not body.get("success", False):
+            raise EngineError(f"engine at {self.base_url} could not load adapter {lora_path}: "
+                              f"{body.get('error_message')}")
+        return body
+
+    async def unload_lora_adapter(self, lora_name: str) -> dict:
+        """POST /unload_lora_adapter {lora_name}."""
+        return await self._json("POST", "/unload_lora_adapter", {"lora_name": lora_name})
+
+    async def update_weight_version(self, version: str, abort_all_requests: bool = False) -> dict:
+        """POST /update_weight_version {new_version, abort_all_requests}: the version stamped on
+        tokens from now on (an adapter load changes weights but names no version)."""
+        return await self._json("POST", "/update_weight_version",
+                                {"new_version": version, "abort_all_requests": abort_all_requests})
+
     async def flush_cache(self) -> None:
         """POST /flush_cache (SGLang answers plain text)."""
         await self._request("POST", "/flush_cache")

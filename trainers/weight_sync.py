@@ -13,12 +13,35 @@ folders beyond `keep` are deleted.
 """
 from __future__ import annotations
 
+import contextlib
 import shutil
 import time
 from pathlib import Path
 from typing import Any
 
 from harnessrl.gym.engine_client import EngineClient
+
+
+@contextlib.asynccontextmanager
+async def paused(client: EngineClient | None, gate: Any = None):
+    """Proxy admission paused (`gate`, if any) -> engine paused with abort (`client`, if any);
+    on exit, even after a failure, the engine continued and then the proxy resumed."""
+    import asyncio
+
+    if gate is not None:
+        await asyncio.to_thread(gate.pause)
+    try:
+        if client is None:
+            yield
+            return
+        await client.pause(mode="abort")
+        try:
+            yield
+        finally:
+            await client.resume()
+    finally:
+        if gate is not None:
+            await asyncio.to_thread(gate.resume)
 
 
 class DiskWeightSync:
@@ -45,19 +68,8 @@ class DiskWeightSync:
     async def load(self, folder: str | Path, version: int) -> None:
         """Proxy admission paused -> engine paused (abort) -> weights loaded as `version` ->
         engine continued -> proxy admission resumed (each undone even if a step fails)."""
-        import asyncio
-
-        if self.gate is not None:
-            await asyncio.to_thread(self.gate.pause)
-        try:
-            await self.client.pause(mode="abort")
-            try:
-                await self.client.update_weights_from_disk(str(folder), weight_version=str(version))
-            finally:
-                await self.client.resume()
-        finally:
-            if self.gate is not None:
-                await asyncio.to_thread(self.gate.resume)
+        async with paused(self.client, self.gate):
+            await self.client.update_weights_from_disk(str(folder), weight_version=str(version))
 
     def _prune(self) -> None:
         versions = sorted((p for p in self.root.glob("v*") if p.name[1:].isdigit()), key=lambda p: int(p.name[1:]))

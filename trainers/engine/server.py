@@ -2,9 +2,10 @@
 
 Routes: POST /generate (one prompt, or a batch as a list of prompts; SSE when `stream`),
 /abort_request, /pause_generation, /continue_generation, /update_weights_from_disk,
-/flush_cache; GET /health, /get_model_info. Replies have SGLang's shapes: `meta_info` with
-`finish_reason` ({"type": "stop"|"length"|"abort", ...}), `output_token_logprobs`
-([[logprob, id, text|null], ...], when `return_logprob`) and `weight_version`. Errors are
+/flush_cache; GET /health, /get_model_info (LoRA adapters' routes: `lora.py`). Replies have
+SGLang's shapes: `meta_info` with `finish_reason` ({"type": "stop"|"length"|"abort", ...}),
+`output_token_logprobs` ([[logprob, id, text|null], ...], when `return_logprob`) and
+`weight_version`. Errors are
 `{"error": {"message": ...}}` with 400 for bad input (the message names the field), as
 SGLang's `_create_error_response` does. Streams are cumulative like SGLang's default
 (every chunk holds all output so far) unless `incremental_streaming_output` is set.
@@ -28,6 +29,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
 from harnessrl.gym.backends.encode import sglang_reply
 from harnessrl.trainers.engine.config import EngineConfig
+from harnessrl.trainers.engine.lora import LoraRoutes
 from harnessrl.trainers.engine.protocol import (
     AbortRequest, BadRequest, GenerateRequest, PauseRequest, UpdateWeightsRequest,
     decode_json, parse_body, split_batch, validate,
@@ -346,6 +348,7 @@ def build_app(state: EngineState) -> FastAPI:
         app.add_middleware(_BearerAuth, token=state.config.api_key)
     engine = EngineApp(state)
     engine.mount(app)
+    LoraRoutes(state).mount(app)
     add_vllm_routes(app, state, check=engine.check, collect=engine.collect, deltas=engine.deltas,
                     failure=_EngineFailure)
     return app
