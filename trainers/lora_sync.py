@@ -77,7 +77,11 @@ class AdapterWeightSync:
         async with paused(self.client if self.api == "sglang" else None, self.gate):
             if self.api == "sglang":
                 if self._loaded:
-                    await self.client.unload_lora_adapter(self.lora_name)
+                    try:  # a full-weight update since may have dropped it already: that is fine
+                        await self.client.unload_lora_adapter(self.lora_name)
+                    except EngineError as e:
+                        if e.status_code != 400:
+                            raise
                     self._loaded = False
                 await self.client.load_lora_adapter(self.lora_name, str(folder))
                 self._loaded = True
