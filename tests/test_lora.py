@@ -194,3 +194,27 @@ def test_only_the_adapter_trains_and_resume_gives_the_same_adapter(tmp_path):
     r.step(b2)
     got = lora.adapter_state(r.model)
     assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
+
+
+def test_vllm_route_sync_loads_in_place_and_names_the_version(tmp_path):
+    """api="vllm": /v1/load_lora_adapter with load_inplace on every push (the second would be
+    refused without it), the version handed to `on_version` inside the pause."""
+    tok = load_tokenizer("tiny-llama")
+    t = trainer("tiny-llama")
+    ids = prompt(tok, "fix the bug")
+    seen = []
+
+    async def run():
+        with EngineServer(model="tiny-llama", weight_version="0") as engine:
+            async with EngineClient(engine.url) as c:
+                sync = AdapterWeightSync(c, tmp_path / "w", api="vllm", on_version=seen.append, keep=1)
+                for _ in range(2):
+                    t.step(await sampled_group(c, ids, "a", n=4, seed=len(seen)))
+                    await sync.push(t)
+                    await c.update_weight_version(str(t.version))  # vLLM names no version; the test's engine does
+                assert sync.last_mode == "adapter" and sync.last_sync_bytes > 0
+                return t.step(await sampled_group(c, ids, "a", n=4, seed=9))
+
+    m = asyncio.run(run())
+    assert seen == [1, 2] and m.logprob_mismatch_max <= 1e-4
+    assert sorted(p.name for p in (tmp_path / "w").iterdir()) == ["v2-lora"]  # keep=1 pruned v1

@@ -83,6 +83,7 @@ async def _stages(cfg: TrainConfig, out: Path, t_start: float, held: contextlib.
     """Start the warm pool, the engine and the trainer (each registered on `held` as soon as it
     exists), then run the stages; returns the step metrics, the run report and the evaluations."""
     from harnessrl.gym.engine_client import EngineClient
+    from harnessrl.trainers.lora_sync import AdapterWeightSync
     from harnessrl.trainers.torch_trainer import TorchTrainer
     from harnessrl.trainers.weight_sync import DiskWeightSync
 
@@ -109,6 +110,9 @@ async def _stages(cfg: TrainConfig, out: Path, t_start: float, held: contextlib.
         client = EngineClient(engine_url)
         trainer = TorchTrainer(cfg.trainer.model_copy(update={"model": cfg.model}))
         sync = DiskWeightSync(client, out / "weights")
+        if cfg.trainer.lora is not None:  # the adapter alone to the engine this run started (it serves it to every
+            # request); an engine_url's SGLang would serve base weights to requests not naming it: merged there
+            sync = AdapterWeightSync(client, out / "weights", adapters=engine is not None)
     held.push_async_callback(client.aclose)
     writer = _tb_writer(out) if cfg.tensorboard else None
     if writer:

@@ -38,11 +38,13 @@ def folder_bytes(folder: Path) -> int:
 
 
 class AdapterWeightSync:
+    """A LoRA trainer's policy to the engine: the adapter (module doc), merged weights as the fallback."""
+
     def __init__(self, client: EngineClient, root: str | Path, *, api: Literal["sglang", "vllm"] = "sglang",
                  lora_name: str = "policy", keep: int = 2, gate: Any = None, adapters: bool = True,
                  on_version: Callable[[int], Any] | None = None, api_key: str | None = None):
         self.client, self.root, self.api, self.lora_name = client, Path(root), api, lora_name
-        self.keep, self.gate = keep, gate
+        self.keep = keep
         self.adapters = adapters
         """False once the engine showed it has no LoRA route (or when asked): merged weights from then on."""
         self.on_version = on_version
@@ -52,6 +54,15 @@ class AdapterWeightSync:
         self.last_sync_bytes = 0
         self.last_mode: Literal["adapter", "merged", ""] = ""
         self._loaded = False
+
+    @property
+    def gate(self) -> Any:
+        """The proxy (sync `pause()` / `resume()`), paused around each load, merged ones included."""
+        return self.full.gate
+
+    @gate.setter
+    def gate(self, gate: Any) -> None:
+        self.full.gate = gate
 
     async def push(self, trainer) -> int:
         """Publish the trainer's policy to the engine (adapter, else merged); returns its version."""
