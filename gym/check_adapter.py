@@ -148,11 +148,11 @@ def check_adapter(target: str, backend: str = "auto", wall_time_s: float = 300.0
                   context: int | None = None, suite: str = "builtin") -> CheckReport:
     """The checks, on `suite`'s first task with a gold plan (a Harbor folder's: solution/solve.sh)."""
     from harnessrl.gym.doubles.scripted import ScriptedEngine
-    from harnessrl.gym.episode import EpisodeConfig, ProxyHandle, run_episode
+    from harnessrl.gym.episode import EpisodeConfig, ProxyHandle
     from harnessrl.gym.models import load_tokenizer
-    from harnessrl.gym.proxy.config import ProxyConfig
-    from harnessrl.gym.proxy.server import ProxyServer
+    from harnessrl.gym.rollout import RolloutConfig
     from harnessrl.gym.served import ServedApp
+    from harnessrl.gym.stack import EpisodeStack
     from harnessrl.gym.task_loaders import load_suite
     from harnessrl.sandboxes import make_backend
 
@@ -175,16 +175,18 @@ def check_adapter(target: str, backend: str = "auto", wall_time_s: float = 300.0
     except (ValueError, StopIteration) as e:  # TaskFileError is a ValueError
         report.add("gold task", False, f"suite {suite!r}: {str(e) or 'no task has a gold plan'}")
         return report
-    sandboxes = make_backend(backend)
     engine = ScriptedEngine(load_tokenizer("tiny-llama"))
+    stack = EpisodeStack(RolloutConfig(model="tiny-llama", sandbox_pool_size=0,
+                                       episode=EpisodeConfig(max_calls=10, wall_time_s=wall_time_s)),
+                         tasks=[task], adapter=adapter, sandbox_backend=make_backend(backend))
+    # the proxy's default token limits, not a training run's cap: the harness asks for what it asks for
     with ServedApp(engine.app()) as served, \
-            ProxyServer(ProxyConfig(engine_url=served.url, model="tiny-llama")) as proxy:
+            stack.proxy(served.url, default_max_tokens=1024, max_tokens_cap=8192) as proxy:
         handle = ProxyHandle.of(proxy)
         for gold in (True, False):
             engine.set_tasks([task], gold=gold)
             start = len(engine.calls)
-            res = run_episode(task, adapter, lambda s, m: sandboxes.create(s, mounts=m), handle, "policy",
-                              EpisodeConfig(max_calls=10, wall_time_s=wall_time_s))
+            res = stack.run(task, handle)
             label = "gold" if gold else "empty"
             want = 1.0 if gold else 0.0
             h, meta = res.harness, res.trajectory.metadata

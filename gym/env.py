@@ -177,13 +177,11 @@ class SweEnv(gymnasium.Env):
 
     # -- the episode thread and its events -----------------------------------------------------
     def _run(self, ep: _Episode) -> None:
-        from harnessrl.gym.episode import run_episode
-
         st = self._stack
         ro = st["rollout"]
 
-        def make_sandbox(spec, mounts):
-            sb = ro.backend.create(spec, mounts)
+        def make_sandbox(spec, mounts):  # a fresh sandbox the env can kill mid-episode (`_end_episode`)
+            sb = ro.stack.make_sandbox(spec, mounts)
             with ep.lock:
                 ep.sandbox = sb
                 closing = ep.closing
@@ -193,8 +191,7 @@ class SweEnv(gymnasium.Env):
             return sb
 
         try:
-            res = run_episode(ro.tasks[ep.task_id], ro.adapter, make_sandbox, st["handle"],
-                              self.config.served_model_name, self.config.episode)
+            res = ro.stack.run(ep.task_id, st["handle"], sandboxes=make_sandbox)
             ep.events.put(("done", res))
         except BaseException as e:  # noqa: BLE001 - reported to step() as an infra error
             ep.events.put(("failed", f"{type(e).__name__}: {e}"))

@@ -148,18 +148,11 @@ class _EpisodeActor:
     async def _in_thread(self, slot: RemoteSlot) -> Trajectory:
         """A sync worker's episode in a thread; cancelled (`ray.cancel`), a worker whose `run`
         takes a `cancel` gets it set (harness tree killed, sandbox closed) and is waited for."""
-        from harnessrl.adapters.cancel import Cancel
-        from harnessrl.gym.rollout import in_thread
+        from harnessrl.gym.stack import cancellable
 
-        cancel = Cancel()
         takes = "cancel" in inspect.signature(self.worker.run).parameters
-        fut = in_thread(self.worker.run, slot, *((cancel,) if takes else ()))
-        try:
-            return await asyncio.shield(fut)
-        except asyncio.CancelledError:
-            await asyncio.shield(in_thread(cancel.set, "the driver cancelled the episode"))
-            await asyncio.wait({fut}, timeout=120)
-            raise
+        return await cancellable(lambda cancel: self.worker.run(slot, *((cancel,) if takes else ())),
+                                 "the driver cancelled the episode")
 
 
 class RayEpisodes:
@@ -264,30 +257,26 @@ class SimWorker:
 
 
 class RolloutWorker:
-    """The episode side of a `Rollout` (sandbox backend, adapter, tasks) for any node; it
-    reaches the proxy (and through it the engine) by URL only."""
+    """The episode side of a `Rollout` (the `EpisodeStack` of a `RolloutConfig`: tasks, adapter,
+    sandbox backend) for any node; it reaches the proxy (and through it the engine) by URL only.
+    `tasks`: the run's tasks, handed from the driver (None: the worker loads the suite)."""
 
-    def __init__(self, config: Any, proxy: Any):
-        from harnessrl.adapters import get_adapter
-        from harnessrl.gym.rollout import load_suite_tasks
-        from harnessrl.sandboxes import make_backend
+    def __init__(self, config: Any, proxy: Any, tasks: list | None = None):
+        from harnessrl.gym.stack import EpisodeStack
 
         self.config, self.proxy = config, proxy
-        self.tasks = {t.instance_id: t for t in load_suite_tasks(config)}
-        self.adapter = get_adapter(config.harness)
-        self.backend = make_backend(config.sandbox)
+        # A fresh sandbox per episode: the warm pool is the driver's (`Rollout`), not a worker's.
+        self.stack = EpisodeStack(config.model_copy(update={"sandbox_pool_size": 0}), tasks=tasks)
+        self.tasks, self.adapter, self.backend = self.stack.tasks, self.stack.adapter, self.stack.backend
 
     def run(self, slot: Any, cancel: Any = None) -> Trajectory:
         """One episode; its proxy session carries `start_version` and `group_id` (the engine priority) and,
         under `requeue`, `staleness_limit`: a session the proxy aborts as stale raises
         `StaleEpisode`, so the driver reruns the task, as for local episodes. `cancel` (an
         `adapters.cancel.Cancel`) abandons it: harness tree killed, sandbox closed."""
-        from harnessrl.gym.episode import run_episode
-
         limit = slot.staleness if slot.over_staleness == "requeue" else None
-        res = run_episode(self.tasks[slot.task_id], self.adapter, lambda spec, mounts: self.backend.create(spec, mounts),
-                          self.proxy, self.config.served_model_name, self.config.episode,
-                          session_meta=session_meta(slot.start_version, limit, slot.group_id), cancel=cancel)
+        res = self.stack.run(slot.task_id, self.proxy, session_meta=session_meta(slot.start_version, limit, slot.group_id),
+                             cancel=cancel)
         return raise_if_aborted_stale(res.trajectory, limit)
 
 

@@ -1,7 +1,8 @@
 """Rollouts: many episodes of one harness on a suite, through one proxy, with a report.
 
 Contract: `Rollout` owns a proxy (in front of an engine it is handed by URL), a sandbox
-backend and a harness adapter; `episode(task, slot)` runs one episode in a worker thread
+backend and a harness adapter, built by the one stack builder (`gym.stack.EpisodeStack`);
+`episode(task, slot)` runs one episode in a worker thread
 (sandboxes and harnesses block) and returns its closed trajectory. `report(...)` turns
 trajectories into the figures every run prints: success rate, reward distribution,
 per-turn env latency p50/p95/p99, model-call latency p50/p95, sandbox acquisition and reset
@@ -15,21 +16,19 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-import threading
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any, Callable, Literal, TypeVar
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from harnessrl.adapters.cancel import Cancel
 from harnessrl.adapters.toolchain import HarnessNotInstalled
 from harnessrl.gym.cheat import cheat_counts
-from harnessrl.gym.episode import EpisodeConfig, ProxyHandle, run_episode
+from harnessrl.gym.episode import EpisodeConfig, ProxyHandle
+from harnessrl.gym.stack import EpisodeStack, cancellable, in_thread, load_suite_tasks  # noqa: F401 - in_thread, load_suite_tasks: also read from here
 from harnessrl.gym.trajectory import Trajectory
-
-T = TypeVar("T")
 
 
 class RolloutConfig(BaseModel):
@@ -86,78 +85,39 @@ class RolloutConfig(BaseModel):
     (`max_new_tokens` at the engine's speed under load)."""
 
 
-def load_suite_tasks(cfg: RolloutConfig) -> list:
-    from harnessrl.gym.task_loaders import load_suite, require_sources
-
-    tasks = load_suite(cfg.suite, source_root=cfg.source_root)
-    if cfg.tasks is not None:
-        known = {t.instance_id for t in tasks}
-        missing = [t for t in cfg.tasks if t not in known]
-        if missing:
-            raise ValueError(f"tasks: {missing} not in suite {cfg.suite!r}")
-        tasks = [t for t in tasks if t.instance_id in set(cfg.tasks)]
-    if cfg.difficulties is not None:
-        tasks = [t for t in tasks if t.difficulty in cfg.difficulties]
-    if not tasks:
-        raise ValueError(f"suite {cfg.suite!r} has no task matching tasks={cfg.tasks} difficulties={cfg.difficulties}")
-    require_sources(tasks)
-    return tasks
-
-
-def prewarmed_sandboxes(cfg: RolloutConfig, task_ids: Any) -> Any:
+def prewarmed_sandboxes(cfg: RolloutConfig, task_ids: Any, tasks: list | None = None) -> Any:
     """The warm pool of a rollout of `cfg`, made before it (hand it to `Rollout(sandboxes=)`):
     the sandboxes of these tasks' repositories start in the background now, e.g. while the
-    engine loads. None when `sandbox_pool_size` is 0. The rollout closes it; a pool that never
-    reaches one is closed when the process exits."""
+    engine loads. `tasks`: the run's tasks, loaded once (None: the suite of `cfg`). None when
+    `sandbox_pool_size` is 0. The rollout closes it; a pool that never reaches one is closed
+    when the process exits."""
     if not cfg.sandbox_pool_size:
         return None
     import atexit
 
-    from harnessrl.adapters import get_adapter
-    from harnessrl.gym.sandbox_source import PooledSandboxes
-    from harnessrl.sandboxes import make_backend
-
-    tasks = {t.instance_id: t for t in load_suite_tasks(cfg)}
-    adapter = get_adapter(cfg.harness)
-    pool = PooledSandboxes(make_backend(cfg.sandbox), cfg.sandbox_pool_size)
-    atexit.register(pool.close)
-    for spec in dict.fromkeys(tasks[t].repo_spec() for t in task_ids):
-        pool.prewarm(spec, adapter)
-    return pool
+    stack = EpisodeStack(cfg, tasks=tasks)
+    atexit.register(stack.sandboxes.close)
+    stack.prewarm(task_ids)
+    return stack.sandboxes
 
 
 class Rollout:
-    """A proxy + sandbox backend + adapter, ready to run episodes against one engine.
-    `sandboxes`: a warm pool made ahead (`prewarmed_sandboxes`), used and closed by this
-    rollout; None: its own when `sandbox_pool_size` > 0."""
+    """A proxy + sandbox backend + adapter (`gym.stack.EpisodeStack`), ready to run episodes
+    against one engine. `sandboxes`: a warm pool made ahead (`prewarmed_sandboxes`), used and
+    closed by this rollout; None: its own when `sandbox_pool_size` > 0. `tasks`: the run's
+    tasks, loaded once by the caller (None: the suite of `cfg`, loaded now)."""
 
     def __init__(self, cfg: RolloutConfig, engine_url: str, out_dir: str | Path, generation_backend: Any = None,
-                 sandboxes: Any = None):
+                 sandboxes: Any = None, tasks: list | None = None):
         """`generation_backend`: a `GenerationBackend` object the proxy generates through
         instead of `engine_url` (e.g. the Tinker bridge's `TinkerBackend`)."""
-        from harnessrl.adapters import get_adapter
-        from harnessrl.gym.proxy.config import ProxyConfig
-        from harnessrl.gym.proxy.server import ProxyServer
-        from harnessrl.sandboxes import make_backend
-
         self.cfg = cfg
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        self.tasks = {t.instance_id: t for t in load_suite_tasks(cfg)}
-        self.adapter = get_adapter(cfg.harness)
-        self.backend = sandboxes.pool.backend if sandboxes is not None else make_backend(cfg.sandbox)
-        self.sandboxes = sandboxes
-        if sandboxes is None and cfg.sandbox_pool_size:
-            from harnessrl.gym.sandbox_source import PooledSandboxes
-            self.sandboxes = PooledSandboxes(self.backend, cfg.sandbox_pool_size)
-        self.proxy = ProxyServer(ProxyConfig(
-            engine_url=engine_url, backend=cfg.backend, vllm_route=cfg.vllm_route, model=cfg.model,
-            served_models=[cfg.served_model_name],
-            db_path=str(self.out_dir / "trajectories.db"), uds_path=str(self.out_dir / "proxy.sock"),
-            sampling_policy=cfg.sampling_policy, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
-            default_max_tokens=cfg.max_new_tokens,
-            max_tokens_cap=cfg.max_new_tokens, engine_total_timeout_s=cfg.engine_timeout_s,
-            engine_first_byte_timeout_s=min(cfg.engine_timeout_s, 300.0)), backend=generation_backend)
+        self.stack = EpisodeStack(cfg, tasks=tasks, sandboxes=sandboxes)
+        self.tasks = self.stack.tasks
+        self.adapter, self.backend, self.sandboxes = self.stack.adapter, self.stack.backend, self.stack.sandboxes
+        self.proxy = self.stack.proxy(engine_url, self.out_dir, generation_backend)
         self.results: list[Any] = []
         self.release_wait_s = 120.0
         """How long a cancelled `episode` waits for its thread to release everything."""
@@ -177,29 +137,21 @@ class Rollout:
     def __exit__(self, *exc) -> None:
         if self._file:
             self._file.close()
-        if self.sandboxes is not None:
-            self.sandboxes.close()
+        self.stack.close()
         self.proxy.stop()
 
     def prewarm(self, task_ids) -> None:
         """Start the pool's sandboxes for these tasks' repositories in the background."""
-        if self.sandboxes is None:
-            return
-        for spec in dict.fromkeys(self.tasks[t].repo_spec() for t in task_ids):
-            self.sandboxes.prewarm(spec, self.adapter)
+        self.stack.prewarm(task_ids)
 
     @property
     def handle(self) -> ProxyHandle:
         return ProxyHandle.of(self.proxy)
 
-    def _make_sandbox(self, spec, mounts):
-        return self.backend.create(spec, mounts)
-
     def run_one(self, task_id: str, session_meta: dict[str, Any] | None = None,
                 cancel: Cancel | None = None) -> Trajectory:
         """One episode, blocking; the trajectory is appended to trajectories.jsonl."""
-        result = run_episode(self.tasks[task_id], self.adapter, self.sandboxes or self._make_sandbox, self.handle,
-                             self.cfg.served_model_name, self.cfg.episode, session_meta=session_meta, cancel=cancel)
+        result = self.stack.run(task_id, self.handle, session_meta=session_meta, cancel=cancel)
         self.results.append(result)
         traj = result.trajectory
         assert self._file is not None
@@ -208,7 +160,8 @@ class Rollout:
         return traj
 
     def set_policy_version(self, version: int) -> None:
-        """Tell the proxy the trainer's current version (its per-turn staleness check uses it)."""
+        """Tell the proxy the trainer's current version (its per-turn staleness check uses it);
+        a run publishes through `gym.stack.Publisher`, which calls this in its order."""
         self.proxy.core.set_policy_version(version)
 
     async def episode(self, slot: Any) -> Trajectory:
@@ -228,44 +181,8 @@ class Rollout:
     async def run_cancellable(self, task_id: str, session_meta: dict[str, Any] | None = None) -> Trajectory:
         """`run_one` in a thread of its own; cancelled, it sets the episode's `Cancel` (harness
         tree killed, sandbox closed) and waits up to `release_wait_s` for the thread to end."""
-        cancel = Cancel()
-        thread = in_thread(self.run_one, task_id, session_meta, cancel)
-        try:
-            return await asyncio.shield(thread)
-        except asyncio.CancelledError:
-            await asyncio.shield(in_thread(cancel.set, "the episode was cancelled (timeout or shutdown)"))
-            await asyncio.wait({thread}, timeout=self.release_wait_s)
-            raise
-
-
-def in_thread(fn: Callable[..., T], *args: Any) -> "asyncio.Future[T]":
-    """`fn(*args)` in a thread of its own, as a future of this loop. Not `asyncio.to_thread`:
-    the loop's default executor has min(32, cores + 4) workers, which would silently cap the
-    env pool (6 episodes on 2 cores) and queue a cancelled episode's release behind running
-    episodes. Cancelling the future does not stop the thread (that is what `Cancel` is for)."""
-    loop = asyncio.get_running_loop()
-    fut: asyncio.Future[T] = loop.create_future()
-
-    def settle(result: Any, error: BaseException | None) -> None:
-        if fut.done():
-            return
-        if error is not None:
-            fut.set_exception(error)
-        else:
-            fut.set_result(result)
-
-    def target() -> None:
-        try:
-            outcome: tuple[Any, BaseException | None] = (fn(*args), None)
-        except BaseException as e:  # handed to the awaiting task, whatever it is
-            outcome = (None, e)
-        try:
-            loop.call_soon_threadsafe(settle, *outcome)
-        except RuntimeError:  # the loop is closed: nobody waits for this any more
-            pass
-
-    threading.Thread(target=target, name=f"harnessrl-{getattr(fn, '__name__', 'thread')}", daemon=True).start()
-    return fut
+        return await cancellable(lambda cancel: self.run_one(task_id, session_meta, cancel),
+                                 "the episode was cancelled (timeout or shutdown)", self.release_wait_s)
 
 
 # -- the report -------------------------------------------------------------------------------

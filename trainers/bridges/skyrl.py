@@ -3,7 +3,8 @@
 Contract of `HarnessrlGenerator.generate(input_batch) -> GeneratorOutput`:
 - One harnessrl episode per prompt, through `gym.episode.run_episode` (a sandbox, the
   unmodified harness, harnessrl's proxy, the hidden tests after the harness has gone), up to
-  `max_concurrency` at once, each in a thread of its own (`gym.rollout.in_thread`).
+  `max_concurrency` at once, each in a thread of its own (`gym.stack.cancellable`), on the
+  bridge's one `gym.stack.EpisodeStack` (adapter, sandbox backend, a proxy per sampling setting).
 - The task is `env_extras[i]["task_id"]` in suite `env_extras[i].get("suite", config.suite)`.
   SkyRL's `prompts[i]` is not sent anywhere: the harness writes its own prompts from the
   task's problem statement (the dataset's prompt column is only SkyRL's bookkeeping).
@@ -27,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import functools
 import tempfile
 import time
 from pathlib import Path
@@ -36,12 +36,12 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from skyrl.train.generators.base import GeneratorInput, GeneratorInterface, GeneratorOutput
 
-from harnessrl.adapters.cancel import Cancel
 from harnessrl.gym.backends.inprocess import CallableBackend, TokenReply
 from harnessrl.gym.backends.protocol import SESSION
 from harnessrl.gym.engine_client import EngineTimeouts
-from harnessrl.gym.episode import EpisodeConfig, ProxyHandle, run_episode
-from harnessrl.gym.rollout import in_thread
+from harnessrl.gym.episode import EpisodeConfig, ProxyHandle
+from harnessrl.gym.rollout import RolloutConfig
+from harnessrl.gym.stack import EpisodeStack, cancellable
 from harnessrl.trainers.bridges.skyrl_output import Episode, build_output
 
 _OWNED = ("temperature", "top_p", "top_k", "max_tokens", "stop", "stop_token_ids", "seed", "n", "logprobs")
@@ -116,15 +116,17 @@ class HarnessrlGenerator(GeneratorInterface):
         """`generator_cfg`: SkyRL's `cfg.generator`; `policy_model_name`: what the client knows the
         policy by (SkyRL's `resolve_policy_model_name(cfg)`); `adapter`: a harness adapter object
         to use instead of `config.harness`."""
-        from harnessrl.adapters import get_adapter
-        from harnessrl.sandboxes import make_backend
-
         self.generator_cfg, self.tokenizer, self.client = generator_cfg, tokenizer, inference_engine_client
         self.config = config or SkyRLBridgeConfig()
         self.policy_model_name = policy_model_name
         self.step_wise = bool(_cfg(generator_cfg, "step_wise_trajectories", False))
-        self.adapter = adapter if adapter is not None else get_adapter(self.config.harness)
-        self.sandboxes = make_backend(self.config.sandbox)
+        c = self.config
+        self.stack = EpisodeStack(RolloutConfig(
+            harness=c.harness, suite=c.suite, sandbox=c.sandbox, sandbox_pool_size=0, served_model_name=c.served_model_name,
+            model=getattr(tokenizer, "name_or_path", "") or "skyrl-policy", sampling_policy="run",
+            engine_timeout_s=c.engine_timeout_s, episode=c.episode), adapter=adapter)
+        """Adapter and sandbox backend of every episode; each sampling setting's proxy is built by it."""
+        self.adapter, self.sandboxes = self.stack.adapter, self.stack.backend
         self.out_dir = Path(self.config.out_dir or tempfile.mkdtemp(prefix="harnessrl-skyrl-"))
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self._tasks: dict[str, dict[str, Any]] = {}
@@ -153,9 +155,6 @@ class HarnessrlGenerator(GeneratorInterface):
 
     def proxy(self, sampling: dict[str, Any] | None) -> Any:
         """The started proxy for this sampling setting, generating on the running loop."""
-        from harnessrl.gym.proxy.config import ProxyConfig
-        from harnessrl.gym.proxy.server import ProxyServer
-
         loop = asyncio.get_running_loop()
         if loop is not self._loop:  # a new trainer loop (asyncio.run again): its proxies are new too
             self.close()
@@ -167,18 +166,16 @@ class HarnessrlGenerator(GeneratorInterface):
                tuple(sorted((k, repr(v)) for k, v in sp.items() if k not in _OWNED)), sp.get("logprobs"))
         if key not in self._proxies:
             n = len(self._proxies)
-            cfg = ProxyConfig(engine_url="", model=getattr(self.tokenizer, "name_or_path", "") or "skyrl-policy",
-                              served_models=[self.config.served_model_name], sampling_policy="run",
-                              temperature=key[0], top_p=key[1], top_k=key[2] if key[2] > 0 else -1,
-                              default_max_tokens=max_tokens, max_tokens_cap=max_tokens,
-                              engine_total_timeout_s=self.config.engine_timeout_s,
-                              db_path=str(self.out_dir / f"trajectories-{n}.db"),
-                              uds_path=str(self.out_dir / f"proxy-{n}.sock"))
             version = (lambda: self.client.weight_version) if hasattr(self.client, "weight_version") else None
             backend = CallableBackend(engine_fn(self.client, sp, self.policy_model_name), name="skyrl", loop=loop,
                                       timeouts=EngineTimeouts(None, None, None, self.config.engine_timeout_s),
                                       version=version)
-            self._proxies[key] = ProxyServer(cfg, self.tokenizer, backend=backend).start()
+            setting = self.stack.cfg.model_copy(update={"temperature": key[0], "top_p": key[1],
+                                                        "top_k": key[2] if key[2] > 0 else -1, "max_new_tokens": max_tokens})
+            stack = EpisodeStack(setting, adapter=self.stack.adapter, sandbox_backend=self.stack.backend)
+            self._proxies[key] = stack.proxy(generation_backend=backend, tokenizer=self.tokenizer,
+                                             db_path=str(self.out_dir / f"trajectories-{n}.db"),
+                                             uds_path=str(self.out_dir / f"proxy-{n}.sock")).start()
         return self._proxies[key]
 
     def close(self) -> None:
@@ -190,17 +187,9 @@ class HarnessrlGenerator(GeneratorInterface):
     async def _episode(self, proxy: Any, task: Any, tid: Any, meta: dict[str, Any], gate: asyncio.Semaphore) -> Episode:
         async with gate:
             t0 = time.monotonic()
-            cancel = Cancel()
-            run = functools.partial(run_episode, task, self.adapter, lambda s, m: self.sandboxes.create(s, mounts=m),
-                                    ProxyHandle.of(proxy), self.config.served_model_name, self.config.episode,
-                                    session_meta=meta, cancel=cancel)
-            thread = in_thread(run)
-            try:
-                result = await asyncio.shield(thread)
-            except asyncio.CancelledError:
-                await asyncio.shield(in_thread(cancel.set, "SkyRL cancelled the generation batch"))
-                await asyncio.wait({thread}, timeout=120)
-                raise
+            handle = ProxyHandle.of(proxy)
+            result = await cancellable(lambda cancel: self.stack.run(task, handle, session_meta=meta, cancel=cancel),
+                                       "SkyRL cancelled the generation batch")
             finish = getattr(self.client, "finish_session", None)
             if finish is not None:
                 try:

@@ -63,10 +63,10 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
 
-from harnessrl.adapters.cancel import Cancel
 from harnessrl.gym.backends.inprocess import CallableBackend, TokenReply
-from harnessrl.gym.episode import EpisodeConfig, EpisodeResult, ProxyHandle, run_episode
-from harnessrl.gym.rollout import in_thread
+from harnessrl.gym.episode import EpisodeConfig, EpisodeResult, ProxyHandle
+from harnessrl.gym.rollout import RolloutConfig
+from harnessrl.gym.stack import EpisodeStack, cancellable
 from harnessrl.gym.trajectory import Trajectory
 from harnessrl.trainers.bridges.segments import SegmentRow, segment_rows, select, truncate
 from harnessrl.trainers.samples import validate_trajectory
@@ -252,18 +252,16 @@ class HarnessrlAgentLoop(AgentLoopBase):
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput | list[AgentLoopOutput]:
         row = RowSpec.of(kwargs)
         task = _Shared.task(row.suite or self.bridge.suite, row.task_id)
-        adapter = _Shared.adapter(row.harness or self.bridge.harness)
-        sandboxes = _Shared.sandbox(self.bridge.sandbox)
         limits = {k: getattr(row, k) for k in ("max_calls", "wall_time_s", "max_tokens") if getattr(row, k) is not None}
-        episode = self.bridge.episode.model_copy(update=limits)
+        stack = self._stack(sampling_params, row, self.bridge.episode.model_copy(update=limits))
         request_id = uuid.uuid4().hex  # sticky: every call of this episode goes to one server
-        proxy = self._proxy(sampling_params, row.max_new_tokens or self.bridge.max_new_tokens, request_id)
+        proxy = stack.proxy(generation_backend=self._backend(sampling_params, request_id), tokenizer=self.tokenizer)
         await asyncio.to_thread(proxy.start)
         try:
-            handle = ProxyHandle(proxy.url, proxy.admin_token, engine_url=None)  # verl's servers have no /health here
+            handle = ProxyHandle.of(proxy)  # no engine URL: verl's servers have no /health here
             meta = {"verl_request_id": request_id, "verl_global_steps": _plain(kwargs.get("global_steps"))}
-            result = await _cancellable(run_episode, task, adapter, sandboxes.create, handle,
-                                        self.bridge.served_model_name, episode, None, meta)
+            result = await cancellable(lambda cancel: stack.run(task, handle, session_meta=meta, cancel=cancel),
+                                       "verl cancelled the sample")
         finally:
             await asyncio.to_thread(proxy.stop)
         self.last_result = result
@@ -272,10 +270,22 @@ class HarnessrlAgentLoop(AgentLoopBase):
                 f.write(result.trajectory.to_json() + "\n")
         return self.outputs(result.trajectory, kwargs)
 
-    def _proxy(self, sampling_params: dict[str, Any], max_new_tokens: int, request_id: str):
-        from harnessrl.gym.proxy.config import ProxyConfig
-        from harnessrl.gym.proxy.server import ProxyServer
+    def _stack(self, sampling_params: dict[str, Any], row: RowSpec, episode: EpisodeConfig) -> EpisodeStack:
+        """The episode stack of one sample: the process's adapter and sandbox backend, a proxy
+        sampling as verl's run asks (`RolloutConfig` of the bridge's settings and the row's)."""
+        run_params = _plain(dict(sampling_params))
+        harness = row.harness or self.bridge.harness
+        cfg = RolloutConfig(
+            harness=harness, suite=row.suite or self.bridge.suite, sandbox=self.bridge.sandbox, sandbox_pool_size=0,
+            model=str(OmegaConf.select(self.config, "actor_rollout_ref.model.path", default="")),
+            served_model_name=self.bridge.served_model_name, sampling_policy="run",
+            temperature=float(run_params.get("temperature", 1.0)), top_p=float(run_params.get("top_p", 1.0)),
+            top_k=int(run_params.get("top_k", -1) or -1), max_new_tokens=row.max_new_tokens or self.bridge.max_new_tokens,
+            engine_timeout_s=self.bridge.engine_timeout_s, episode=episode)
+        return EpisodeStack(cfg, adapter=_Shared.adapter(harness), sandbox_backend=_Shared.sandbox(self.bridge.sandbox))
 
+    def _backend(self, sampling_params: dict[str, Any], request_id: str) -> CallableBackend:
+        """verl's `server_manager.generate` as the proxy's generation backend, on this loop."""
         engine = str(OmegaConf.select(self.rollout_config, "name", default="sglang"))
         run_params = _plain(dict(sampling_params))
 
@@ -286,17 +296,8 @@ class HarnessrlAgentLoop(AgentLoopBase):
 
         sampled = engine == "vllm" and OmegaConf.select(self.rollout_config, "logprobs_mode",
                                                         default="processed_logprobs") == "processed_logprobs"
-        backend = CallableBackend(generate, name="verl", loop=asyncio.get_running_loop(),
-                                  logprob_space="sampled" if sampled else "tempered")
-        top_k = int(run_params.get("top_k", -1) or -1)
-        cfg = ProxyConfig(
-            engine_url="", model=str(OmegaConf.select(self.config, "actor_rollout_ref.model.path", default="")),
-            served_models=[self.bridge.served_model_name], sampling_policy="run",
-            temperature=float(run_params.get("temperature", 1.0)), top_p=float(run_params.get("top_p", 1.0)),
-            top_k=top_k, default_max_tokens=max_new_tokens, max_tokens_cap=max_new_tokens,
-            engine_total_timeout_s=self.bridge.engine_timeout_s,
-            engine_first_byte_timeout_s=min(self.bridge.engine_timeout_s, 300.0))
-        return ProxyServer(cfg, tokenizer=self.tokenizer, backend=backend)
+        return CallableBackend(generate, name="verl", loop=asyncio.get_running_loop(),
+                               logprob_space="sampled" if sampled else "tempered")
 
     # -- the record as verl's output ----------------------------------------------------------
     def outputs(self, traj: Trajectory, row: dict[str, Any]) -> AgentLoopOutput | list[AgentLoopOutput]:
@@ -351,16 +352,3 @@ class HarnessrlAgentLoop(AgentLoopBase):
     def _filler(self) -> int:
         tok = self.tokenizer
         return int(tok.eos_token_id if tok.eos_token_id is not None else (tok.pad_token_id or 0))
-
-
-async def _cancellable(fn, *args: Any) -> EpisodeResult:
-    """`run_episode` in a thread; cancelled (verl aborts the sample), the episode's harness tree is
-    killed and its sandbox closed before the cancellation goes through."""
-    cancel = Cancel()
-    thread = in_thread(fn, *args, cancel)
-    try:
-        return await asyncio.shield(thread)
-    except asyncio.CancelledError:
-        await asyncio.shield(in_thread(cancel.set, "verl cancelled the sample"))
-        await asyncio.wait({thread}, timeout=120)
-        raise
