@@ -99,7 +99,7 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
     try:  # task-file problems are one line each, before any engine starts
         from harnessrl.gym.rollout import load_suite_tasks
 
-        load_suite_tasks(cfg)
+        tasks = load_suite_tasks(cfg)
     except TaskFileError as e:
         print("\n".join(f"harnessrl rollout: {line}" for line in str(e).splitlines()), file=sys.stderr)
         return 2
@@ -114,7 +114,7 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
         engine = EngineServer(model=args.model, port=0, weight_version="0").start()
     try:
         rep = _run(run_rollout(cfg, args.engine_url or engine.url, args.out, episodes=args.episodes,
-                                      concurrency=args.concurrency))
+                               concurrency=args.concurrency, tasks=tasks))
     finally:
         if engine is not None:
             engine.stop()
@@ -146,9 +146,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from harnessrl.gym.rollout import load_suite_tasks
     from harnessrl.gym.task_loaders import TaskFileError
 
-    try:  # task-file problems are one line each, before any engine starts (prepared ones are made first)
+    tasks = None  # loaded once here and handed to the run (prepared ones are made first, then loaded)
+    try:  # task-file problems are one line each, before any engine starts
         if cfg.prepare.tasks_dir is None:
-            load_suite_tasks(cfg.rollout)
+            tasks = load_suite_tasks(cfg.rollout)
     except TaskFileError as e:
         print("\n".join(f"harnessrl train: {line}" for line in str(e).splitlines()), file=sys.stderr)
         return 2
@@ -160,7 +161,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from harnessrl.trainers.prepare import PrepareError
 
     try:
-        history = _run(train(cfg))
+        history = _run(train(cfg, tasks))
     except (LeakError, PrepareError, TaskFileError) as e:
         print("\n".join(f"harnessrl train: {line}" for line in str(e).splitlines()), file=sys.stderr)
         return 2

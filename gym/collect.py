@@ -69,12 +69,16 @@ def kept(traj: Trajectory, keep: str) -> bool:
     return keep == "all" or traj.reward >= 1.0
 
 
-async def collect(cfg: CollectConfig, out_dir: str | Path, progress: bool = False) -> dict[str, Any]:
-    """Run the episodes, write the files of the module doc, return the report."""
+async def collect(cfg: CollectConfig, out_dir: str | Path, progress: bool = False,
+                  tasks: list | None = None) -> dict[str, Any]:
+    """Run the episodes, write the files of the module doc, return the report. `tasks`: the
+    suite's tasks, loaded once by the caller (None: loaded now)."""
     if cfg.teacher != "scripted" and not cfg.teacher.startswith(("http://", "https://")):
         raise ValueError(f"teacher: {cfg.teacher!r} is neither 'scripted' nor an http(s) URL")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    if tasks is None:
+        tasks = load_suite_tasks(cfg.rollout)
     with contextlib.ExitStack() as stack:
         if cfg.teacher == "scripted":
             from harnessrl.gym.doubles.scripted import ScriptedEngine
@@ -82,17 +86,14 @@ async def collect(cfg: CollectConfig, out_dir: str | Path, progress: bool = Fals
             from harnessrl.gym.served import ServedApp
 
             engine = ScriptedEngine(load_tokenizer(cfg.rollout.model))
-            engine.set_tasks(load_suite_tasks(cfg.rollout))
+            engine.set_tasks(tasks)
             engine_url = stack.enter_context(ServedApp(engine.app())).url
             fields: dict[str, Any] = {"teacher": "scripted"}
         else:  # the URL is the "engine" episodes judge failures by: an unreachable teacher masks them
             engine_url = cfg.teacher
             fields = {"teacher_url": cfg.teacher, "teacher_model": cfg.teacher_model,
                       "teacher_api_key": cfg.teacher_api_key}
-        ro = Rollout(cfg.rollout, engine_url, out / "episodes")
-        # the proxy reads its teacher fields when it starts, which is next
-        ro.proxy.config = ro.proxy.core.config = ro.proxy.config.model_copy(update=fields)
-        with ro:
+        with Rollout(cfg.rollout, engine_url, out / "episodes", tasks=tasks, proxy_fields=fields) as ro:
             order = list(itertools.islice(itertools.cycle(sorted(ro.tasks)), cfg.episodes))
             ro.prewarm(order[:cfg.concurrency])
             sem = asyncio.Semaphore(cfg.concurrency)

@@ -108,16 +108,17 @@ class Rollout:
     tasks, loaded once by the caller (None: the suite of `cfg`, loaded now)."""
 
     def __init__(self, cfg: RolloutConfig, engine_url: str, out_dir: str | Path, generation_backend: Any = None,
-                 sandboxes: Any = None, tasks: list | None = None):
+                 sandboxes: Any = None, tasks: list | None = None, proxy_fields: dict[str, Any] | None = None):
         """`generation_backend`: a `GenerationBackend` object the proxy generates through
-        instead of `engine_url` (e.g. the Tinker bridge's `TinkerBackend`)."""
+        instead of `engine_url` (e.g. the Tinker bridge's `TinkerBackend`); `proxy_fields`:
+        `ProxyConfig` fields the run's settings do not carry (a teacher's, `gym.collect`)."""
         self.cfg = cfg
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.stack = EpisodeStack(cfg, tasks=tasks, sandboxes=sandboxes)
         self.tasks = self.stack.tasks
         self.adapter, self.backend, self.sandboxes = self.stack.adapter, self.stack.backend, self.stack.sandboxes
-        self.proxy = self.stack.proxy(engine_url, self.out_dir, generation_backend)
+        self.proxy = self.stack.proxy(engine_url, self.out_dir, generation_backend, **(proxy_fields or {}))
         self.results: list[Any] = []
         self.release_wait_s = 120.0
         """How long a cancelled `episode` waits for its thread to release everything."""
@@ -285,12 +286,13 @@ def _mean(xs: list[float]) -> float | None:
 
 
 async def run_rollout(cfg: RolloutConfig, engine_url: str, out_dir: str | Path, *, episodes: int,
-                      concurrency: int, progress: bool = True) -> dict[str, Any]:
+                      concurrency: int, progress: bool = True, tasks: list | None = None) -> dict[str, Any]:
     """`episodes` episodes over the suite's tasks (cycled), `concurrency` at a time; the report
-    is also written to out_dir/report.json."""
+    is also written to out_dir/report.json. `tasks`: the suite's tasks, loaded once by the
+    caller (None: loaded now)."""
     from tqdm import tqdm
 
-    with Rollout(cfg, engine_url, out_dir) as ro:
+    with Rollout(cfg, engine_url, out_dir, tasks=tasks) as ro:
         order = list(itertools.islice(itertools.cycle(ro.tasks), episodes))
         ro.prewarm(order[:concurrency])
         sem = asyncio.Semaphore(concurrency)

@@ -80,9 +80,12 @@ def rollout_config(ev: EvalConfig, base: RolloutConfig) -> RolloutConfig:
         "temperature": base.temperature if ev.temperature is None else ev.temperature})
 
 
-def eval_task_ids(ev: EvalConfig, base: RolloutConfig) -> list[str]:
-    """The held-out tasks every point runs, in id order (`max_tasks` of them spread evenly)."""
-    ids = sorted(t.instance_id for t in load_suite_tasks(rollout_config(ev, base)))
+def eval_task_ids(ev: EvalConfig, base: RolloutConfig, tasks: list | None = None) -> list[str]:
+    """The held-out tasks every point runs, in id order (`max_tasks` of them spread evenly).
+    `tasks`: the held-out suite, loaded once by the run (None: loaded now)."""
+    if tasks is None:
+        tasks = load_suite_tasks(rollout_config(ev, base))
+    ids = sorted(t.instance_id for t in tasks)
     if not ev.max_tasks or ev.max_tasks >= len(ids):
         return ids
     return [ids[i * len(ids) // ev.max_tasks] for i in range(ev.max_tasks)]
@@ -90,16 +93,21 @@ def eval_task_ids(ev: EvalConfig, base: RolloutConfig) -> list[str]:
 
 # -- one evaluation point ------------------------------------------------------------------------
 async def evaluate(point: str, ev: EvalConfig, base: RolloutConfig, engine_url: str, out_dir: str | Path, *,
-                   generation_backend: Any = None, episode_timeout_s: float | None = None) -> dict[str, Any]:
+                   generation_backend: Any = None, episode_timeout_s: float | None = None,
+                   tasks: list | None = None) -> dict[str, Any]:
     """Run the point's episodes, write `<out_dir>/eval/<point>/summary.json`, return the summary.
-    An episode past `episode_timeout_s` is cancelled (its sandbox closed) and counted as masked."""
+    An episode past `episode_timeout_s` is cancelled (its sandbox closed) and counted as masked.
+    `tasks`: the held-out suite, loaded once by the run (None: loaded now)."""
     folder = Path(out_dir) / "eval" / point
     cfg = rollout_config(ev, base)
-    ids = eval_task_ids(ev, base)
+    if tasks is None:
+        tasks = load_suite_tasks(cfg)
+    ids = eval_task_ids(ev, base, tasks)
     order = [t for t in ids for _ in range(ev.episodes_per_task)]
     t0 = time.monotonic()
+    picked = set(ids)
     with Rollout(cfg.model_copy(update={"tasks": ids, "difficulties": None}), engine_url, folder,
-                 generation_backend=generation_backend) as ro:
+                 generation_backend=generation_backend, tasks=[t for t in tasks if t.instance_id in picked]) as ro:
         ro.prewarm(order[:ev.concurrency])
         sem = asyncio.Semaphore(ev.concurrency)
 

@@ -4,8 +4,11 @@
       -> proxy + sandboxes + harness (gym.rollout.Rollout), episodes scheduled with bounded
          staleness (gym.scheduler.RolloutScheduler)
       -> trainer.step(batch of complete GRPO groups)
-      -> weight sync (save -> /update_weights_from_disk with weight_version)
-      -> scheduler.advance_version: later tokens carry the new version
+      -> publish (gym.stack.Publisher): weight sync (save -> /update_weights_from_disk with
+         weight_version), then the scheduler, then the proxy: later tokens carry the new version
+
+Each suite is loaded once per run (`trainers.prepare.RunTasks`) and handed to the rollouts, the
+teacher, the held-out guard and every evaluation point.
 
 `stages = ["sft", "rl"]` first trains on teacher trajectories (`harnessrl collect`; the
 masked cross-entropy of `trainers.sft`), checkpoints, pushes those weights, then runs RL.
@@ -36,10 +39,12 @@ from typing import Any
 
 from harnessrl.gym.canary import CanaryMix, run_canaries
 from harnessrl.gym.cheat import step_metrics as cheat_metrics
-from harnessrl.gym.rollout import Rollout, load_suite_tasks, prewarmed_sandboxes, report
+from harnessrl.gym.rollout import Rollout, prewarmed_sandboxes, report
 from harnessrl.gym.scheduler import RolloutScheduler
+from harnessrl.gym.stack import Publisher
 from harnessrl.trainers import evaluate as ev
 from harnessrl.trainers.plots import plot
+from harnessrl.trainers.prepare import RunTasks
 from harnessrl.trainers.run_report import RunFigures, summary_line
 from harnessrl.trainers.train_config import (EPISODE_OVERHEAD_S, ConfigError, SFTConfig, TrainConfig,
                                              documented_config, load_config)
@@ -60,15 +65,18 @@ def _line(m: dict[str, Any]) -> str:
             + f"  ({m['step_s']:.1f}s train, {m['wall_s']:.0f}s total)")
 
 
-async def train(cfg: TrainConfig) -> list[dict[str, Any]]:
-    """Run the stages; return the RL step metrics (the SFT step metrics for an sft-only run)."""
+async def train(cfg: TrainConfig, tasks: list | None = None) -> list[dict[str, Any]]:
+    """Run the stages; return the RL step metrics (the SFT step metrics for an sft-only run).
+    `tasks`: the RL tasks, if the caller loaded them already; every suite is loaded once per run
+    (`trainers.prepare.RunTasks`) and handed down."""
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(cfg.model_dump_json(indent=2))
     t_start = time.monotonic()
-    prepared = await _prepare(cfg)
+    run_tasks = RunTasks(cfg, tasks)
+    prepared = await _prepare(cfg, run_tasks)
     async with contextlib.AsyncExitStack() as held:  # closed on every way out, a cancellation in start-up too
-        history, run, evals = await _stages(cfg, out, t_start, held)
+        history, run, evals = await _stages(cfg, out, t_start, held, run_tasks)
     if run or evals:
         run = run | ({"eval": evals} if evals else {}) | ({"prepare": prepared} if prepared else {})
         (out / "report.json").write_text(json.dumps(run, indent=2))
@@ -78,7 +86,7 @@ async def train(cfg: TrainConfig) -> list[dict[str, Any]]:
     return history
 
 
-async def _stages(cfg: TrainConfig, out: Path, t_start: float, held: contextlib.AsyncExitStack
+async def _stages(cfg: TrainConfig, out: Path, t_start: float, held: contextlib.AsyncExitStack, tasks: RunTasks
                   ) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, dict[str, Any]]]:
     """Start the warm pool, the engine and the trainer (each registered on `held` as soon as it
     exists), then run the stages; returns the step metrics, the run report and the evaluations."""
@@ -89,9 +97,9 @@ async def _stages(cfg: TrainConfig, out: Path, t_start: float, held: contextlib.
 
     evaluating = cfg.eval.enabled
     sc = cfg.scheduler  # the warm pool starts the first groups' sandboxes now, while the engine and trainer load
-    first = itertools.cycle(sorted(t.instance_id for t in load_suite_tasks(cfg.rollout)))
-    sandboxes = (prewarmed_sandboxes(cfg.rollout, itertools.islice(first, sc.groups_per_step * (1 + sc.staleness)))
-                 if "rl" in cfg.stages else None)
+    first = itertools.cycle(sorted(t.instance_id for t in tasks.rl))
+    sandboxes = (prewarmed_sandboxes(cfg.rollout, itertools.islice(first, sc.groups_per_step * (1 + sc.staleness)),
+                                     tasks.rl) if "rl" in cfg.stages else None)
     if sandboxes is not None:  # the rollout closes it too (idempotent); this covers a stop before it takes it
         held.callback(sandboxes.close)
     if cfg.tinker is not None:  # the Tinker bridge: the service trains and samples; no local engine
@@ -126,7 +134,7 @@ async def _stages(cfg: TrainConfig, out: Path, t_start: float, held: contextlib.
     async def evaluate(point: str) -> None:
         if evaluating and point in cfg.eval.points_for(cfg.stages):
             s = await ev.evaluate(point, cfg.eval, rollout_cfg, engine_url, out, episode_timeout_s=sc.episode_timeout_s,
-                                  generation_backend=getattr(trainer, "backend", None))
+                                  generation_backend=getattr(trainer, "backend", None), tasks=tasks.held)
             evals[point] = s | {"version": trainer.version}
             print(ev.line(s), flush=True)
 
@@ -140,45 +148,45 @@ async def _stages(cfg: TrainConfig, out: Path, t_start: float, held: contextlib.
             await sync.push(trainer)  # RL and evaluation sample from the SFT policy (the trainer's version)
         await evaluate("post_sft")
     if "rl" in cfg.stages:
-        history, run = await _rl_stage(cfg, trainer, sync, engine_url, rollout_cfg, sandboxes, out, writer, t_start)
+        history, run = await _rl_stage(cfg, trainer, sync, engine_url, rollout_cfg, sandboxes, tasks.rl, out, writer,
+                                       t_start)
         await evaluate("post_rl")
     trainer.save_checkpoint(out / "checkpoints" / "last")
     return history, run, evals
 
 
-async def _prepare(cfg: TrainConfig) -> dict[str, Any]:
+async def _prepare(cfg: TrainConfig, tasks: RunTasks) -> dict[str, Any]:
     """Missing data made (`trainers.prepare`), then the held-out guard: the tasks evaluated are
     neither RL tasks nor in the SFT data, by id, gold patch or mutated function."""
     from harnessrl.trainers.prepare import prepare_data
 
-    made = await prepare_data(cfg, log=lambda line: print(line, flush=True))
+    made = await prepare_data(cfg, log=lambda line: print(line, flush=True), tasks=tasks)
     if cfg.eval.enabled:
-        held_ids = set(ev.eval_task_ids(cfg.eval, cfg.rollout))
-        held = [t for t in load_suite_tasks(ev.rollout_config(cfg.eval, cfg.rollout)) if t.instance_id in held_ids]
+        held_ids = set(ev.eval_task_ids(cfg.eval, cfg.rollout, tasks.held))
+        held = [t for t in tasks.held if t.instance_id in held_ids]
         sft_ids: list[str] = []
         if "sft" in cfg.stages and cfg.sft.data and Path(cfg.sft.data).exists():
             sft_ids = [json.loads(x).get("task_id", "") for x in Path(cfg.sft.data).read_text().splitlines() if x.strip()]
-        ev.guard_disjoint(load_suite_tasks(cfg.rollout) if "rl" in cfg.stages else [], held, sft_ids,
+        ev.guard_disjoint(tasks.rl if "rl" in cfg.stages else [], held, sft_ids,
                           ev.meta_beside(cfg.rollout.suite), ev.meta_beside(cfg.eval.suite))
     return made
 
 
-async def _rl_stage(cfg: TrainConfig, trainer, sync, engine_url: str, rollout_cfg, sandboxes, out: Path, writer,
-                    t_start: float) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+async def _rl_stage(cfg: TrainConfig, trainer, sync, engine_url: str, rollout_cfg, sandboxes, tasks: list, out: Path,
+                    writer, t_start: float) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """`cfg.steps` GRPO steps through the harness; returns the step metrics and the run report."""
     from tqdm import tqdm
 
     history: list[dict[str, Any]] = []
     with Rollout(rollout_cfg, engine_url, out / "rollouts", generation_backend=getattr(trainer, "backend", None),
-                 sandboxes=sandboxes) as ro:
-        sync.gate = ro.proxy  # weight updates pause proxy admission too
+                 sandboxes=sandboxes, tasks=tasks) as ro:
         canaries = run_canaries(cfg.canary, list(ro.tasks.values()), out, cfg.rollout.source_root,
                                 log=lambda line: print(line, flush=True))
-        tasks = CanaryMix(itertools.cycle(sorted(ro.tasks)), [c.instance_id for c in canaries], cfg.canary.rate)
+        draws = CanaryMix(itertools.cycle(sorted(ro.tasks)), [c.instance_id for c in canaries], cfg.canary.rate)
         ro.tasks.update({c.instance_id: c for c in canaries})  # the rollout runs them like any task
-        sched = RolloutScheduler(cfg.scheduler, ro.episode, tasks)
-        await sched.advance_version(trainer.version)  # 0, the SFT policy's, or the resumed checkpoint's
-        ro.set_policy_version(sched.version)  # the proxy's per-turn staleness check (requeue)
+        sched = RolloutScheduler(cfg.scheduler, ro.episode, draws)
+        publisher = Publisher(sched, ro.proxy, sync)  # weight updates pause proxy admission too
+        await publisher.publish(trainer.version)  # 0, the SFT policy's, or the resumed checkpoint's
         await sched.start()
         bar = tqdm(total=cfg.steps, unit="step", disable=not cfg.progress, dynamic_ncols=True)
         figures = RunFigures()
@@ -188,8 +196,7 @@ async def _rl_stage(cfg: TrainConfig, trainer, sync, engine_url: str, rollout_cf
                 figures.add(batch)
                 metrics = await asyncio.to_thread(trainer.step, batch)
                 if metrics.updated:  # no trainable token (all masked or zero advantage): same weights
-                    await sched.advance_version(await sync.push(trainer))
-                    ro.set_policy_version(sched.version)
+                    await publisher.push(trainer)
                 batch_report = report(batch)
                 m = metrics.to_dict() | cheat_metrics(batch) | {
                     "env_latency_p95_s": batch_report["env_latency_s"]["p95"], "sync_s": round(sync.last_sync_s, 3),

@@ -64,14 +64,45 @@ class PrepareConfig(BaseModel):
             raise ValueError(f"prepare.synth.{'.'.join(str(x) for x in err['loc'])}: {err['msg']}") from None
 
 
-async def prepare_data(cfg: Any, log=print) -> dict[str, Any]:
-    """Steps 1 and 2 of the module doc for a TrainConfig; returns what was made and its seconds."""
+class RunTasks:
+    """A training run's tasks, each suite loaded once, on first use (so after `prepare_data` made
+    them), and handed to every part that runs episodes: the RL rollouts, the teacher, the
+    held-out guard and every evaluation point. `rl`: the RL tasks if the caller loaded them
+    already (the CLI checks them before anything starts)."""
+
+    def __init__(self, cfg: Any, rl: list | None = None):
+        self.cfg, self._rl, self._held = cfg, rl, None
+
+    @property
+    def rl(self) -> list:
+        """The RL tasks (`rollout.suite`, narrowed by `rollout.tasks` and `rollout.difficulties`)."""
+        if self._rl is None:
+            from harnessrl.gym.rollout import load_suite_tasks
+
+            self._rl = load_suite_tasks(self.cfg.rollout)
+        return self._rl
+
+    @property
+    def held(self) -> list:
+        """The held-out suite (`eval.suite`, narrowed by `eval.difficulties`); [] without evaluation."""
+        if self._held is None:
+            from harnessrl.gym.rollout import load_suite_tasks
+            from harnessrl.trainers.evaluate import rollout_config
+
+            ev = self.cfg.eval
+            self._held = load_suite_tasks(rollout_config(ev, self.cfg.rollout)) if ev.enabled else []
+        return self._held
+
+
+async def prepare_data(cfg: Any, log=print, tasks: RunTasks | None = None) -> dict[str, Any]:
+    """Steps 1 and 2 of the module doc for a TrainConfig; returns what was made and its seconds.
+    `tasks`: the run's tasks (the teacher runs on its RL tasks)."""
     p: PrepareConfig = cfg.prepare
     made: dict[str, Any] = {}
     if p.tasks_dir is not None:
         made["synth"] = await asyncio.to_thread(_synth, p, log)
     if "sft" in cfg.stages and p.teacher_episodes and cfg.sft.data and not Path(cfg.sft.data).exists():
-        made["collect"] = await _collect(cfg, log)
+        made["collect"] = await _collect(cfg, log, tasks or RunTasks(cfg))
     return made
 
 
@@ -99,7 +130,7 @@ def _synth(p: PrepareConfig, log) -> dict[str, Any]:
             "seconds": round(time.monotonic() - t0, 1)}
 
 
-async def _collect(cfg: Any, log) -> dict[str, Any]:
+async def _collect(cfg: Any, log, tasks: RunTasks) -> dict[str, Any]:
     from harnessrl.gym.collect import CollectConfig, collect
 
     out = Path(cfg.sft.data).parent
@@ -107,7 +138,8 @@ async def _collect(cfg: Any, log) -> dict[str, Any]:
     log(f"prepare: {cfg.prepare.teacher_episodes} scripted-teacher episodes on {rollout.suite} into {out}")
     t0 = time.monotonic()
     rep = await collect(CollectConfig(teacher="scripted", episodes=cfg.prepare.teacher_episodes,
-                                            concurrency=cfg.prepare.teacher_concurrency, rollout=rollout), out)
+                                            concurrency=cfg.prepare.teacher_concurrency, rollout=rollout), out,
+                        tasks=tasks.rl)
     if not rep["kept"]:
         raise PrepareError(f"prepare.teacher_episodes: none of {rep['episodes']} teacher episodes succeeded "
                          f"({rep['endings']}); see {out}/episodes/trajectories.jsonl")
