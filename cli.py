@@ -97,7 +97,7 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
                         sampling_policy=args.sampling_policy, temperature=args.temperature, top_p=args.top_p,
                         top_k=args.top_k, episode=EpisodeConfig(max_calls=args.max_calls, wall_time_s=args.wall_time))
     try:  # task-file problems are one line each, before any engine starts
-        from harnessrl.gym.rollout import load_suite_tasks
+        from harnessrl.gym.stack import load_suite_tasks
 
         tasks = load_suite_tasks(cfg)
     except TaskFileError as e:
@@ -143,7 +143,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         cfg = cfg.model_copy(update={"resume_from": args.resume})
     if args.source_root is not None:
         cfg = cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={"source_root": args.source_root})})
-    from harnessrl.gym.rollout import load_suite_tasks
+    from harnessrl.gym.stack import load_suite_tasks
     from harnessrl.gym.task_loaders import TaskFileError
 
     tasks = None  # loaded once here and handed to the run (prepared ones are made first, then loaded)
@@ -294,13 +294,13 @@ def main(argv: list[str] | None = None) -> int:
     handlers = {"doctor": _cmd_doctor, "model": _cmd_model, "engine": _cmd_engine, "chat": _cmd_chat,
                 "rollout": _cmd_rollout, "train": _cmd_train, "compare": _cmd_compare}
     global _STOP
-    _STOP = _Stop(args.cmd) if args.cmd in ("train", "rollout") else None
+    _STOP = Stop(args.cmd) if args.cmd in ("train", "rollout") else None
     try:
         return handlers[args.cmd](args)
     except (FileNotFoundError, KeyError) as e:  # missing model / unknown name: one clear line
         print(f"harnessrl {args.cmd}: {e.args[0] if e.args else e}", file=sys.stderr)
         return 2
-    except _Stopped as e:
+    except Stopped as e:
         print(f"harnessrl {args.cmd}: stopped by {e.how}; its sandboxes and engine were shut down, finished "
               f"trajectories are in the run's store", file=sys.stderr)
         return e.status
@@ -313,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
             _STOP.restore()
 
 
-class _Stopped(Exception):
+class Stopped(Exception):
     """The run was asked to stop (SIGTERM or Ctrl-C) and has unwound."""
 
     def __init__(self, how: str):
@@ -321,8 +321,9 @@ class _Stopped(Exception):
         self.how, self.status = how, 143 if how == "SIGTERM" else 130
 
 
-class _Stop:
-    """SIGTERM (a job scheduler's stop, `kill`, `docker stop`) and Ctrl-C for `train` and `rollout`.
+class Stop:
+    """SIGTERM (a job scheduler's stop, `kill`, `docker stop`) and Ctrl-C for `train` and `rollout`
+    (public: a bench that holds sandboxes and an engine takes signals the same way).
 
     Before the run's coroutine starts nothing is held (no sandbox, no engine of ours outside
     this process): the process leaves at once, exit status 143 (130 for Ctrl-C). Raising
@@ -369,7 +370,7 @@ class _Stop:
             raise KeyboardInterrupt
 
     def run(self, coro):
-        """`asyncio.run(coro)`, its main task cancelled by the first signal; `_Stopped` when one came."""
+        """`asyncio.run(coro)`, its main task cancelled by the first signal; `Stopped` when one came."""
         import asyncio
 
         async def main():
@@ -381,19 +382,19 @@ class _Stop:
         except asyncio.CancelledError:
             if self.how is None:
                 raise
-            raise _Stopped(self.how) from None
+            raise Stopped(self.how) from None
         finally:
             self._task = None  # the run's resources are released: a later signal leaves at once
         if self.how is not None:
-            raise _Stopped(self.how)
+            raise Stopped(self.how)
         return result
 
 
-_STOP: _Stop | None = None
+_STOP: Stop | None = None
 
 
 def _run(coro):
-    """The command's coroutine, under `_Stop` when the command has one."""
+    """The command's coroutine, under `Stop` when the command has one."""
     import asyncio
 
     return _STOP.run(coro) if _STOP is not None else asyncio.run(coro)

@@ -175,13 +175,12 @@ import sys
 import time
 from pathlib import Path
 
+from harnessrl.gym.doubles.sim import (admitted, in_flight, max_lag as batch_lag, occupancy_bound,
+                                      saturating_episodes, steady_rate, steady_start)
+from harnessrl.gym.rollout import percentile
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from async_real_policy import GoldOverEngine, LatencyDraws, sampled_staleness  # noqa: E402
-
-
-def _pct(xs: list[float], q: float) -> float | None:
-    from harnessrl.gym.rollout import percentile
-    return percentile(xs, q)
 
 
 def rows_delta(info0: dict, info1: dict) -> dict[int, tuple[int, float]]:
@@ -389,7 +388,8 @@ async def calibrate(url: str, slots: int, prompt_len: int, tokens: int, vocab: i
 
 async def run_eta(ro, backend, engine, client, pub, args, *, eta: int, cv: float, mean_env: float, pool: int,
                   tasks: list[str], steps: int | None = None, policy: str = "mask") -> dict:
-    from harnessrl.gym.scheduler import RolloutScheduler, SchedulerConfig, token_versions
+    from harnessrl.gym.scheduler import RolloutScheduler, SchedulerConfig
+    from harnessrl.gym.stack import Publisher
     from harnessrl.trainers.weight_sync import DiskWeightSync
 
     # Every run starts on a full warm pool: the sandboxes the last run's cancelled episodes
@@ -410,8 +410,8 @@ async def run_eta(ro, backend, engine, client, pub, args, *, eta: int, cv: float
                           max_wait_s=hold_s, admission_slack=slack, episode_timeout_s=1800)
     sync = DiskWeightSync(client, Path(args.out) / "weights", gate=ro.proxy)
     sched = RolloutScheduler(cfg, ro.episode, itertools.cycle(tasks))
-    await sched.advance_version(pub.version)
-    ro.set_policy_version(sched.version)
+    publisher = Publisher(sched, ro.proxy, sync)
+    await publisher.publish(pub.version)
     probe = {"n": 0, "in_flight": 0.0}
 
     follow: list[float] = []  # the env mean in force at each of the tracker's readings
@@ -441,7 +441,7 @@ async def run_eta(ro, backend, engine, client, pub, args, *, eta: int, cv: float
         while True:
             await asyncio.sleep(0.02)
             probe["n"] += 1
-            probe["in_flight"] += sched.stats.started - sched.stats.completed - sched.stats.requeued_turn
+            probe["in_flight"] += in_flight(sched.stats)
 
     # The engine's own counters (steps; seconds busy, and busy seconds weighted by rows running),
     # read over HTTP before and after, so the engine may run in another process.
@@ -455,27 +455,21 @@ async def run_eta(ro, backend, engine, client, pub, args, *, eta: int, cv: float
     follower = asyncio.create_task(follow_engine()) if args.env_follow else None
     marks, max_lag, batches, sync_s = [], 0, [], []
     n_steps = steps or args.steps
-    k = max(1, n_steps // 2) - 1  # the sim's steady state: the batches after batch k (the second half)
+    k = steady_start(n_steps)  # the sim's steady state: the batches after batch k (the second half)
     info_marks: dict[int, tuple[float, dict]] = {}  # batch index -> (time, the engine's counters then)
     try:
         for i in range(n_steps):
             batch = await sched.next_batch()
-            V = sched.version
-            for traj in batch:
-                vs = token_versions(traj)
-                if vs:
-                    max_lag = max(max_lag, V - min(vs))
+            max_lag = max(max_lag, batch_lag(batch, sched.version))
             batches += batch
             marks.append((time.monotonic(), len(batches)))
             if i in (k, n_steps - 1):
                 info_marks[i] = (time.monotonic(), await client.model_info())
             await asyncio.sleep(args.train_s)
             pub.version += 1
-            v = await sync.push(pub)
+            # after the last batch the engine alone: no new group is admitted only to be cancelled
+            await publisher.push(pub, advance=i < n_steps - 1)
             sync_s.append(sync.last_sync_s)
-            if i < n_steps - 1:  # after the last batch no new group is admitted only to be cancelled
-                await sched.advance_version(v)
-                ro.set_policy_version(v)
         wall = time.monotonic() - t0
     finally:
         prober.cancel()
@@ -509,7 +503,7 @@ async def run_eta(ro, backend, engine, client, pub, args, *, eta: int, cv: float
     t_full_steady = args.gen_tokens * steady_step if steady_step else None
     # The env mean this run had: the tracker's readings' average when it follows the engine.
     mean_env = statistics.fmean(follow) if follow else mean_env
-    steady = (marks[-1][1] - marks[k][1]) / max(marks[-1][0] - marks[k][0], 1e-9) if len(marks) >= 4 else None
+    steady = steady_rate(marks, k) if len(marks) >= 4 else None
     # The masked fraction in the engine's sampled tokens, batch by batch (the scheduler puts each
     # trajectory's consumption version in its metadata), and at the steady state (the same
     # batches as the rate): the first batches of a run cannot hold tokens older than V - η
@@ -538,14 +532,15 @@ async def run_eta(ro, backend, engine, client, pub, args, *, eta: int, cv: float
     (ta, ia), (tb, ib) = info_marks.get(k, (0.0, None)), info_marks.get(len(marks) - 1, (0.0, None))
     steady_occ = ((ib["timing"]["slot_s"] - ia["timing"]["slot_s"]) / ((tb - ta) * args.slots)
                   if len(marks) >= 4 and ia and ib and tb > ta else None)
-    n_adm = min(pool, (eta + 1 + cfg.admission_slack) * B)
-    bound = min(1.0, n_adm * t_gen / (args.slots * (t_gen + mean_env)))
+    n_adm = admitted(pool, eta, cfg.admission_slack, B)
+    bound = occupancy_bound(n_adm, args.slots, t_gen, mean_env)
     occ = slot_s / (wall * args.slots)
     # The same bound with each episode's real length (start-up, exit, hidden tests, sandbox
     # included) in place of turns * (t_gen + t_env): what the per-episode overhead leaves.
     ep_s = [x.get("harness_s", 0.0) + x.get("reward_s", 0.0) + x.get("sandbox_s", 0.0)
             for x in (t.metadata.get("timings") or {} for t in batches)]
-    bound_ep = min(1.0, n_adm * args.turns * t_gen / (args.slots * statistics.fmean(ep_s))) if ep_s else None
+    work_ep = args.turns * t_gen  # an episode's engine work; the rest of its length is outside the engine
+    bound_ep = occupancy_bound(n_adm, args.slots, work_ep, statistics.fmean(ep_s) - work_ep) if ep_s else None
     # Little's law with the environment the engine really sees: an episode's time outside the
     # engine (injected waits, the harness's own work, start-up and exit, hidden tests, sandbox)
     # = its length minus its calls' time at the proxy and engine (queueing, pauses and
@@ -556,7 +551,7 @@ async def run_eta(ro, backend, engine, client, pub, args, *, eta: int, cv: float
     calls_per_episode = statistics.fmean(len(t.calls) for _, t in timed) if timed else None
     work = (calls_per_episode or 0.0) * t_gen
     t_out = statistics.fmean(outside) if outside else None
-    bound_real = (min(1.0, n_adm * work / (args.slots * (work + t_out)))
+    bound_real = (occupancy_bound(n_adm, args.slots, work, t_out)
                   if t_out is not None and work + t_out > 0 else None)
     st = sched.stats
     env = [c.env_s for t in batches for c in t.calls if c.env_s is not None]
@@ -608,7 +603,8 @@ async def amain(args) -> int:
     from harnessrl.gym.episode import EpisodeConfig
     from harnessrl.gym.models import load_tokenizer, resolve_model
     from harnessrl.gym.grading.verdict import RewardConfig
-    from harnessrl.gym.rollout import Rollout, RolloutConfig, load_suite_tasks
+    from harnessrl.gym.rollout import Rollout, RolloutConfig
+    from harnessrl.gym.stack import load_suite_tasks
     from harnessrl.trainers.engine import EngineServer
 
     if args.quick:
@@ -630,7 +626,7 @@ async def amain(args) -> int:
                          sandbox_pool_size=args.group_size * 2, temperature=1.0,
                          episode=EpisodeConfig(max_calls=args.turns + 2, wall_time_s=900,
                                                reward=RewardConfig(test_timeout_s=120)))
-    task_objs = load_suite_tasks(rcfg)
+    task_objs = load_suite_tasks(rcfg)  # loaded once: the policy's plans and the rollout's tasks
     tasks = sorted(t.instance_id for t in task_objs)
     if args.engine_in_process:
         engine = EngineServer(model=args.model, port=0, weight_version="0", max_running_requests=args.slots,
@@ -693,7 +689,7 @@ async def amain(args) -> int:
                                  args.gen_tokens)
         pub = Republisher(resolve_model(args.model))
         results: dict[str, dict] = {}
-        with Rollout(rcfg, engine.url, out / "rollouts", generation_backend=backend) as ro:
+        with Rollout(rcfg, engine.url, out / "rollouts", generation_backend=backend, tasks=task_objs) as ro:
             ro.prewarm(tasks)
             # Warm-up: one synchronous batch on the whole stack (sandboxes started, prefix cache
             # warm, so η = 0 does not pay the cold start), which also measures the turn time the
@@ -717,7 +713,7 @@ async def amain(args) -> int:
                                  f"(steps by rows: {warm['step_ms_by_rows']}); try --env-base full-batch-alone")
             t_base = {"full-batch": t_full_stack, "full-batch-alone": t_gen_alone, "sync-turn": t_gen}[args.env_base]
             mean_env = args.env_ratio * t_base
-            need_injected = args.slots * (t_base + mean_env) / t_base
+            need_injected = saturating_episodes(args.slots, t_base, mean_env)
             # Little's law with the time an episode really spends outside the engine (measured in
             # the warm-up batch: the injected waits plus the harness's start-up and exit, its own
             # work, the hidden tests and the sandbox) against its engine work at full batch
@@ -732,7 +728,7 @@ async def amain(args) -> int:
                 outside += args.turns * injected * (mean_env / warm["mean_env_s"] - 1)
             if args.pool_basis == "measured" and outside and calls:
                 work_full = calls * t_base
-                need = args.slots * (work_full + outside) / work_full
+                need = saturating_episodes(args.slots, work_full, outside)
             else:
                 need = need_injected
             pool = args.pool or math.ceil(need * (1 + args.pool_headroom))
@@ -792,8 +788,8 @@ async def amain(args) -> int:
                           f"{r['occupancy']:>5.2f} {r['bound']:>6.2f} {r['occupancy'] / r['bound']:>7.2f} "
                           f"{r['mean_in_flight']:>5.1f} {r['max_lag']:>4} {r['env_over_gen'] or float('nan'):>5.2f} "
                           f"{r['masked_token_frac']:>7.1%} "
-                          f"{_pct(e, .5):>9.2f}/{_pct(e, .95):.2f}/{_pct(e, .99):.2f} "
-                          f"{_pct(i, .5):>9.2f}/{_pct(i, .95):.2f}/{_pct(i, .99):.2f} "
+                          f"{percentile(e, .5):>9.2f}/{percentile(e, .95):.2f}/{percentile(e, .99):.2f} "
+                          f"{percentile(i, .5):>9.2f}/{percentile(i, .95):.2f}/{percentile(i, .99):.2f} "
                           f"{r['system_cpu_busy']:>5.0%} {r['own_cpu_cores']:>5.2f} {r['success_rate']:>5.2f}   "
                           f"(steady {r['steady_ratio_vs_sync'] or float('nan'):.2f}x sync {r['ratio_basis']} "
                           f"({r['raw_steady_ratio_vs_sync'] or float('nan'):.2f}x per second), {r['steady_masked_token_frac']:.1%} "
@@ -833,8 +829,8 @@ async def amain(args) -> int:
         out["steady_occupancy_over_bound"] = (round(r["steady_occupancy"] / r["bound"], 4)
                                               if r["bound"] and r["steady_occupancy"] is not None else None)
         out["masked_token_fraction"] = out.pop("masked_token_frac")
-        out["env_latency_measured_s"] = {"p50": _pct(e, .5), "p95": _pct(e, .95), "p99": _pct(e, .99), "n": len(e)}
-        out["env_latency_injected_s"] = {"p50": _pct(i, .5), "p95": _pct(i, .95), "p99": _pct(i, .99), "n": len(i)}
+        out["env_latency_measured_s"] = {"p50": percentile(e, .5), "p95": percentile(e, .95), "p99": percentile(e, .99), "n": len(e)}
+        out["env_latency_injected_s"] = {"p50": percentile(i, .5), "p95": percentile(i, .95), "p99": percentile(i, .99), "n": len(i)}
         return out
 
     summary = {name: {str(e): row(r) for e, r in rows.items()} for name, rows in results.items()}
@@ -955,12 +951,12 @@ def main() -> int:
     # cancelled, so its `finally` blocks stop the engine, release the core reservation and remove the
     # warm sandboxes; a killed run leaves nothing running to skew the next one (180 containers of
     # two killed runs were still up, their harnesses and waits with them).
-    from harnessrl.cli import _Stop, _Stopped
+    from harnessrl.cli import Stop, Stopped
 
-    stop = _Stop("bench async_real")
+    stop = Stop("bench async_real")
     try:
         return stop.run(amain(args))
-    except _Stopped as e:
+    except Stopped as e:
         print(f"async_real: stopped by {e.how}; its engine and sandboxes were shut down", file=sys.stderr)
         return e.status
     finally:

@@ -52,7 +52,8 @@ import statistics
 import sys
 from pathlib import Path
 
-from harnessrl.gym.doubles.sim import empirical, lognormal, run_simulation
+from harnessrl.gym.doubles.sim import (admitted, empirical, lognormal, occupancy_bound, run_simulation,
+                                      saturating_episodes)
 from harnessrl.gym.scheduler import SchedulerConfig
 
 
@@ -102,7 +103,7 @@ def main() -> int:
           f"G={args.group_size} groups/step={args.groups_per_step} (B={args.group_size * args.groups_per_step}) "
           f"pool={args.pool or f'N* x {1 + args.pool_headroom:g}'} policy={args.policy} engine admission={'fifo' if args.fifo else 'oldest episode first'}")
     for name, (mean_env, make) in dists.items():
-        need = args.slots * (t_gen + mean_env) / t_gen
+        need = saturating_episodes(args.slots, t_gen, mean_env)
         B = args.group_size * args.groups_per_step
         pool = args.pool or math.ceil(need * (1 + args.pool_headroom))
         print(f"\n== {name}: mean env {mean_env*1000:.0f} ms; Little's law: N* = {need:.0f} episodes in flight saturate "
@@ -120,11 +121,11 @@ def main() -> int:
                                              turns=args.turns, tokens_per_turn=args.tokens_per_turn,
                                              env_latency=make(rng), train_s=args.train_s, priority=not args.fifo,
                                              row_cost=args.row_cost))
-            n_inflight = min(pool, (eta + 1 + cfg.admission_slack) * args.groups_per_step * args.group_size)
+            n_inflight = admitted(pool, eta, cfg.admission_slack, args.groups_per_step * args.group_size)
             # t_gen from the decode step the engine really took (timer overhead on a busy machine
             # makes it longer than --step-ms), so the bound is the one this run could reach.
             t_gen_real = args.tokens_per_turn * out["measured_step_s"]
-            bound = min(1.0, n_inflight * t_gen_real / (args.slots * (t_gen_real + mean_env)))
+            bound = occupancy_bound(n_inflight, args.slots, t_gen_real, mean_env)
             out["bound"] = bound
             rows[eta] = out
             base = rows[etas[0]]["steady_traj_per_s"]

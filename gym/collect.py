@@ -33,7 +33,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from harnessrl.gym.rollout import Rollout, RolloutConfig, load_suite_tasks, report
+from harnessrl.gym.rollout import Rollout, RolloutConfig, report
+from harnessrl.gym.stack import load_suite_tasks
 from harnessrl.gym.trajectory import Trajectory
 
 

@@ -27,7 +27,7 @@ from harnessrl.adapters.cancel import Cancel
 from harnessrl.adapters.toolchain import HarnessNotInstalled
 from harnessrl.gym.cheat import cheat_counts
 from harnessrl.gym.episode import EpisodeConfig, ProxyHandle
-from harnessrl.gym.stack import EpisodeStack, cancellable, in_thread, load_suite_tasks  # noqa: F401 - in_thread, load_suite_tasks: also read from here
+from harnessrl.gym.stack import EpisodeStack, cancellable
 from harnessrl.gym.trajectory import Trajectory
 
 

@@ -40,7 +40,7 @@ def env():
 
 def _gold_policy(env):
     from harnessrl.gym.doubles.scripted import ScriptedPolicy
-    from harnessrl.gym.rollout import load_suite_tasks
+    from harnessrl.gym.stack import load_suite_tasks
 
     u = env.unwrapped
     tasks = load_suite_tasks(u.config)

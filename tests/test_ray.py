@@ -153,7 +153,7 @@ def test_real_harness_episodes_run_on_ray_workers(cluster):
     from harnessrl.gym.proxy.config import ProxyConfig
     from harnessrl.gym.proxy.server import ProxyServer
     from harnessrl.gym.ray_placement import RolloutWorker
-    from harnessrl.gym.rollout import load_suite_tasks
+    from harnessrl.gym.stack import load_suite_tasks
     from harnessrl.gym.served import ServedApp
 
     task_id = "harnessrl-builtin__calc-1"
@@ -200,7 +200,7 @@ def test_ray_rollout_worker_turns_a_proxy_stale_abort_into_a_requeue():
     from harnessrl.gym.proxy.config import ProxyConfig
     from harnessrl.gym.proxy.server import ProxyServer
     from harnessrl.gym.ray_placement import RemoteSlot, RolloutWorker
-    from harnessrl.gym.rollout import load_suite_tasks
+    from harnessrl.gym.stack import load_suite_tasks
     from harnessrl.gym.scheduler import StaleEpisode
     from harnessrl.gym.served import ServedApp
 

@@ -230,7 +230,7 @@ def test_episode_threads_are_not_capped_by_the_default_executor() -> None:
     behind running episodes)."""
     import threading
 
-    from harnessrl.gym.rollout import in_thread
+    from harnessrl.gym.stack import in_thread
 
     barrier = threading.Barrier(40, timeout=60)
 

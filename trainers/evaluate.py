@@ -24,7 +24,8 @@ from typing import Any, Callable, Iterable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from harnessrl.gym.rollout import Rollout, RolloutConfig, load_suite_tasks
+from harnessrl.gym.rollout import Rollout, RolloutConfig
+from harnessrl.gym.stack import load_suite_tasks
 from harnessrl.gym.trajectory import CallRecord, Trajectory
 
 Point = Literal["pre_sft", "post_sft", "post_rl"]

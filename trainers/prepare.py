@@ -77,7 +77,7 @@ class RunTasks:
     def rl(self) -> list:
         """The RL tasks (`rollout.suite`, narrowed by `rollout.tasks` and `rollout.difficulties`)."""
         if self._rl is None:
-            from harnessrl.gym.rollout import load_suite_tasks
+            from harnessrl.gym.stack import load_suite_tasks
 
             self._rl = load_suite_tasks(self.cfg.rollout)
         return self._rl
@@ -86,7 +86,7 @@ class RunTasks:
     def held(self) -> list:
         """The held-out suite (`eval.suite`, narrowed by `eval.difficulties`); [] without evaluation."""
         if self._held is None:
-            from harnessrl.gym.rollout import load_suite_tasks
+            from harnessrl.gym.stack import load_suite_tasks
             from harnessrl.trainers.evaluate import rollout_config
 
             ev = self.cfg.eval

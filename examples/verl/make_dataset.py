@@ -21,7 +21,8 @@ def dataset_rows(suite: str = "builtin", *, tasks: list[str] | None = None, diff
                  harness: str | None = None, max_calls: int | None = None,
                  max_new_tokens: int | None = None) -> list[dict[str, Any]]:
     """The rows, in suite order (same filters as `harnessrl rollout`: ids, then difficulties)."""
-    from harnessrl.gym.rollout import RolloutConfig, load_suite_tasks
+    from harnessrl.gym.rollout import RolloutConfig
+    from harnessrl.gym.stack import load_suite_tasks
 
     picked = load_suite_tasks(RolloutConfig(suite=suite, tasks=tasks, difficulties=difficulties))
     rows = []

@@ -15,6 +15,11 @@ priority preemption needs a gap (default 10) far wider than our version prioriti
 It speaks no wire contract and models no token ids: `SimEngine.generate` returns only the
 policy version of each decoded token (all the scheduler reads), in-process, so there is no
 SGLang reply to encode; simulated episodes build real `Trajectory` records.
+
+The staleness bound both async benches read (the simulation's `bench/async_vs_sync.py` and the
+real stack's `bench/async_real.py`) is here once: Little's law (`saturating_episodes`,
+`occupancy_bound`), the scheduler's admission (`admitted`), and the figures of a run of batches
+(`in_flight`, `max_lag`, `steady_start`, `steady_rate`).
 """
 from __future__ import annotations
 
@@ -25,8 +30,47 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from harnessrl.gym.scheduler import EpisodeSlot
+from harnessrl.gym.scheduler import EpisodeSlot, token_versions
 from harnessrl.gym.trajectory import Segment, Trajectory
+
+
+# -- the staleness bound: Little's law for episodes that alternate generation and environment ----
+def saturating_episodes(slots: int, t_gen: float, t_env: float) -> float:
+    """N*: the episodes in flight that keep `slots` decode slots busy, when an episode spends
+    `t_gen` at the engine for every `t_env` outside it: slots * (t_gen + t_env) / t_gen."""
+    return slots * (t_gen + t_env) / t_gen
+
+
+def admitted(pool: int, staleness: int, admission_slack: int, batch: int) -> int:
+    """Episodes the scheduler lets run at once under staleness η: the env pool, or the
+    (η + 1 + slack) batches its admission allows, whichever is smaller."""
+    return min(pool, (staleness + 1 + admission_slack) * batch)
+
+
+def occupancy_bound(in_flight: float, slots: int, t_gen: float, t_env: float) -> float:
+    """The engine occupancy `in_flight` such episodes can reach at most:
+    min(1, N * t_gen / (slots * (t_gen + t_env)))."""
+    return min(1.0, in_flight * t_gen / (slots * (t_gen + t_env)))
+
+
+def in_flight(stats) -> int:
+    """Episodes running now (a sandbox and a harness busy), from the scheduler's counters."""
+    return stats.started - stats.completed - stats.requeued_turn
+
+
+def steady_start(batches: int) -> int:
+    """The batch after which a run of `batches` is at its steady state (its second half)."""
+    return max(1, batches // 2) - 1
+
+
+def steady_rate(marks: list[tuple[float, int]], k: int) -> float:
+    """Trajectories per second from batch k's mark to the last ((time, consumed so far) each)."""
+    return (marks[-1][1] - marks[k][1]) / max(marks[-1][0] - marks[k][0], 1e-9)
+
+
+def max_lag(batch: list[Trajectory], version: int) -> int:
+    """The largest policy lag (version - the oldest sampled token's version) in a batch consumed at `version`."""
+    return max((version - min(vs) for vs in map(token_versions, batch) if vs), default=0)
 
 
 def lognormal(mean: float, cv: float, rng: random.Random) -> Callable[[], float]:
@@ -168,7 +212,7 @@ async def run_simulation(config, *, steps: int, slots: int, step_s: float, turns
     """
     import itertools
 
-    from harnessrl.gym.scheduler import RolloutScheduler, token_versions
+    from harnessrl.gym.scheduler import RolloutScheduler
 
     holder: dict = {}
     engine = SimEngine(slots, step_s, lambda: holder["s"].version, priority, row_cost)
@@ -178,27 +222,24 @@ async def run_simulation(config, *, steps: int, slots: int, step_s: float, turns
     engine.start()
     await sched.start()
     t0 = time.monotonic()
-    in_flight: list[int] = []  # episodes running (sandbox + harness busy), sampled every 10 ms
+    flight: list[int] = []  # episodes running (sandbox + harness busy), sampled every 10 ms
 
     async def probe() -> None:
         while True:
             await asyncio.sleep(0.01)
-            in_flight.append(sched.stats.started - sched.stats.completed - sched.stats.requeued_turn)
+            flight.append(in_flight(sched.stats))
 
     prober = asyncio.create_task(probe())
     consumed = 0
     marks: list[tuple[float, int]] = []  # (time, trajectories consumed so far) after each batch
-    max_lag = 0
+    lag = 0
     on_policy = True
     try:
         for _ in range(steps):
             batch = await sched.next_batch()
             V = sched.version
-            for traj in batch:
-                vs = token_versions(traj)
-                if vs:
-                    max_lag = max(max_lag, V - min(vs))
-                    on_policy &= all(v == V for v in vs)
+            lag = max(lag, max_lag(batch, V))
+            on_policy &= all(v == V for traj in batch for v in token_versions(traj))
             consumed += len(batch)
             marks.append((time.monotonic(), consumed))
             await asyncio.sleep(train_s)
@@ -210,10 +251,9 @@ async def run_simulation(config, *, steps: int, slots: int, step_s: float, turns
         await engine.stop()
     util = engine.utilization()
     # Steady state: from the end of the warm-up batches (half the run) to the last batch.
-    k = max(1, len(marks) // 2) - 1
-    steady = (marks[-1][1] - marks[k][1]) / max(marks[-1][0] - marks[k][0], 1e-9) if len(marks) > 1 else 0.0
+    steady = steady_rate(marks, steady_start(len(marks))) if len(marks) > 1 else 0.0
     return {"trajectories": consumed, "wall_s": wall, "traj_per_s": consumed / wall, "steady_traj_per_s": steady,
-            "max_lag": max_lag,
+            "max_lag": lag,
             "on_policy": on_policy, "busy": util["busy"], "occupancy": util["occupancy"],
-            "measured_step_s": util["step_s"], "mean_in_flight": sum(in_flight) / max(1, len(in_flight)),
+            "measured_step_s": util["step_s"], "mean_in_flight": sum(flight) / max(1, len(flight)),
             "stats": sched.stats.as_dict()}
