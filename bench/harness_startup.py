@@ -37,19 +37,21 @@ def main() -> None:
     ap.add_argument("--harness", default="mini-swe-agent")
     args = ap.parse_args()
 
-    from harnessrl.adapters import get_adapter, prefork
+    from harnessrl.adapters import prefork
     from harnessrl.gym.doubles.scripted import ScriptedEngine
-    from harnessrl.gym.episode import EpisodeConfig, ProxyHandle, run_episode
+    from harnessrl.gym.episode import EpisodeConfig, ProxyHandle
     from harnessrl.gym.models import load_tokenizer
-    from harnessrl.gym.proxy.config import ProxyConfig
-    from harnessrl.gym.proxy.server import ProxyServer
+    from harnessrl.gym.rollout import RolloutConfig
     from harnessrl.gym.served import ServedApp
+    from harnessrl.gym.stack import EpisodeStack
     from harnessrl.gym.suites.builtin import load
     from harnessrl.sandboxes.docker import DockerBackend
 
     task = next(t for t in load() if t.gold_plan)
-    adapter = get_adapter(args.harness)
-    backend = DockerBackend()
+    stack = EpisodeStack(RolloutConfig(harness=args.harness, model="tiny-llama", sandbox_pool_size=0,
+                                       episode=EpisodeConfig(max_calls=8, wall_time_s=240)),
+                         tasks=[task], sandbox_backend=DockerBackend())
+    backend = stack.backend
     engine = ScriptedEngine(load_tokenizer("tiny-llama"))
     engine.set_tasks([task], gold=True)
     rows: dict[str, list[dict]] = {"plain": [], "forked": []}
@@ -57,14 +59,13 @@ def main() -> None:
     first_forked = None
     try:
         with ServedApp(engine.app()) as served, \
-                ProxyServer(ProxyConfig(engine_url=served.url, model="tiny-llama")) as proxy:
+                stack.proxy(served.url, default_max_tokens=1024, max_tokens_cap=8192) as proxy:
             # One untimed plain episode: images, page cache and the proxy are warm for both modes.
             order = ["warm-up"] + [m for _ in range(args.episodes) for m in ("plain", "forked")] + ["forked"]
             for mode in order:
                 os.environ["HARNESSRL_PREFORK"] = "1" if mode == "forked" else "0"
                 cpu0, t0 = _busy_s(), time.time()
-                res = run_episode(task, adapter, lambda spec, mounts: backend.create(spec, mounts=mounts),
-                                  ProxyHandle.of(proxy), "policy", EpisodeConfig(max_calls=8, wall_time_s=240))
+                res = stack.run(task, ProxyHandle.of(proxy))
                 wall, cpu = time.time() - t0, _busy_s() - cpu0
                 calls = res.trajectory.calls
                 first = calls[0].finished_at - calls[0].gen_s - calls[0].queue_s - t0 if calls else None

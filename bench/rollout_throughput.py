@@ -26,16 +26,13 @@ def _p(xs: list[float], q: float) -> float | None:
     return round(xs[min(len(xs) - 1, int(q * len(xs)))], 4) if xs else None
 
 
-def run_harness(name: str, engine, proxy, backend, task, episodes: int, concurrency: int) -> dict:
-    from harnessrl.adapters import get_adapter
-    from harnessrl.gym.episode import EpisodeConfig, ProxyHandle, run_episode
+def run_harness(stack, proxy, task, episodes: int, concurrency: int) -> dict:
+    from harnessrl.gym.episode import ProxyHandle
 
-    adapter = get_adapter(name)
     handle = ProxyHandle.of(proxy)
 
     def one(_: int):
-        return run_episode(task, adapter, lambda spec, mounts: backend.create(spec, mounts=mounts), handle, "policy",
-                           EpisodeConfig(max_calls=12, wall_time_s=300))
+        return stack.run(task, handle)
 
     t0 = time.monotonic()
     with ThreadPoolExecutor(concurrency) as pool:
@@ -60,13 +57,14 @@ def main() -> int:
     ap.add_argument("--task", default=None, help="built-in instance id (default: the first trivial task)")
     args = ap.parse_args()
 
-    from harnessrl.adapters import get_adapter
     from harnessrl.adapters.toolchain import installed_spec
     from harnessrl.gym.doubles.scripted import ScriptedEngine
+    from harnessrl.gym.episode import EpisodeConfig
     from harnessrl.gym.models import load_tokenizer
-    from harnessrl.gym.proxy.config import ProxyConfig
     from harnessrl.gym.proxy.server import ProxyServer
+    from harnessrl.gym.rollout import RolloutConfig
     from harnessrl.gym.served import ServedApp
+    from harnessrl.gym.stack import EpisodeStack, proxy_config
     from harnessrl.gym.task_loaders import load_suite
     from harnessrl.sandboxes.docker import DockerBackend
 
@@ -76,16 +74,18 @@ def main() -> int:
     engine = ScriptedEngine(load_tokenizer("tiny-llama"))
     engine.set_tasks([task], gold=True)
     out: dict[str, dict] = {}
+    run = RolloutConfig(model="tiny-llama", sandbox_pool_size=0, episode=EpisodeConfig(max_calls=12, wall_time_s=300))
     with ServedApp(engine.app()) as served, \
-            ProxyServer(ProxyConfig(engine_url=served.url, model="tiny-llama")) as proxy:
-        for name in args.harnesses.split(","):
-            adapter = get_adapter(name)
+            ProxyServer(proxy_config(run, served.url, default_max_tokens=1024, max_tokens_cap=8192)) as proxy:
+        for name in args.harnesses.split(","):  # one proxy, a stack per harness
+            stack = EpisodeStack(run.model_copy(update={"harness": name}), tasks=[task], sandbox_backend=backend)
+            adapter = stack.adapter
             kind = "npm" if adapter.install.startswith("npm:") else "venvs"
             if installed_spec(kind, name) != adapter.install.split(":", 1)[1]:
                 print(f"{name}: not installed, skipped (scripts/install_harnesses.sh {name})", file=sys.stderr)
                 continue
-            seq = run_harness(name, engine, proxy, backend, task, args.episodes, 1)
-            par = run_harness(name, engine, proxy, backend, task, args.episodes, args.concurrency)
+            seq = run_harness(stack, proxy, task, args.episodes, 1)
+            par = run_harness(stack, proxy, task, args.episodes, args.concurrency)
             ratio = par["episodes_per_hour"] / seq["episodes_per_hour"]
             out[name] = {"c1": seq, f"c{args.concurrency}": par, "ratio": round(ratio, 2)}
             print(f"{name:<15} c1 {seq['episodes_per_hour']:>7.1f} ep/h   c{args.concurrency} "
