@@ -6,6 +6,8 @@ per-turn env latency lognormal of CV 1 and CV 2 whose mean is `--env-ratio` (3) 
 generation time of a turn with every slot running (`--env-base`, below). The definitions are those of `bench/async_vs_sync.py` (its
 simulated twin), so the two benches compare.
 
+The stack is the library's (`gym.rollout.Rollout` on `gym.stack.EpisodeStack`), and so is every
+version published (`gym.stack.Publisher`: the weight sync, then the scheduler, then the proxy).
 What is real: the local engine (`trainers.engine`, tiny-llama by default, `max_running_requests`
 = `--slots`) doing every turn's prefill and decode; the proxy (`gym.proxy`), rendering, recording
 and per-token versions; the scheduler (`gym.scheduler.RolloutScheduler`, policy `mask`) and its
@@ -58,7 +60,8 @@ masks less for nothing. With a row
 cost, the synchronous batch's turns run fewer rows and are shorter (1.22-1.34 s against 1.90 s
 alone and 2.06 s at η = 2 in one run), so `--env-base sync-turn` (the earlier definition) makes
 the env a multiple of the baseline's own scheduling: ~2x the turn the async run sees, not 3x.
-Little's law: N* = slots * (t_gen + t_env) / t_gen episodes in flight
+Little's law (the simulator's bound, `gym.doubles.sim`: `saturating_episodes`, `admitted`,
+`occupancy_bound`): N* = slots * (t_gen + t_env) / t_gen episodes in flight
 saturate the engine; the env pool is N* * 1.15 (as in the sim). With N = min(pool, (η+1) * B)
 admitted, the occupancy bound is min(1, N * W / (slots * (W + T_out))): W is an episode's engine
 work (its calls x t_gen, the turn time this run's engine actually took: gen_tokens * its mean
