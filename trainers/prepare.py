@@ -10,6 +10,9 @@ Contract (`await prepare_data(cfg)`, called by `train` before anything starts):
    `train` checks the RL tasks, the teacher records and the held-out tasks are disjoint
    (`trainers.evaluate.guard_disjoint`) before it trains.
 Both outputs depend only on their settings, so several runs (seeds of the trainer) share them.
+
+`RunTasks(cfg)`: the run's suites (RL, held-out), each loaded once, after this preparation
+made them, and handed to everything that runs episodes (`train` passes it down).
 """
 from __future__ import annotations
 
