@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import ClassVar, Literal, Protocol, runtime_checkable
 
 from harnessrl.adapters.cancel import Cancel
+from harnessrl.registry import Dialect
 from harnessrl.sandboxes.base import Sandbox
 
-Dialect = Literal["openai-chat", "openai-responses", "anthropic", "gemini"]
 Placement = Literal["inside", "beside"]
 
 #: Why a harness run ended. The episode runner adds sandbox_died / engine_error itself.
@@ -150,8 +150,9 @@ class HarnessAdapter(Protocol):
     name: ClassVar[str]
     """Registry name (e.g. "codex")."""
     dialect: ClassVar[Dialect]
-    """The API it speaks to the model: "openai-chat" (Chat Completions), "openai-responses"
-    (Responses API), "anthropic" (Messages) or "gemini" (generateContent)."""
+    """The API it speaks to the model, a name in `harnessrl.registry.DIALECTS`: "openai-chat"
+    (Chat Completions), "openai-responses" (Responses API), "anthropic" (Messages) or "gemini"
+    (generateContent)."""
     placement: ClassVar[Placement]
     """"inside": the binary runs in the sandbox; "beside": it runs on the host and acts on the
     sandbox through the Sandbox protocol."""

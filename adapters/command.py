@@ -40,6 +40,7 @@ from harnessrl.adapters.inside import inside_mounts, run_inside
 from harnessrl.adapters.proc import clean_env, run_host
 from harnessrl.adapters.toolchain import (InstallSpec, check_node, node_version, parse_install, require,
                                           stamp_for, toolchain_root)
+from harnessrl.registry import Dialect
 
 MINI_ENV = Path(__file__).with_name("mini_env.py")
 
@@ -79,8 +80,10 @@ class CommandConfig(BaseModel):
     """pip install only: the venv's folder under <toolchain>/venvs (default: name)."""
     mounts: list[str] = Field(default_factory=list)
     """Extra host paths mounted read-only into the sandbox: "HOST" (same path) or "HOST:TARGET"."""
-    dialect: Literal["openai-chat", "openai-responses", "anthropic", "gemini"]
-    """API dialect it speaks."""
+    dialect: Dialect
+    """API dialect it speaks: a name in `harnessrl.registry.DIALECTS` ("openai-chat",
+    "openai-responses", "anthropic", "gemini"; the older "openai_chat", "openai_responses" and
+    "anthropic_messages" are read as those)."""
     placement: Literal["inside", "beside"]
     """Run in the sandbox (through the relay) or on the host beside it."""
     streams: bool = False

@@ -26,8 +26,7 @@ from typing import Any
 
 from harnessrl.adapters import get_adapter
 from harnessrl.adapters.toolchain import installed_spec
-
-DIALECTS = ("openai-chat", "openai-responses", "anthropic", "gemini")
+from harnessrl.registry import DIALECTS
 
 
 @dataclass

@@ -70,6 +70,8 @@ class CallRecord:
     session_id: str
     index: int
     dialect: str
+    """The proxy module that parsed the call (`openai_chat`, `openai_responses`, `anthropic_messages`,
+    `gemini`: the target of its dialect in `harnessrl.registry.DIALECTS`, as stored trajectories say)."""
     prompt_prefix_len: int
     """How many leading tokens of its segment the prompt reuses (0: the prompt is all new)."""
     new_prompt_ids: list[int]

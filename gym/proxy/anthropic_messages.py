@@ -17,7 +17,10 @@ from . import fields as F
 from .canonical import MAX_ID, MAX_STOP, ChatRequest, Completion, Message, Tool, ToolCall, check_tool_results, dumps, text_of
 from .errors import bad_request
 
-DIALECT = "anthropic_messages"
+DIALECT = "anthropic"
+"""Its name in `harnessrl.registry.DIALECTS`."""
+ID_PREFIX = "msg_"
+"""How the ids of its replies begin."""
 _SKIP = {"thinking", "redacted_thinking", "server_tool_use", "web_search_tool_result", "container_upload"}
 
 

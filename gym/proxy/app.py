@@ -30,10 +30,12 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
+from harnessrl.registry import DIALECTS as DIALECT_NAMES
 from . import anthropic_messages, gemini, openai_chat, openai_responses
 from ..engine_client import EngineError
 from .admin import admin_routes
 from .core import Prepared, ProxyCore
+from .dialects import dialect_module
 from .errors import ProxyError
 from .offload import HEAVY_BYTES, OFF_LOOP_BYTES, offload
 from .wire import decode, json_response, read_body
@@ -46,8 +48,8 @@ except ImportError:  # pragma: no cover - transformers' chat templates need jinj
 
 log = logging.getLogger(__name__)
 
-DIALECTS = {"openai_chat": openai_chat, "openai_responses": openai_responses,
-            "anthropic_messages": anthropic_messages, "gemini": gemini}
+#: The dialect modules by name (declared once, in `harnessrl.registry.DIALECTS`).
+DIALECTS = {name: dialect_module(name) for name in DIALECT_NAMES}
 
 
 def _error(dialect, e: ProxyError) -> Response:
@@ -260,9 +262,9 @@ def build_app(core: ProxyCore, admin_token: str) -> Starlette:
         Route("/", ok, methods=["GET", "HEAD"]),
         Route("/s/{sid}", ok, methods=["GET", "HEAD"]),
         Route("/s/{sid}/", ok, methods=["GET", "HEAD"]),
-        Route("/s/{sid}/v1/chat/completions", dialect_route("openai_chat"), methods=["POST"]),
-        Route("/s/{sid}/v1/responses", dialect_route("openai_responses"), methods=["POST"]),
-        Route("/s/{sid}/v1/messages", dialect_route("anthropic_messages"), methods=["POST"]),
+        Route("/s/{sid}/v1/chat/completions", dialect_route("openai-chat"), methods=["POST"]),
+        Route("/s/{sid}/v1/responses", dialect_route("openai-responses"), methods=["POST"]),
+        Route("/s/{sid}/v1/messages", dialect_route("anthropic"), methods=["POST"]),
         Route("/s/{sid}/v1/messages/count_tokens", count_tokens, methods=["POST"]),
         Route("/s/{sid}/v1/models", models, methods=["GET"]),
         Route("/s/{sid}/v1beta/models/{target}", gemini_models, methods=["POST"]),

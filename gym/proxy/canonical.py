@@ -85,6 +85,7 @@ class Tool:
 @dataclass(slots=True)
 class ChatRequest:
     dialect: str
+    """The dialect's name in `harnessrl.registry.DIALECTS` ("openai-chat", "anthropic", ...)."""
     model: str
     messages: list[Message]
     tools: list[Tool] = field(default_factory=list)

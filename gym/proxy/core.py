@@ -30,6 +30,7 @@ from ..backends.protocol import SESSION, GenerationBackend
 from ..engine_client import EngineError, EngineTimeout, EngineTimeouts
 from .canonical import ChatRequest, Completion, Message
 from .config import ProxyConfig
+from .dialects import dialect_module
 from .errors import ProxyError
 from .generation import Generation, PauseGate, VersionMap, generate
 from .offload import HEAVY_BYTES, offload
@@ -46,7 +47,6 @@ _HEALTH_PROBE_S = 2.0
 GROUP_SPAN = 1 << 20
 """Groups one policy version's priority band holds: the engine priority is
 -(oldest version * GROUP_SPAN + group id), the group id capped at GROUP_SPAN - 1 (absent: 0)."""
-_PREFIX = {"openai_chat": "chatcmpl-", "openai_responses": "resp_", "anthropic_messages": "msg_", "gemini": "gen-"}
 
 
 @dataclass
@@ -343,7 +343,7 @@ class ProxyCore:
         env_s = (p.arrived - s.last_response_at) if s.last_response_at is not None else None
         # Rendering and tokenizing off the event loop: one huge prompt must not stall other sessions.
         pl = await offload(plan, s, req, self.renderer, heavy=req.body_bytes > HEAVY_BYTES)
-        cid = _PREFIX[req.dialect] + uuid.uuid4().hex[:24]
+        cid = dialect_module(req.dialect).ID_PREFIX + uuid.uuid4().hex[:24]
         created = int(time.time())
         gen = Generation()
         writer = stream_cls(req, cid, req.model, created) if stream_cls is not None else None

@@ -23,6 +23,9 @@ from .canonical import MAX_ID, MAX_STOP, ChatRequest, Completion, Message, Tool,
 from .errors import ProxyError, bad_request
 
 DIALECT = "gemini"
+"""Its name in `harnessrl.registry.DIALECTS`."""
+ID_PREFIX = "gen-"
+"""How the ids of its replies begin."""
 _MODES = {"AUTO": "auto", "VALIDATED": "auto", "MODE_UNSPECIFIED": "auto", "ANY": "required", "NONE": "none"}
 _UNSUPPORTED = ("inlineData", "fileData", "executableCode", "codeExecutionResult", "videoMetadata")
 

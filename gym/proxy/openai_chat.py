@@ -9,7 +9,10 @@ from . import fields as F
 from .canonical import MAX_ID, MAX_STOP, ChatRequest, Completion, Message, Tool, ToolCall, check_tool_results, dumps, text_of
 from .errors import bad_request
 
-DIALECT = "openai_chat"
+DIALECT = "openai-chat"
+"""Its name in `harnessrl.registry.DIALECTS`."""
+ID_PREFIX = "chatcmpl-"
+"""How the ids of its replies begin."""
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool",
           "function": "tool"}
 

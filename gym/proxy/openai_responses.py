@@ -16,7 +16,10 @@ from . import fields as F
 from .canonical import MAX_ID, ChatRequest, Completion, Message, Tool, ToolCall, check_tool_results, dumps, text_of
 from .errors import bad_request
 
-DIALECT = "openai_responses"
+DIALECT = "openai-responses"
+"""Its name in `harnessrl.registry.DIALECTS`."""
+ID_PREFIX = "resp_"
+"""How the ids of its replies begin."""
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 
 

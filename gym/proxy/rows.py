@@ -15,6 +15,7 @@ from typing import Any
 
 from ..engine_client import EngineError, EngineTimeout
 from .canonical import ChatRequest
+from .dialects import recorded_name
 from .errors import ProxyError
 from .generation import Generation, VersionMap
 from .recorder import Plan, Session
@@ -34,7 +35,7 @@ class CallRow:
         s, pl, gen = self.s, self.pl, self.gen
         versions = [self.versions(v) for v in gen.versions] if completion else []
         self.store.add_call(
-            call_id=self.cid, session_id=s.id, idx=s.records, dialect=self.req.dialect, segment=pl.segment,
+            call_id=self.cid, session_id=s.id, idx=s.records, dialect=recorded_name(self.req.dialect), segment=pl.segment,
             split_reason=pl.split_reason, prefix_len=pl.prefix_len, new_prompt=pl.prompt_ids[pl.prefix_len:],
             completion=gen.ids if completion else [], logprobs=gen.logprobs if completion else [],
             versions=versions, finish_reason=finish_reason or gen.finish_reason, queue_s=self.queue_s,
