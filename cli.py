@@ -201,6 +201,13 @@ _SOURCE_ROOT_HELP = ("folder holding the repositories a task file names (owner__
                      "checkouts, .bundle or .tar.gz)")
 
 
+def _sandbox(value: str) -> str:
+    """`--sandbox`: "auto", a sandbox backend's name or a "module:Class" path (`sandboxes.BACKENDS`)."""
+    from harnessrl.sandboxes import sandbox_arg
+
+    return sandbox_arg(value)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="harnessrl", description=(__doc__ or "").splitlines()[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -240,7 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=-1)
     p.add_argument("--wall-time", type=float, default=600.0)
-    p.add_argument("--sandbox", default="auto", choices=["auto", "docker", "local"])
+    p.add_argument("--sandbox", default="auto", type=_sandbox, help="auto, a sandbox backend name or module:Class")
     p.add_argument("--engine-url", default=None, help="an SGLang-contract engine; default: start the local one")
     p.add_argument("--out", default="runs/rollout")
     p = sub.add_parser("train", help="the main job: rollouts -> trainer -> weight sync (default: embedded CPU run)")

@@ -36,6 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from harnessrl.gym.rollout import Rollout, RolloutConfig, report
 from harnessrl.gym.stack import load_suite_tasks
 from harnessrl.gym.trajectory import Trajectory
+from harnessrl.sandboxes import sandbox_arg
 
 
 class CollectConfig(BaseModel):
@@ -139,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-calls", type=int, default=10)
     p.add_argument("--max-new-tokens", type=int, default=512)
     p.add_argument("--wall-time", type=float, default=600.0)
-    p.add_argument("--sandbox", default="auto", choices=["auto", "docker", "local"])
+    p.add_argument("--sandbox", default="auto", type=sandbox_arg, help="auto, a sandbox backend name or module:Class")
     p.add_argument("--keep", default="success", choices=["success", "all"],
                    help="success: only episodes with reward 1.0 (rejection sampling); all: every scored episode")
     p.add_argument("--out", default="runs/teacher")

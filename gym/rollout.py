@@ -29,6 +29,7 @@ from harnessrl.gym.cheat import cheat_counts
 from harnessrl.gym.episode import EpisodeConfig, ProxyHandle
 from harnessrl.gym.stack import EpisodeStack, cancellable
 from harnessrl.gym.trajectory import Trajectory
+from harnessrl.sandboxes import SandboxName
 
 
 class RolloutConfig(BaseModel):
@@ -52,7 +53,7 @@ class RolloutConfig(BaseModel):
     """Prepared model name or folder: its tokenizer and chat template render prompts."""
     served_model_name: str = "policy"
     """The model name harnesses are configured with and must send."""
-    sandbox: Literal["auto", "docker", "local"] = "auto"
+    sandbox: SandboxName = "auto"
     """Sandbox backend; auto prefers Docker and falls back to bubblewrap."""
     sandbox_pool_size: int = Field(2, ge=0)
     """Warm sandboxes kept per (repository, harness) pair, leased by episodes and reset

@@ -1,14 +1,15 @@
 """Sandboxes: where one episode's copy of a repository lives while a harness works on it.
 
-`make_backend("auto" | "docker" | "local" | "module:Class", config)` returns a backend whose
+`make_backend("auto" | a `BACKENDS` name | "module:Class", config)` returns a backend whose
 `create(spec: RepoSpec, mounts=(), env=None) -> Sandbox`; `SandboxPool` keeps sandboxes warm.
-"auto" picks docker when an engine answers, else bubblewrap, else raises SandboxUnavailable.
+"auto" tries `AUTO` in order (docker when an engine answers, else bubblewrap), else raises
+SandboxUnavailable. A config names a backend with the `SandboxName` field type.
 """
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
+from harnessrl.registry import arg_type, check, choice, resolve
 from harnessrl.sandboxes.base import (ExecResult, RepoSpec, Sandbox, SandboxBackend, SandboxDied,
                                       SandboxError, SandboxUnavailable)
 
@@ -18,17 +19,24 @@ BACKENDS: dict[str, str] = {
     "local": "harnessrl.sandboxes.local:LocalBackend",
 }
 
-__all__ = ["BACKENDS", "make_backend", "ExecResult", "RepoSpec", "Sandbox", "SandboxBackend", "SandboxDied",
-           "SandboxError", "SandboxUnavailable", "SandboxPool", "PoolConfig"]
+__all__ = ["AUTO", "BACKENDS", "SandboxName", "backend_class", "sandbox_arg", "make_backend", "ExecResult", "RepoSpec", "Sandbox",
+           "SandboxBackend", "SandboxDied", "SandboxError", "SandboxUnavailable", "SandboxPool", "PoolConfig"]
 
 
-def _load(name: str) -> type:
-    target = BACKENDS.get(name, name)
-    if ":" not in target:
-        raise ValueError(f"unknown sandbox backend {name!r}; valid: auto, {', '.join(BACKENDS)} "
-                         "or a 'module:Class' path")
-    module, cls = target.split(":", 1)
-    return getattr(importlib.import_module(module), cls)
+#: The order "auto" tries backends in (the first that starts wins).
+AUTO: tuple[str, ...] = ("docker", "local")
+
+#: A sandbox backend's name as a config field: a `BACKENDS` name, "auto" or a "module:Class"
+#: path; anything else is refused when the config is validated, listing the valid names.
+SandboxName = choice(BACKENDS, "sandbox backend", extra=("auto",))
+#: The same as an argparse `type=` (`--sandbox`).
+sandbox_arg = arg_type(BACKENDS, "sandbox backend", extra=("auto",))
+
+
+def backend_class(name: str) -> type:
+    """The backend class of a `BACKENDS` name or a "module:Class" path, imported lazily."""
+    check(BACKENDS, name, "sandbox backend", extra=("auto",))
+    return resolve(BACKENDS, name, "sandbox backend")
 
 
 def _config_for(name: str, config: Any) -> Any:
@@ -43,11 +51,11 @@ def _config_for(name: str, config: Any) -> Any:
 def make_backend(name: str = "auto", config: Any = None) -> Any:
     """Instantiate a backend; `config` is that backend's Config (or None for defaults)."""
     if name != "auto":
-        return _load(name)(config[name] if isinstance(config, dict) else config)
+        return backend_class(name)(config[name] if isinstance(config, dict) else config)
     reasons = []
-    for candidate in ("docker", "local"):
+    for candidate in AUTO:
         try:
-            return _load(candidate)(_config_for(candidate, config))
+            return backend_class(candidate)(_config_for(candidate, config))
         except SandboxUnavailable as e:
             reasons.append(f"{candidate}: {e}")
     raise SandboxUnavailable("no sandbox backend works here. Fix one: install docker.io and start "

@@ -42,6 +42,7 @@ from harnessrl.gym.engine_client import EngineTimeouts
 from harnessrl.gym.episode import EpisodeConfig, ProxyHandle
 from harnessrl.gym.rollout import RolloutConfig
 from harnessrl.gym.stack import EpisodeStack, cancellable
+from harnessrl.sandboxes import SandboxName
 from harnessrl.trainers.bridges.skyrl_output import Episode, build_output
 
 _OWNED = ("temperature", "top_p", "top_k", "max_tokens", "stop", "stop_token_ids", "seed", "n", "logprobs")
@@ -57,7 +58,7 @@ class SkyRLBridgeConfig(BaseModel):
     """Adapter name (`harnessrl.adapters.REGISTRY`), "module:Class", or a command-adapter config file."""
     suite: str = "builtin"
     """Task suite for rows whose env_extras name none (a suite name or a .jsonl/.parquet task file)."""
-    sandbox: Literal["auto", "docker", "local"] = "auto"
+    sandbox: SandboxName = "auto"
     """Sandbox backend; auto prefers Docker and falls back to bubblewrap."""
     served_model_name: str = "policy"
     """The model name harnesses are configured with and must send."""

@@ -68,6 +68,7 @@ from harnessrl.gym.episode import EpisodeConfig, EpisodeResult, ProxyHandle
 from harnessrl.gym.rollout import RolloutConfig
 from harnessrl.gym.stack import EpisodeStack, cancellable
 from harnessrl.gym.trajectory import Trajectory
+from harnessrl.sandboxes import SandboxName
 from harnessrl.trainers.bridges.segments import SegmentRow, segment_rows, select, truncate
 from harnessrl.trainers.samples import validate_trajectory
 
@@ -85,7 +86,7 @@ class VerlBridgeConfig(BaseModel):
     """Task suite (name or .jsonl/.parquet file) that rows' `task_id`s come from."""
     harness: str = "mini-swe-agent"
     """Adapter name, "module:Class", or a command-adapter config file; a row may override it."""
-    sandbox: Literal["auto", "docker", "local"] = "docker"
+    sandbox: SandboxName = "docker"
     """Sandbox backend of the episodes."""
     segment_policy: Literal["longest", "last", "all"] = "longest"
     """Which segment(s) of a rewritten history become outputs (module doc)."""
