@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from harnessrl.registry import choice, resolve
+
 REGISTRY: dict[str, str] = {
     "mini-swe-agent": "harnessrl.adapters.mini_swe_agent:MiniSweAgentAdapter",
     "codex": "harnessrl.adapters.codex:CodexAdapter",
@@ -20,10 +22,13 @@ REGISTRY: dict[str, str] = {
 }
 
 
+#: A harness as a config field: a `REGISTRY` name, a "module:Class" path or a command-adapter
+#: config file (.toml/.yaml), refused at validation time otherwise, with the valid names.
+HarnessName = choice(REGISTRY, "harness", files=(".toml", ".yaml", ".yml"))
+
+
 def adapter_class(name: str) -> type:
     """The adapter class for a registry name or a "module:Class" path."""
-    from harnessrl.registry import resolve
-
     return resolve(REGISTRY, name, "harness", hint=", or a command-adapter config file (.toml/.yaml)")
 
 

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from harnessrl.registry import choice, resolve
+
 from ..engine_client import EngineTimeouts
 from .protocol import GenerationBackend
 
@@ -30,10 +32,13 @@ BACKENDS: dict[str, str] = {
 }
 
 
+#: A generation backend as a config field (`ProxyConfig.backend`): a `BACKENDS` name or a
+#: "module:Class" path, refused at validation time otherwise, with the valid names.
+BackendName = choice(BACKENDS, "generation backend")
+
+
 def backend_class(name: str) -> type:
     """The class behind a short name or a "module:Class" path; unknown names list the valid ones."""
-    from harnessrl.registry import resolve
-
     return resolve(BACKENDS, name, "generation backend")
 
 
@@ -47,4 +52,4 @@ def make_backend(name: str, url: str, *, timeout: float = 600.0, timeouts: Engin
     return backend_class(name)(url, timeout=timeout, timeouts=timeouts, **kw)
 
 
-__all__ = ["BACKENDS", "GenerationBackend", "backend_class", "make_backend"]
+__all__ = ["BACKENDS", "BackendName", "GenerationBackend", "backend_class", "make_backend"]

@@ -5,6 +5,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from harnessrl.gym.backends import BackendName
+
 
 class ProxyConfig(BaseModel):
     """How the proxy serves harnesses, reaches the engine and records calls."""
@@ -16,7 +18,7 @@ class ProxyConfig(BaseModel):
     vLLM's token-in/token-out routes with `backend="vllm"`). Ignored when the proxy is handed a
     backend object (`ProxyServer(config, backend=...)`: a trainer's in-process generation side)."""
 
-    backend: str = "sglang"
+    backend: BackendName = "sglang"
     """Which generation backend reaches `engine_url`: "sglang" (also the local engine), "vllm", or
     a "module:Class" path (`harnessrl.gym.backends`)."""
 
