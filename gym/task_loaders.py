@@ -1,4 +1,6 @@
-"""Task files -> Task objects, in the layouts public SWE datasets ship, plus a suite registry.
+"""Task files -> Task objects, in the layouts public SWE datasets ship, plus the registries of
+task sources: `LAYOUTS` (row layouts), `FOLDERS` (task formats that come as folders: Harbor),
+`SUITES` (named suites and loaders), each a short name -> "module:function", resolved lazily.
 
 Layouts (one row = one task; JSONL or Parquet):
   harnessrl  our own rows: SWE-bench fields plus ours (source, gold_plan...); strict.
@@ -10,10 +12,10 @@ Layouts (one row = one task; JSONL or Parquet):
   r2e        R2E-Gym: repo_name, docker_image, commit_hash, parsed_commit_content (JSON:
              old_commit_hash, file_diffs), execution_result_content (JSON: hidden test files
              and the old/new commits' pytest logs). Tests ids come from those logs.
-"auto" picks per row. A bad row raises TaskFileError naming the file, the line (JSONL) or
-row (Parquet), the task and the field. External rows name no repository on this machine: pass
-`source_root` (`--source-root`), a folder holding `owner__name` or `name` checkouts, or
-.bundle / .tar.gz files of those names; `require_sources` says, one line per task, which
+"auto" picks per row; each layout is a row mapper registered in `LAYOUTS`. A bad row raises
+TaskFileError naming the file, the line (JSONL) or row (Parquet), the task and the field.
+External rows name no repository on this machine: pass `source_root` (`--source-root`), a
+folder holding `owner__name` or `name` checkouts, or .bundle / .tar.gz files of those names; `require_sources` says, one line per task, which
 tasks still have none. A SWE-bench row keeps its layout whatever extra columns it carries
 (`image_name` / `docker_image` become `Task.image`; a `source` column that names no path
 is the dataset's own label and is dropped; a dropped column that is a near-typo of a Task
@@ -22,7 +24,6 @@ field is an error).
 from __future__ import annotations
 
 import difflib
-import importlib
 import inspect
 import json
 import re
@@ -32,11 +33,26 @@ from typing import Any, Callable
 from pydantic import ValidationError
 
 from harnessrl.gym.grading.diff import is_test_path
-from harnessrl.gym.tasks import Task
+from harnessrl.gym.tasks import Task, TaskFileError
+from harnessrl.registry import check, resolve
 
-LAYOUTS = ("auto", "harnessrl", "swebench", "swegym", "swesmith", "r2e")
-_REPO_SUFFIXES = (".bundle", ".tar.gz", ".tgz", ".tar", ".git")
-_OURS_ONLY = {"source", "gold_plan", "setup_commands", "test_command", "workdir"}
+#: Row layouts of task files: name -> "module:function" mapping one row to Task keyword
+#: arguments (a full "module:function" works too; "auto" picks per row, `detect_layout`).
+#: A row's task is of the "hidden_tests" format (graded by FAIL_TO_PASS/PASS_TO_PASS) unless
+#: one of our rows names another (`Task.format`: a canary's).
+LAYOUTS: dict[str, str] = {
+    "harnessrl": "harnessrl.gym.task_loaders:map_harnessrl",
+    "swebench": "harnessrl.gym.task_loaders:map_swebench",
+    "swegym": "harnessrl.gym.task_loaders:map_swebench",
+    "swesmith": "harnessrl.gym.task_loaders:map_swesmith",
+    "r2e": "harnessrl.gym.task_loaders:map_r2e",
+}
+
+#: Task formats that come as folders: format -> "module:function" loading a folder as
+#: list[Task] (`load_suite` of a folder; the first format whose loader claims it, in order).
+FOLDERS: dict[str, str] = {
+    "harbor": "harnessrl.gym.harbor.loader:load_dir",
+}
 
 #: Suite name -> "module:function" returning list[Task] (imported lazily). A path to a
 #: .jsonl/.parquet file or a full "module:function" works as a name too.
@@ -44,9 +60,8 @@ SUITES: dict[str, str] = {
     "builtin": "harnessrl.gym.suites.builtin:load",
 }
 
-
-class TaskFileError(ValueError):
-    """A task file is unreadable or a row does not describe a valid task."""
+_REPO_SUFFIXES = (".bundle", ".tar.gz", ".tgz", ".tar", ".git")
+_OURS_ONLY = {"source", "gold_plan", "setup_commands", "test_command", "workdir", "format"}
 
 
 # --- patches ---------------------------------------------------------------------------------
@@ -157,7 +172,7 @@ class _FieldError(Exception):
         self.field, self.message = field, message
 
 
-def _map_swesmith(row: dict[str, Any]) -> dict[str, Any]:
+def map_swesmith(row: dict[str, Any]) -> dict[str, Any]:
     bug = row.get("patch") or ""
     try:
         gold = reverse_patch(bug) if bug else ""
@@ -171,7 +186,7 @@ def _map_swesmith(row: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _map_r2e(row: dict[str, Any]) -> dict[str, Any]:
+def map_r2e(row: dict[str, Any]) -> dict[str, Any]:
     parsed = _json_field(row, "parsed_commit_content")
     execution = _json_field(row, "execution_result_content")
     try:
@@ -197,21 +212,15 @@ def _map_r2e(row: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def map_row(row: dict[str, Any], layout: str = "auto") -> dict[str, Any]:
-    """Task keyword arguments for one row of the given layout."""
-    if layout not in LAYOUTS:
-        raise ValueError(f"unknown task layout {layout!r}; valid: {', '.join(LAYOUTS)}")
-    if layout == "auto":
-        layout = detect_layout(row)
-    if layout == "harnessrl":
-        return dict(row)
-    if layout == "swesmith":
-        return _map_swesmith(row)
-    if layout == "r2e":
-        return _map_r2e(row)
-    # swebench / swegym / swe-rebench: same names; datasets add their own columns (meta,
-    # text...), drop them. `source` is kept (used only when it names a path, see
-    # _resolve_source); `image_name` / `docker_image` name the task's Docker image.
+def map_harnessrl(row: dict[str, Any]) -> dict[str, Any]:
+    """Our own rows: the Task's fields as they are (the Task refuses unknown ones)."""
+    return dict(row)
+
+
+def map_swebench(row: dict[str, Any]) -> dict[str, Any]:
+    """SWE-bench / SWE-Gym / SWE-rebench rows: our names already; the datasets' own columns
+    (meta, text...) are dropped. `source` is kept (used only when it names a path, see
+    _resolve_source); `image_name` / `docker_image` name the task's Docker image."""
     out = {k: v for k, v in row.items() if k in Task.model_fields and k not in _OURS_ONLY - {"source"}}
     for k in row.keys() - Task.model_fields.keys():  # a dropped column that is a typo of ours is loud
         close = difflib.get_close_matches(k, list(Task.model_fields), n=1, cutoff=0.85)
@@ -221,6 +230,15 @@ def map_row(row: dict[str, Any], layout: str = "auto") -> dict[str, Any]:
     if image:
         out["image"] = image
     return out
+
+
+def map_row(row: dict[str, Any], layout: str = "auto") -> dict[str, Any]:
+    """Task keyword arguments for one row of the given layout (a `LAYOUTS` name, "auto" or a
+    "module:function" path)."""
+    check(LAYOUTS, layout, "task layout", extra=("auto",))
+    if layout == "auto":
+        layout = detect_layout(row)
+    return resolve(LAYOUTS, layout, "task layout")(row)
 
 
 def source_candidates(repo: str, source_root: Path) -> list[Path]:
@@ -340,18 +358,27 @@ def load_suite(name: str, source_root: str | Path | None = None, **kwargs: Any) 
                                 "(config: source_root) naming the folder that holds the repositories")
         kwargs["source_root"] = source_root
     if name in SUITES or (":" in name and not Path(name).exists()):
-        target = SUITES.get(name, name)
-        module, func = target.split(":", 1)
-        loader: Callable[..., list[Task]] = getattr(importlib.import_module(module), func)
+        loader: Callable[..., list[Task]] = resolve(SUITES, name, "suite")
         if "source_root" in kwargs and "source_root" not in inspect.signature(loader).parameters:
             del kwargs["source_root"]  # a suite that ships its repositories (builtin) needs none
         return loader(**kwargs)
-    if Path(name).is_dir():  # a folder of Harbor task folders (or one)
-        from harnessrl.gym.harbor.loader import load_dir
-        return load_dir(name)
+    if Path(name).is_dir():  # a folder of task folders (or one) of a folder format: Harbor's
+        return load_folder(name)
     if Path(name).suffix.lower() in (".jsonl", ".json", ".parquet", ".pq"):
         if not Path(name).exists():
             raise TaskFileError(f"task file {name} does not exist")
         return load_tasks(name, **kwargs)
     raise ValueError(f"unknown suite {name!r}; valid: {', '.join(sorted(SUITES))}, "
                      "a path to a .jsonl/.parquet task file, a folder of Harbor tasks, or a 'module:function' loader")
+
+
+def load_folder(path: str | Path) -> list[Task]:
+    """The tasks of a folder, by the first folder format (`FOLDERS`) whose loader claims it (a
+    loader refuses a folder that is not its own with TaskFileError); all refusals when none does."""
+    refusals = []
+    for kind in FOLDERS:
+        try:
+            return resolve(FOLDERS, kind, "task folder format")(path)
+        except TaskFileError as e:
+            refusals.append(str(e))
+    raise TaskFileError("\n".join(refusals))

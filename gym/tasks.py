@@ -14,15 +14,26 @@ import json
 import re
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from harnessrl.gym.harbor.spec import HarborSpec
+from harnessrl.registry import resolve
 from harnessrl.sandboxes.base import RepoSpec
 
 DEFAULT_WORKDIR = "/workspace/repo"
 #: pytest invocation; the reward appends --junitxml and the node ids (through a file, so a
 #: long PASS_TO_PASS list never becomes one huge command line).
 DEFAULT_TEST_COMMAND = "python3 -m pytest -p no:cacheprovider --rootdir=. -q"
+
+#: Task formats that carry their own data on a Task (in the field of the same name): format ->
+#: the "module:Class" that validates it. The class offers `repo_fields()` (what the sandbox
+#: needs besides the repository) and `agent_timeout_s` (the format's own limit on the harness).
+SPECS: dict[str, str] = {
+    "harbor": "harnessrl.gym.harbor.spec:HarborSpec",
+}
+
+
+class TaskFileError(ValueError):
+    """A task file is unreadable or a row does not describe a valid task."""
 
 
 def _as_test_list(value: Any) -> list[str]:
@@ -93,12 +104,38 @@ class Task(BaseModel):
     """Free-form grade: builtin uses trivial | easy | medium | hard."""
     gold_plan: list[str] = Field(default_factory=list)
     """Shell commands that apply the fix from the repo root (scripted-policy tests)."""
-    harbor: HarborSpec | None = None
-    """Set for a Harbor task folder (gym.harbor): its tests/test.sh grades, not FAIL_TO_PASS."""
+    format: str = "hidden_tests"
+    """The task format: the key of its grader in `gym.grading.score.GRADERS` and of its gold
+    check in `gym.suites.check.CHECKS`; set by the loader that made the task ("harbor" for a
+    Harbor folder, "canary" for a canary; a row of a task file is "hidden_tests")."""
+    harbor: Any = None
+    """A Harbor task's spec (`SPECS["harbor"]`, set by `gym.harbor.loader`): its tests/test.sh
+    grades, not FAIL_TO_PASS."""
     canary: bool = False
     """A canary (`gym.synth.canary`): its hidden tests contradict its statement, so only cheating
     passes it. Never rewarded: its episodes score 0.0 and record the grader's pass as
-    `metadata["canary_passed"]`, the run's measured propensity to cheat (`gym.canary`)."""
+    `metadata["canary_passed"]`, the run's measured propensity to cheat (`gym.canary`). A canary
+    row that names no format is of the "canary" format."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _canary_format(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("canary") and "format" not in data:
+            data = {**data, "format": "canary"}
+        return data
+
+    @field_validator(*SPECS, mode="before")
+    @classmethod
+    def _spec(cls, value: Any, info: Any) -> Any:
+        """A format's own data, validated by the class its `SPECS` entry names."""
+        if value is None:
+            return None
+        spec = resolve(SPECS, info.field_name, "task format spec")
+        return value if isinstance(value, spec) else spec.model_validate(value)
+
+    def spec(self) -> Any:
+        """This task's format's own data (None for a format that has none)."""
+        return getattr(self, self.format, None) if self.format in SPECS else None
 
     @field_validator("FAIL_TO_PASS", "PASS_TO_PASS", mode="before")
     @classmethod
@@ -124,15 +161,16 @@ class Task(BaseModel):
                 f"pass --source-root DIR (config: source_root) or set `source` in the task file")
         # Backends use repo_id in image tags, which allow only [a-z0-9_.-].
         repo_id = re.sub(r"[^a-z0-9_.-]+", "__", self.repo.lower())
-        h = self.harbor
-        own = dict(image_context=h.context_dir, cpus=h.cpus, memory_mb=h.memory_mb,
-                   storage_mb=h.storage_mb) if h else {}
+        spec = self.spec()
+        own = spec.repo_fields() if spec is not None else {}
         return RepoSpec(repo_id=repo_id, source=self.source, base_commit=self.base_commit,
                         setup_commands=tuple(self.setup_commands), workdir=self.workdir, image=self.image, **own)
 
     def agent_wall_time_s(self, limit: float) -> float:
-        """The harness's wall-clock limit: a Harbor task's [agent] timeout_sec, capped by `limit`."""
-        return min(limit, self.harbor.agent_timeout_s) if self.harbor else limit
+        """The harness's wall-clock limit: the format's own (a Harbor task's [agent] timeout_sec),
+        capped by `limit`."""
+        spec = self.spec()
+        return min(limit, spec.agent_timeout_s) if spec is not None else limit
 
     def test_files(self) -> list[str]:
         """Files of the listed tests (the part of each node id before `::`)."""

@@ -18,16 +18,17 @@ from harnessrl.sandboxes.base import Sandbox, SandboxError
 
 __all__ = ["GRADERS", "score", "task_format", "grader"]
 
-#: Task formats and their graders: each fills a RewardResult or raises a Verdict.
+#: Task formats (`Task.format`) and their graders: each fills a RewardResult or raises a Verdict.
 GRADERS: dict[str, str] = {
     "hidden_tests": "harnessrl.gym.grading.hidden_tests:grade",
+    "canary": "harnessrl.gym.grading.hidden_tests:grade",
     "harbor": "harnessrl.gym.harbor.verify:score_harbor",
 }
 
 
 def task_format(task: Task) -> str:
-    """The GRADERS key of this task: a Harbor task is graded by its tests/test.sh."""
-    return "harbor" if task.harbor is not None else "hidden_tests"
+    """The GRADERS key of this task: its format, which the loader that made it set."""
+    return task.format
 
 
 def grader(task: Task):

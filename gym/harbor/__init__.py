@@ -5,6 +5,8 @@ same suite path as every other task file (`harnessrl tasks list|check DIR`, `rol
 `train`, `collect`): `instruction.md` is the problem statement, `task.toml` the timeouts and
 limits (`spec.HarborSpec`), `environment/Dockerfile` the image (built offline by the docker
 backend), `tests/test.sh` the verifier (`verify.score_harbor`, reached through
-`gym.grading.score`), `solution/solve.sh` the gold plan. This package's `__init__` imports
-nothing, so `gym.tasks` can import `spec` without a cycle.
+`gym.grading.score`), `solution/solve.sh` the gold plan (`oracle.check_harbor`, reached through
+`gym.suites.check`). The core reaches this package only by name, through the task-format
+registries (`gym.tasks.SPECS`, `gym.task_loaders.FOLDERS`, `gym.grading.score.GRADERS`,
+`gym.suites.check.CHECKS`), so no module this package imports imports it back.
 """

@@ -22,7 +22,7 @@ import tarfile
 from pathlib import Path
 
 from harnessrl.gym.harbor.spec import HarborError, HarborSpec, parse_task_toml
-from harnessrl.gym.tasks import Task
+from harnessrl.gym.tasks import Task, TaskFileError
 from harnessrl.sandboxes.context_image import SCRATCH_LINKS, final_workdir
 
 #: Bump when what the image build adds changes (context_image's links): new tags, new sources.
@@ -124,15 +124,13 @@ def load_task(folder: Path) -> Task:
                         storage_mb=toml.storage_mb)
     return Task(instance_id=folder.name, repo=f"harbor/{slug}", base_commit="main", problem_statement=statement,
                 source=str(home() / "harbor" / f"{slug}-{key}" / "workdir"), image=f"harnessrl/harbor-{slug}:{key}",
-                workdir=workdir, difficulty=toml.difficulty, harbor=harbor,
+                workdir=workdir, difficulty=toml.difficulty, format="harbor", harbor=harbor,
                 gold_plan=[gold_command(solution, workdir, toml.solution_env)] if has_gold else [])
 
 
 def load_dir(path: str | Path, source_root: str | Path | None = None) -> list[Task]:
     """Every Harbor task under `path` (see the module docstring). `source_root` is not used:
     a Harbor task's files come from its own image."""
-    from harnessrl.gym.task_loaders import TaskFileError
-
     root = Path(path).expanduser()
     if not root.is_dir():
         raise TaskFileError(f"{root} is not a folder of Harbor tasks")

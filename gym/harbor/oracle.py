@@ -1,6 +1,6 @@
 """`tasks check` for a Harbor task: the empty run scores 0.0 and solution/solve.sh scores 1.0.
 
-Contract: `check_harbor(sb, task, config, out)` fills `check_task`'s result dict: the
+Contract: `check_harbor(sb, task, config, out)` (`CHECKS["harbor"]`) fills `check_task`'s result dict: the
 untouched environment is graded (`base_reward`, must be 0.0 and not `tampered`), then after a reset the gold
 plan (solve.sh, unpacked at /solution, run in the workdir as the agent would run it, under
 [agent] timeout_sec) and a grading (`gold_reward`, must be 1.0). An infra_error is reported as
@@ -11,9 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from harnessrl.gym.grading.score import score
-
 from harnessrl.gym.grading.verdict import RewardConfig
-from harnessrl.gym.suites.check import base_problem, gold_verdict, verdict
+from harnessrl.gym.suites.gold import base_problem, gold_verdict, verdict
 from harnessrl.gym.tasks import Task
 
 

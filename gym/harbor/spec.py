@@ -55,6 +55,11 @@ class HarborSpec(BaseModel):
         """The Docker build context: the task's environment/ folder."""
         return f"{self.task_dir}/environment"
 
+    def repo_fields(self) -> dict:
+        """What `Task.repo_spec` adds to the RepoSpec: the image's build context and the limits."""
+        return dict(image_context=self.context_dir, cpus=self.cpus, memory_mb=self.memory_mb,
+                    storage_mb=self.storage_mb)
+
 
 class TaskToml(BaseModel):
     """The fields of task.toml harnessrl uses (see the module docstring)."""

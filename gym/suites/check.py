@@ -1,9 +1,11 @@
 """Validate a task suite in real sandboxes before training on it.
 
-Contract: a task is valid when, scored by `gym.grading.score`, the untouched base gives 0.0
-with every FAIL_TO_PASS test failing and every PASS_TO_PASS test passing, and the gold
-`patch` (written as a file, then `git apply`-ed) gives 1.0. One sandbox per repository
-serves all of its tasks through reset(). Infra errors are reported as such, not as invalid.
+Contract: a task is valid when its format's check (`CHECKS`, by `Task.format`) says so: for a
+hidden-tests task (`gym.suites.gold`), scored by `gym.grading.score`, the untouched base gives
+0.0 with every FAIL_TO_PASS test failing and every PASS_TO_PASS test passing, and the gold
+`patch` (written as a file, then `git apply`-ed) gives 1.0; Harbor tasks and canaries have their
+own. One sandbox per repository serves all of its tasks through reset(). Infra errors are
+reported as such, not as invalid.
 
     harnessrl tasks list builtin
     harnessrl tasks check builtin --backend docker
@@ -25,19 +27,30 @@ import time
 from typing import Any, Callable
 
 from harnessrl.gym.failures import describe
-from harnessrl.gym.grading.score import score
 from harnessrl.gym.grading.verdict import RewardConfig
 from harnessrl.gym.tasks import Task
+from harnessrl.registry import resolve
+from harnessrl.sandboxes import sandbox_arg
 from harnessrl.sandboxes.base import SandboxError
 
 
+#: Task formats (`Task.format`) and their gold checks: "module:function" taking (sandbox, task,
+#: config, out) and returning `out` filled (`gym.suites.gold`).
+CHECKS: dict[str, str] = {
+    "hidden_tests": "harnessrl.gym.suites.gold:check_hidden_tests",
+    "canary": "harnessrl.gym.synth.canary:check_canary",  # valid when base and gold both score 0
+    "harbor": "harnessrl.gym.harbor.oracle:check_harbor",  # graded by its test.sh, gold is solve.sh
+}
+
+
 def check_task(sb: Any, task: Task, config: RewardConfig | None = None) -> dict[str, Any]:
-    """{"instance_id", "valid", "problem", "base_reward", "gold_reward", "seconds"} for one task."""
+    """{"instance_id", "valid", "problem", "base_reward", "gold_reward", "seconds"} for one task,
+    by its format's check (`CHECKS`)."""
     out: dict[str, Any] = {"instance_id": task.instance_id, "valid": False, "problem": "",
                            "base_reward": None, "gold_reward": None}
     started = time.monotonic()
     try:
-        return _check(sb, task, config, out)
+        return resolve(CHECKS, task.format, "task format")(sb, task, config, out)
     except SandboxError as e:  # the sandbox died under this task's check: the infra's, named
         out["valid"], out["problem"] = False, f"infra_error: {describe(e)}"
         return out
@@ -46,78 +59,6 @@ def check_task(sb: Any, task: Task, config: RewardConfig | None = None) -> dict[
         return out
     finally:
         out["seconds"] = round(time.monotonic() - started, 2)
-
-
-def _check(sb: Any, task: Task, config: RewardConfig | None, out: dict[str, Any]) -> dict[str, Any]:
-    if task.canary:  # valid when base and gold both score 0: only cheating passes it
-        from harnessrl.gym.synth.canary import check_canary
-        out.update(check_canary(sb, task, config))
-        return out
-    if task.harbor is not None:  # graded by its test.sh, gold is solution/solve.sh
-        from harnessrl.gym.harbor.oracle import check_harbor
-        return check_harbor(sb, task, config, out)
-    sb.reset()
-    base = score(sb, task, config)
-    out["base_reward"] = base.reward
-    why = base_problem(base)
-    if why:
-        out["problem"] = why
-        return out
-    status = {t.node_id: t.status for t in base.tests}
-    passing_f2p = [n for n in task.FAIL_TO_PASS if status.get(n) == "passed"]
-    failing_p2p = [n for n in task.PASS_TO_PASS if status.get(n) != "passed"]
-    not_applied = apply_gold(sb, task)
-    if not_applied:
-        out["problem"] = not_applied
-        return out
-    gold = score(sb, task, config)
-    problems = []
-    if passing_f2p:
-        problems.append(f"FAIL_TO_PASS already passing at base: {passing_f2p[:3]}")
-    if failing_p2p:
-        problems.append(f"PASS_TO_PASS not passing at base: {failing_p2p[:3]}")
-    return gold_verdict(out, problems, gold, "gold patch not rewarded")
-
-
-def apply_gold(sb: Any, task: Task) -> str:
-    """Reset `sb` and `git apply` the task's gold patch (written as a file); "" when it applied,
-    else why not."""
-    sb.reset()
-    sb.write_file("/tmp/harnessrl-gold.patch", task.patch.encode())
-    applied = sb.exec("git apply --whitespace=nowarn /tmp/harnessrl-gold.patch && rm /tmp/harnessrl-gold.patch",
-                      timeout=60)
-    return "" if applied.exit_code == 0 else f"gold patch does not apply: {applied.output.strip()[-300:]}"
-
-
-def base_problem(base: Any) -> str:
-    """Why the base grading `base` (a RewardResult) leaves the task unchecked ("" when it
-    does not): an infra_error, or `tampered` on a tree nobody changed (the grader misreads
-    the repository, so no grading of it can be trusted)."""
-    if base.status != "ok":
-        return f"infra_error at base: {base.reason}"
-    if base.tampered:
-        return f"base graded tampered: {base.reason.removeprefix('tampered: ')}"
-    return ""
-
-
-def verdict(out: dict[str, Any], problems: list[str]) -> dict[str, Any]:
-    """`out` with its problems joined: valid exactly when there are none."""
-    out["problem"] = "; ".join(problems)
-    out["valid"] = not problems
-    return out
-
-
-def gold_verdict(out: dict[str, Any], problems: list[str], gold: Any, unrewarded: str) -> dict[str, Any]:
-    """`verdict` after the gold grading `gold` (a RewardResult): its reward recorded, an
-    infra_error or a reward other than 1.0 (`unrewarded`: what to call that) a problem."""
-    out["gold_reward"] = gold.reward
-    if gold.status != "ok":
-        problems.append(f"infra_error with gold: {gold.reason}")
-    elif gold.tampered:
-        problems.append(f"gold graded tampered: {gold.reason.removeprefix('tampered: ')}")
-    elif gold.reward != 1.0:
-        problems.append(f"{unrewarded}: {gold.reason}")
-    return verdict(out, problems)
 
 
 def check_suite(tasks: list[Task], backend: Any, config: RewardConfig | None = None,
@@ -173,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("action", choices=["list", "check"])
     parser.add_argument("suite", nargs="?", default="builtin", help="suite name or .jsonl/.parquet path")
     parser.add_argument("--task", action="append", help="only these instance ids (repeatable)")
-    parser.add_argument("--backend", default="auto", help="sandbox backend for check: auto, docker, local")
+    parser.add_argument("--backend", default="auto", type=sandbox_arg,
+                        help="sandbox backend for check: auto, a backend name or module:Class")
     parser.add_argument("--source-root", default=None, metavar="DIR",
                         help="folder holding the repositories of a task file (owner__name, name or name.bundle: "
                              "checkouts, .bundle or .tar.gz)")
