@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Iterator, Protocol, runtime_checkable
 
 from harnessrl.gym.trajectory import Trajectory
+from harnessrl.registry import choice, resolve
 
 
 @dataclass
@@ -132,14 +133,18 @@ class TensorPublisher(Protocol):
 
 
 #: Short trainer names to "module:Class"; a full "module:Class" path is accepted too.
+#: `harnessrl train` builds the one its config names (`TrainConfig.trainer_name`) with the
+#: class's `for_run(train_config)`; a trainer with a `backend` samples through it (the proxy
+#: generates there) and publishes with its `weight_sync()`, any other samples on the engine.
 TRAINERS: dict[str, str] = {
     "torch": "harnessrl.trainers.torch_trainer:TorchTrainer",
     "tinker": "harnessrl.trainers.bridges.tinker:TinkerTrainer",
 }
 
+#: A trainer's name as a config field, validated against `TRAINERS` (or a "module:Class" path).
+TrainerName = choice(TRAINERS, "trainer")
+
 
 def trainer_class(name: str) -> type:
     """The trainer class for a short name or a "module:Class" path, imported lazily."""
-    from harnessrl.registry import resolve
-
     return resolve(TRAINERS, name, "trainer", error=KeyError)

@@ -91,8 +91,8 @@ async def _stages(cfg: TrainConfig, out: Path, t_start: float, held: contextlib.
     """Start the warm pool, the engine and the trainer (each registered on `held` as soon as it
     exists), then run the stages; returns the step metrics, the run report and the evaluations."""
     from harnessrl.gym.engine_client import EngineClient
+    from harnessrl.trainers.base import trainer_class
     from harnessrl.trainers.lora_sync import AdapterWeightSync
-    from harnessrl.trainers.torch_trainer import TorchTrainer
     from harnessrl.trainers.weight_sync import DiskWeightSync
 
     evaluating = cfg.eval.enabled
@@ -102,11 +102,13 @@ async def _stages(cfg: TrainConfig, out: Path, t_start: float, held: contextlib.
                                      tasks.rl) if "rl" in cfg.stages else None)
     if sandboxes is not None:  # the rollout closes it too (idempotent); this covers a stop before it takes it
         held.callback(sandboxes.close)
-    if cfg.tinker is not None:  # the Tinker bridge: the service trains and samples; no local engine
-        from harnessrl.trainers.bridges.tinker import TinkerSync, TinkerTrainer
-
-        engine_url, trainer = "", await asyncio.to_thread(TinkerTrainer, cfg.tinker)  # blocking SDK calls
-        client = sync = TinkerSync()
+    # The trainer the config names (`TRAINERS`); one with its own `backend` samples there too
+    # (the Tinker bridge: no local engine, and its sync only reports the version).
+    trainer = await asyncio.to_thread(trainer_class(cfg.trainer_name).for_run, cfg)  # may load a model, or call an SDK
+    samples_itself = getattr(trainer, "backend", None) is not None
+    if samples_itself:
+        engine_url, client = "", trainer.weight_sync()
+        sync = client
     else:
         engine = None
         if cfg.engine_url is None and ("rl" in cfg.stages or evaluating):  # an sft-only run samples nothing
@@ -116,7 +118,6 @@ async def _stages(cfg: TrainConfig, out: Path, t_start: float, held: contextlib.
             held.callback(engine.stop)
         engine_url = cfg.engine_url or (engine.url if engine is not None else "")
         client = EngineClient(engine_url)
-        trainer = TorchTrainer(cfg.trainer.model_copy(update={"model": cfg.model}))
         sync = DiskWeightSync(client, out / "weights")
         if cfg.trainer.lora is not None:  # the adapter alone to the engine this run started (it serves it to every
             # request); an engine_url's SGLang would serve base weights to requests not naming it: merged there
@@ -144,7 +145,7 @@ async def _stages(cfg: TrainConfig, out: Path, t_start: float, held: contextlib.
     if "sft" in cfg.stages:
         history = await _sft_stage(cfg, trainer, out, writer)
         trainer.save_checkpoint(out / "checkpoints" / "sft")
-        if engine_url or cfg.tinker is not None:
+        if engine_url or samples_itself:
             await sync.push(trainer)  # RL and evaluation sample from the SFT policy (the trainer's version)
         await evaluate("post_sft")
     if "rl" in cfg.stages:

@@ -33,7 +33,7 @@ import math
 import re
 import time
 from pathlib import Path
-from typing import Iterator, Literal
+from typing import Any, Iterator, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -136,6 +136,11 @@ class TorchTrainer:
 
     Config = TorchTrainerConfig
     """The config class, so a composition root can do `cls(cls.Config(**section))`."""
+
+    @classmethod
+    def for_run(cls, run: Any) -> "TorchTrainer":
+        """The trainer of a `harnessrl train` run (`TrainConfig`): its `trainer` section, on its `model`."""
+        return cls(run.trainer.model_copy(update={"model": run.model}))
 
     def __init__(self, config: TorchTrainerConfig | None = None):
         self.config = config = config or TorchTrainerConfig()

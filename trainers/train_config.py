@@ -15,6 +15,7 @@ from harnessrl.gym.episode import EpisodeConfig
 from harnessrl.gym.grading.verdict import RewardConfig
 from harnessrl.gym.rollout import RolloutConfig
 from harnessrl.gym.scheduler import SchedulerConfig
+from harnessrl.trainers.base import TrainerName
 from harnessrl.trainers.bridges.tinker import TinkerTrainerConfig
 from harnessrl.trainers.evaluate import EvalConfig
 from harnessrl.trainers.prepare import PrepareConfig
@@ -70,6 +71,10 @@ class TrainConfig(BaseModel):
     scheduler: SchedulerConfig = Field(default_factory=lambda: SchedulerConfig(
         env_pool_size=2, group_size=2, groups_per_step=1, staleness=1, episode_timeout_s=1200))
     """Env pool size, GRPO group size G, groups per step, staleness η and its policy."""
+    trainer_name: TrainerName | None = None
+    """Which trainer trains: a name in `trainers.base.TRAINERS` ("torch": the built-in one, its
+    section `trainer`; "tinker": the Tinker bridge, its section `tinker`) or a "module:Class" path.
+    None: "tinker" when a `tinker` section is given, else "torch"."""
     trainer: TorchTrainerConfig = Field(default_factory=lambda: TorchTrainerConfig(lr=1e-6, micro_batch_tokens=4096))
     """The built-in torch trainer (its `model` is overridden by `model`)."""
     tinker: TinkerTrainerConfig | None = None
@@ -103,6 +108,17 @@ class TrainConfig(BaseModel):
     cheat (per step `canary_pass_rate`, report.json "cheat"). Off by default."""
     progress: bool = True
     """Show a progress bar."""
+
+    @model_validator(mode="after")
+    def _trainer_named(self) -> "TrainConfig":
+        """The trainer named (a `tinker` section alone names the Tinker bridge, as it always has),
+        and its section present."""
+        if self.trainer_name is None:
+            self.trainer_name = "tinker" if self.tinker is not None else "torch"
+        if (self.trainer_name == "tinker") != (self.tinker is not None):
+            raise ValueError(f"trainer_name: {self.trainer_name!r} with{'out' if self.tinker is None else ''} a "
+                             "tinker section: the tinker trainer is configured by [tinker], and only it reads it")
+        return self
 
     @model_validator(mode="after")
     def _trainable_sampling(self) -> "TrainConfig":

@@ -152,6 +152,20 @@ def _metric(metrics: dict[str, float] | None, *needles: str) -> float:
 class TinkerTrainer:
     """A harnessrl `Trainer` whose weights live on a Tinker service; see the module doc."""
 
+    Config = TinkerTrainerConfig
+    """The config class, so a composition root can do `cls(cls.Config(**section))`."""
+
+    @classmethod
+    def for_run(cls, run: Any) -> "TinkerTrainer":
+        """The trainer of a `harnessrl train` run (`TrainConfig`): its `tinker` section (blocking SDK calls)."""
+        if run.tinker is None:
+            raise ValueError("trainer_name 'tinker' needs a [tinker] section")
+        return cls(run.tinker)
+
+    def weight_sync(self) -> "TinkerSync":
+        """The main loop's sync step: the service samples itself, so nothing moves (`TinkerSync`)."""
+        return TinkerSync()
+
     def __init__(self, config: TinkerTrainerConfig, *, service_client: Any = None):
         import tinker
 
