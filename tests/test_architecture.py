@@ -201,3 +201,13 @@ def test_the_scanner_reads_imports_as_python_resolves_them(source, rel, target, 
     (i,) = imports_of(source, Path(rel))
     assert (i.target, i.scope) == (target, scope)
     assert bool(upward([i]) or heavy([i])) is flagged
+
+
+def test_task_formats_are_reached_by_name_only():
+    """The core reaches a self-grading task format (Harbor) only through the task-format
+    registries' strings (`GRADERS`, `CHECKS`, `FOLDERS`, `SPECS`), so nothing it imports
+    imports it back: no import circle between `gym/harbor/` and the core."""
+    bad = [i for i in all_imports(FLOORS) if not i.path.startswith("gym/harbor/") and i.scope != "<string>"
+           and (i.target + ".").startswith("harnessrl.gym.harbor.")]
+    assert not bad, "reach gym/harbor through a registry entry, not an import: " + "; ".join(
+        f"{i.path}:{i.line} imports {i.target}" for i in bad)
