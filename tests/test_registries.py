@@ -40,6 +40,8 @@ FIELDS = {
     "Dialect": ("harnessrl.registry:Dialect", "harnessrl.registry:DIALECTS", list(DIALECT_ALIASES)),
     "SandboxName": ("harnessrl.sandboxes:SandboxName", "harnessrl.sandboxes:BACKENDS", ["auto", "a.b:C"]),
     "BackendName": ("harnessrl.gym.backends:BackendName", "harnessrl.gym.backends:BACKENDS", ["a.b:C"]),
+    "ToolFormatName": ("harnessrl.gym.proxy.toolcalls:ToolFormatName", "harnessrl.gym.proxy.toolcalls:TOOL_FORMATS",
+                       ["a.b:C"]),
     "TrainerName": ("harnessrl.trainers.base:TrainerName", "harnessrl.trainers.base:TRAINERS", ["a.b:C"]),
 }
 

@@ -6,6 +6,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from harnessrl.gym.backends import BackendName
+from harnessrl.gym.proxy.toolcalls import ToolFormatName
 
 
 class ProxyConfig(BaseModel):
@@ -55,7 +56,7 @@ class ProxyConfig(BaseModel):
     admin_token: str | None = None
     """Bearer token of the admin API; None generates a random one (`ProxyServer.admin_token`)."""
 
-    tool_format: str = "hermes"
+    tool_format: ToolFormatName = "hermes"
     """Tool prompt/parse format for templates without tool support (registry name or module:Class)."""
 
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)

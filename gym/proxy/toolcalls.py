@@ -17,6 +17,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Protocol
 
+from harnessrl.registry import choice, resolve
+
 from .canonical import Message, Tool, ToolCall
 from .errors import ProxyError
 from .fields import check_depth
@@ -138,7 +140,10 @@ TOOL_FORMATS: dict[str, str] = {
 }
 
 
-def load_tool_format(name: str) -> ToolFormat:
-    from harnessrl.registry import resolve
+#: A tool format as a config field (`ProxyConfig.tool_format`): a `TOOL_FORMATS` name or a
+#: "module:Class" path, refused at validation time otherwise, with the valid names.
+ToolFormatName = choice(TOOL_FORMATS, "tool format")
 
+
+def load_tool_format(name: str) -> ToolFormat:
     return resolve(TOOL_FORMATS, name, "tool format")()
