@@ -10,7 +10,8 @@ recording through the engine contract (token ids in, token ids out).
         traj = proxy.trajectory(sid)             # harnessrl.gym.trajectory.Trajectory
 
 Modules: app (routes, auth, admin), core (the call pipeline), openai_chat /
-openai_responses / anthropic_messages / gemini (one per dialect), render (chat template +
+openai_responses / anthropic_messages / gemini (one per dialect; `dialects` resolves a
+dialect's name from `harnessrl.registry.DIALECTS` to its module), render (chat template +
 incremental suffix), toolcalls (Hermes/Qwen format, registry), recorder (segments),
 generation (interruptible), store (SQLite WAL, JSONL/Parquet export), engine_http (lean
 transport under EngineClient), server. (The stand-in engine lives with the other test
