@@ -108,3 +108,11 @@ def test_a_train_config_names_its_trainer_and_a_tinker_section_still_means_tinke
         TrainConfig(trainer_name="tinker")
     with pytest.raises(ValidationError, match="known: tinker, torch"):
         TrainConfig(trainer_name="jax")
+
+
+def test_every_harness_speaks_a_registered_dialect():
+    from harnessrl.adapters import REGISTRY, adapter_class
+    from harnessrl.registry import DIALECTS
+
+    speaks = {name: getattr(adapter_class(name), "dialect", None) for name in REGISTRY if name != "command"}
+    assert all(d in DIALECTS for d in speaks.values()), speaks
