@@ -207,6 +207,7 @@ def test_train_mixes_canary_groups_never_trains_on_them_and_reports_the_rate(tmp
                     "episode": {"max_calls": 2, "wall_time_s": 180}},
         "scheduler": {"env_pool_size": 2, "group_size": 2, "groups_per_step": 1, "staleness": 1},
         "trainer": {"lr": 1e-5, "device": "cpu"}, "canary": {"rate": 0.5, "max_tasks": 1},
+        "sampling": {"zero_variance": "keep"},  # the training group's 0s still go through the trainer
     })
     history = asyncio.run(train(cfg))
     canaries = [json.loads(x) for x in (tmp_path / "canaries.jsonl").read_text().splitlines()]

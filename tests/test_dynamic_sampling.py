@@ -158,3 +158,13 @@ def test_curriculum_floor_canaries_infra_and_seed():
     assert [next(uniform) for _ in range(4)] == ["a", "b", "a", "b"]
     with pytest.raises(ValueError, match="at least one task"):
         Curriculum([])
+
+
+def test_peek_shows_the_next_draws_without_taking_them():
+    for mode in ("pass_rate", "uniform"):
+        cur = Curriculum(["a", "b", "c", "d"], CurriculumConfig(mode=mode, seed=5))
+        next(cur)
+        ahead = cur.peek(6)
+        assert cur.peek(6) == ahead  # peeking twice changes nothing
+        assert [next(cur) for _ in range(6)] == ahead
+        assert sum(r.draws for r in cur.records.values()) == 7

@@ -73,6 +73,7 @@ def test_train_one_step_with_the_tiny_model(tmp_path: Path) -> None:
                     "episode": {"max_calls": 2, "wall_time_s": 180}},
         "scheduler": {"env_pool_size": 2, "group_size": 2, "groups_per_step": 1, "staleness": 1},
         "trainer": {"lr": 1e-5, "device": "cpu"},
+        "sampling": {"zero_variance": "keep"},  # the tiny model scores 0 everywhere: train on it anyway
     })
     history = asyncio.run(train(cfg))
     assert len(history) == 1
@@ -106,6 +107,41 @@ def test_train_one_step_with_the_tiny_model(tmp_path: Path) -> None:
     # for the next batch (staleness 1) after the step may have called the new version, v + 1.
     assert set(calls[0].versions) == {m["version"]}
     assert {v for c in calls for v in c.versions} <= {m["version"], m["version"] + 1}
+
+
+@pytest.mark.docker
+@pytest.mark.harness
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_step_whose_groups_carry_no_signal_trains_nothing_and_says_so(tmp_path: Path, capsys) -> None:
+    """Dynamic sampling's default (`drop`): the tiny model scores 0 on every episode, so its one
+    group has no reward spread; the step skips the trainer and publishes nothing, the line says
+    so, and the figures still count every episode."""
+    _need_stack()
+    from harnessrl.trainers.loop import TrainConfig, train
+
+    cfg = TrainConfig.model_validate({
+        "model": "tiny-llama", "steps": 1, "out_dir": str(tmp_path), "progress": False, "tensorboard": False,
+        "rollout": {"tasks": [TASK], "max_new_tokens": 32, "sandbox": "docker",
+                    "episode": {"max_calls": 2, "wall_time_s": 180}},
+        "scheduler": {"env_pool_size": 2, "group_size": 2, "groups_per_step": 1, "staleness": 1},
+        "trainer": {"lr": 1e-5, "device": "cpu"},
+    })
+    (m,) = asyncio.run(train(cfg))
+    assert m["skipped"] is True and m["updated"] is False and m["version"] == 0
+    assert m["trajectories"] == 0 and m["tokens"] == 0 and m["loss"] is None and m["grad_norm"] is None
+    assert (m["groups"], m["zero_var_groups"], m["zero_var_frac"], m["groups_dropped"]) == (1, 1, 1.0, 1)
+    assert m["reward_mean"] == 0.0 and m["success_rate"] == 0.0 and m["masked_infra"] == 0
+    assert m["batch_report"]["episodes"] == 2
+    assert "skipped: no group with a reward spread" in capsys.readouterr().out
+    assert not (tmp_path / "weights").exists()  # nothing was published
+    run = json.loads((tmp_path / "report.json").read_text())
+    assert run["dynamic_sampling"] == {"mode": "drop", "groups": 1, "zero_var_groups": 1, "zero_var_frac": 1.0,
+                                       "groups_dropped": 1, "refills": 0, "skipped_steps": 1}
+    # two groups drawn ((η + 1) x groups_per_step admitted), the consumed one observed
+    assert run["curriculum"]["tasks"][TASK] | {"weight": 0} == {"draws": 2, "attempts": 2, "successes": 0,
+                                                               "pass_rate": 0.0, "weight": 0}
+    assert run["curriculum"]["never_solved"] == 1
 
 
 def test_generator_utilization_is_the_union_of_generation_spans() -> None:

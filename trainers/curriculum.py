@@ -19,7 +19,6 @@ seeded: the same seed and the same results give the same tasks.
 """
 from __future__ import annotations
 
-import itertools
 import random
 from dataclasses import dataclass
 from typing import Iterable, Literal
@@ -72,7 +71,7 @@ class Curriculum:
             raise ValueError("a curriculum needs at least one task")
         self.records = {t: TaskRecord() for t in self.ids}
         self._rng = random.Random(self.config.seed)
-        self._cycle = itertools.cycle(self.ids)
+        self._next = 0  # uniform mode's place in the cycle
 
     def weight(self, task_id: str) -> float:
         p = self.records[task_id].estimate
@@ -82,12 +81,25 @@ class Curriculum:
         return self
 
     def __next__(self) -> str:
-        if self.config.mode == "uniform":
-            task = next(self._cycle)
-        else:
-            task = self._rng.choices(self.ids, weights=[self.weight(t) for t in self.ids])[0]
+        task = self._draw(self._rng)
         self.records[task].draws += 1
         return task
+
+    def _draw(self, rng: random.Random) -> str:
+        if self.config.mode == "uniform":
+            self._next += 1
+            return self.ids[(self._next - 1) % len(self.ids)]
+        return rng.choices(self.ids, weights=[self.weight(t) for t in self.ids])[0]
+
+    def peek(self, n: int) -> list[str]:
+        """The next `n` draws if nothing is observed meanwhile, without drawing them (the warm
+        pool starts their sandboxes before the scheduler asks)."""
+        rng, at = random.Random(), self._next
+        rng.setstate(self._rng.getstate())
+        try:
+            return [self._draw(rng) for _ in range(n)]
+        finally:
+            self._next = at
 
     def observe(self, batch: Iterable[Trajectory]) -> None:
         """Count each scored, non-canary episode of a task this curriculum draws from."""

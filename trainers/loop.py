@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -43,6 +44,8 @@ from harnessrl.gym.rollout import Rollout, prewarmed_sandboxes, report
 from harnessrl.gym.scheduler import RolloutScheduler
 from harnessrl.gym.stack import Publisher
 from harnessrl.trainers import evaluate as ev
+from harnessrl.trainers.curriculum import Curriculum
+from harnessrl.trainers.dynamic_sampling import Selection, outcome, select
 from harnessrl.trainers.plots import plot
 from harnessrl.trainers.prepare import RunTasks
 from harnessrl.trainers.run_report import RunFigures, summary_line
@@ -57,12 +60,14 @@ def _line(m: dict[str, Any]) -> str:
     def f(v, spec=".3f"):
         return "-" if v is None else format(v, spec)
 
-    return (f"step {m['step']:>3} v{m['version']}{'' if m['updated'] else ' (no update)'}  reward {f(m['reward_mean'])}  success {f(m['success_rate'], '.2f')}  "
+    return (f"step {m['step']:>3} v{m['version']}{'' if m['updated'] or m.get('skipped') else ' (no update)'}  reward {f(m['reward_mean'])}  success {f(m['success_rate'], '.2f')}  "
             f"loss {f(m['loss'], '.4f')}  gnorm {f(m['grad_norm'])}  kl {f(m['kl'], '.4f')}  "
             f"mismatch {f(m['logprob_mismatch_mean'], '.2e')}  stale {m['staleness_max']}/{f(m['staleness_mean'], '.2f')}  "
             f"env_p95 {f(m['env_latency_p95_s'])}s  tampered {f(m.get('tampered_frac'), '.2f')}"
             + (f"  canary {m['canary_passed']}/{m['canary_episodes']}" if m.get("canary_episodes") else "")
-            + f"  ({m['step_s']:.1f}s train, {m['wall_s']:.0f}s total)")
+            + (f"  zero-var {m['zero_var_groups']}/{m['groups']}" if m.get("groups") else "")
+            + ("  skipped: no group with a reward spread" if m.get("skipped") else "")
+            + f"  ({f(m['step_s'], '.1f')}s train, {m['wall_s']:.0f}s total)")
 
 
 async def train(cfg: TrainConfig, tasks: list | None = None) -> list[dict[str, Any]]:
@@ -97,8 +102,9 @@ async def _stages(cfg: TrainConfig, out: Path, t_start: float, held: contextlib.
 
     evaluating = cfg.eval.enabled
     sc = cfg.scheduler  # the warm pool starts the first groups' sandboxes now, while the engine and trainer load
-    first = itertools.cycle(sorted(t.instance_id for t in tasks.rl))
-    sandboxes = (prewarmed_sandboxes(cfg.rollout, itertools.islice(first, sc.groups_per_step * (1 + sc.staleness)),
+    # The curriculum draws the RL tasks; the warm pool starts the sandboxes of its first draws.
+    curriculum = Curriculum([t.instance_id for t in tasks.rl], cfg.curriculum) if "rl" in cfg.stages else None
+    sandboxes = (prewarmed_sandboxes(cfg.rollout, curriculum.peek(sc.groups_per_step * (1 + sc.staleness)),
                                      tasks.rl) if "rl" in cfg.stages else None)
     if sandboxes is not None:  # the rollout closes it too (idempotent); this covers a stop before it takes it
         held.callback(sandboxes.close)
@@ -149,7 +155,8 @@ async def _stages(cfg: TrainConfig, out: Path, t_start: float, held: contextlib.
             await sync.push(trainer)  # RL and evaluation sample from the SFT policy (the trainer's version)
         await evaluate("post_sft")
     if "rl" in cfg.stages:
-        history, run = await _rl_stage(cfg, trainer, sync, engine_url, rollout_cfg, sandboxes, tasks.rl, out, writer,
+        history, run = await _rl_stage(cfg, trainer, sync, engine_url, rollout_cfg, sandboxes, tasks.rl, curriculum,
+                                       out, writer,
                                        t_start)
         await evaluate("post_rl")
     trainer.save_checkpoint(out / "checkpoints" / "last")
@@ -173,17 +180,19 @@ async def _prepare(cfg: TrainConfig, tasks: RunTasks) -> dict[str, Any]:
     return made
 
 
-async def _rl_stage(cfg: TrainConfig, trainer, sync, engine_url: str, rollout_cfg, sandboxes, tasks: list, out: Path,
+async def _rl_stage(cfg: TrainConfig, trainer, sync, engine_url: str, rollout_cfg, sandboxes, tasks: list,
+                    curriculum: Curriculum, out: Path,
                     writer, t_start: float) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """`cfg.steps` GRPO steps through the harness; returns the step metrics and the run report."""
     from tqdm import tqdm
 
     history: list[dict[str, Any]] = []
+    samples = _sample_config(trainer)
     with Rollout(rollout_cfg, engine_url, out / "rollouts", generation_backend=getattr(trainer, "backend", None),
                  sandboxes=sandboxes, tasks=tasks) as ro:
         canaries = run_canaries(cfg.canary, list(ro.tasks.values()), out, cfg.rollout.source_root,
                                 log=lambda line: print(line, flush=True))
-        draws = CanaryMix(itertools.cycle(sorted(ro.tasks)), [c.instance_id for c in canaries], cfg.canary.rate)
+        draws = CanaryMix(curriculum, [c.instance_id for c in canaries], cfg.canary.rate)
         ro.tasks.update({c.instance_id: c for c in canaries})  # the rollout runs them like any task
         sched = RolloutScheduler(cfg.scheduler, ro.episode, draws)
         publisher = Publisher(sched, ro.proxy, sync)  # weight updates pause proxy admission too
@@ -193,13 +202,12 @@ async def _rl_stage(cfg: TrainConfig, trainer, sync, engine_url: str, rollout_cf
         figures = RunFigures()
         try:
             for _ in range(cfg.steps):
-                batch = await sched.next_batch()
-                figures.add(batch)
-                metrics = await asyncio.to_thread(trainer.step, batch)
-                if metrics.updated:  # no trainable token (all masked or zero advantage): same weights
-                    await publisher.push(trainer)
-                batch_report = report(batch)
-                m = metrics.to_dict() | cheat_metrics(batch) | {
+                sel = await select(sched.next_batch, cfg.sampling, samples, cfg.scheduler.groups_per_step)
+                figures.add(sel.seen)
+                curriculum.observe(sel.seen)
+                m = await _train_on(sel, trainer, publisher, samples, history)
+                batch_report = report(sel.seen)
+                m |= cheat_metrics(sel.seen) | {
                     "env_latency_p95_s": batch_report["env_latency_s"]["p95"], "sync_s": round(sync.last_sync_s, 3),
                     "wall_s": time.monotonic() - t_start, "scheduler": sched.stats.as_dict(),
                     "batch_report": batch_report}
@@ -212,11 +220,51 @@ async def _rl_stage(cfg: TrainConfig, trainer, sync, engine_url: str, rollout_cf
             run = figures.report(wall_s=time.monotonic() - t_start, steps=len(history),
                                  staleness=cfg.scheduler.staleness, over_staleness=cfg.scheduler.over_staleness,
                                  scheduler=sched.stats.as_dict())
+            run |= {"dynamic_sampling": _sampling_totals(history, cfg.sampling.zero_variance),
+                    "curriculum": curriculum.report()}
             bar.write(summary_line(run))
+            bar.write(curriculum.line())
         finally:
             bar.close()
             await sched.close()
     return history, run
+
+
+async def _train_on(sel: Selection, trainer, publisher: Publisher, samples, history: list[dict[str, Any]]
+                    ) -> dict[str, Any]:
+    """One RL step on what dynamic sampling kept: train and publish, or say the step had nothing.
+    Reward, success and masked counts are over every episode handed over (`dynamic_sampling.outcome`)."""
+    if sel.train:
+        metrics = await asyncio.to_thread(trainer.step, sel.train)
+        if metrics.updated:  # no trainable token (all masked or zero advantage): same weights
+            await publisher.push(trainer)
+        m = metrics.to_dict() | {"skipped": False}
+    else:  # every group's rewards were equal: no signal, no forward or backward pass
+        from harnessrl.trainers.base import StepMetrics
+
+        m = {f.name: None for f in dataclasses.fields(StepMetrics)} | {
+            "step": history[-1]["step"] if history else getattr(trainer, "step_count", 0), "version": trainer.version,
+            "updated": False, "skipped": True, "tokens": 0, "samples": 0, "trajectories": 0, "staleness_max": 0}
+    return m | outcome(sel.seen, samples) | sel.metrics()
+
+
+def _sample_config(trainer):
+    """The trainer's rule for turning trajectories into samples (`SampleConfig`), else the default."""
+    from harnessrl.trainers.samples import SampleConfig
+
+    found = getattr(getattr(trainer, "config", None), "samples", None)
+    return found if isinstance(found, SampleConfig) else SampleConfig()
+
+
+def _sampling_totals(history: list[dict[str, Any]], mode: str) -> dict[str, Any]:
+    """The run report's dynamic-sampling section: zero-variance groups and skipped steps over the run."""
+    groups = sum(m.get("groups") or 0 for m in history)
+    flat = sum(m.get("zero_var_groups") or 0 for m in history)
+    return {"mode": mode, "groups": groups, "zero_var_groups": flat,
+            "zero_var_frac": flat / groups if groups else None,
+            "groups_dropped": sum(m.get("groups_dropped") or 0 for m in history),
+            "refills": sum(m.get("refills") or 0 for m in history),
+            "skipped_steps": sum(1 for m in history if m.get("skipped"))}
 
 
 def _eval_report(evals: dict[str, dict[str, Any]]) -> str:

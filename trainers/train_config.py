@@ -17,6 +17,8 @@ from harnessrl.gym.rollout import RolloutConfig
 from harnessrl.gym.scheduler import SchedulerConfig
 from harnessrl.trainers.base import TrainerName
 from harnessrl.trainers.bridges.tinker import TinkerTrainerConfig
+from harnessrl.trainers.curriculum import CurriculumConfig
+from harnessrl.trainers.dynamic_sampling import SamplingConfig
 from harnessrl.trainers.evaluate import EvalConfig
 from harnessrl.trainers.prepare import PrepareConfig
 from harnessrl.trainers.torch_trainer import TorchTrainerConfig
@@ -102,6 +104,13 @@ class TrainConfig(BaseModel):
     prepare: PrepareConfig = Field(default_factory=PrepareConfig)
     """Data the run makes first when it is missing (`trainers.prepare`): synthesized tasks and
     scripted-teacher trajectories for the sft stage."""
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    """Dynamic sampling (`trainers.dynamic_sampling`): groups whose rewards are all equal carry no
+    GRPO signal; `drop` (default) leaves them out and a step with none left trains nothing,
+    `refill` takes more groups, `keep` trains on them. Reported per step as `zero_var_frac`."""
+    curriculum: CurriculumConfig = Field(default_factory=CurriculumConfig)
+    """Which training task the scheduler starts next (`trainers.curriculum`): by default tasks
+    the policy sometimes solves are favoured; per-task pass rates go to report.json."""
     canary: CanaryConfig = Field(default_factory=CanaryConfig)
     """Canary tasks (`gym.canary`): a share of the RL groups from tasks whose hidden tests
     contradict their statement, never rewarded; their pass rate is the measured propensity to
