@@ -1,0 +1,146 @@
+"""How the suite runs in parallel (pytest-xdist; `-n 4 --dist loadgroup` in pyproject's addopts).
+
+Three rules, applied at collection, so `python -m pytest` alone gets them:
+
+- **A test that uses a module- or session-scoped fixture runs on the worker that built it**: it
+  is put in the xdist group of its module (split by a shared fixture's parameter when every
+  shared fixture is built on it: the docker and the local half of a backend-parametrized file
+  run on two workers). An engine, a Docker
+  image, an installed harness or synthesized tasks are built once, as without xdist. Every other
+  test is free to run on any worker.
+- **The longest groups start first**: groups are ordered by an estimate of their cost (the slow,
+  docker, model and harness markers), so the run does not end waiting on one long file that
+  started last (`--no-loadscope-reorder` keeps this order).
+- **A few tests run alone** (`SERIAL`): they observe or change the whole machine (every
+  harnessrl container of the Docker engine, every process's CPU affinity) or time a kill under
+  load. Such a test takes a lock every other test shares, so it starts only when the tests in
+  flight on the other workers have finished, and they start their next only after it.
+
+Without xdist (`-n 0`, one process) the groups and the lock change nothing.
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+SERIAL = {
+    # counts every container labelled harnessrl.managed=1 that appears while it runs
+    "tests/test_rollout_and_train.py::test_sigterm_stops_train_like_ctrl_c_and_leaves_no_container":
+        "counts every harnessrl container on the Docker engine",
+    # CoreReservation binds every process of the machine to one core, then gives the masks back
+    "tests/test_cpu_priority.py::test_core_reservation_keeps_the_engines_core_for_it_and_gives_every_mask_back":
+        "rebinds every process of the machine",
+    "tests/test_cpu_priority.py::test_a_reservation_whose_owner_was_killed_is_undone_by_the_next":
+        "rebinds every process of the machine",
+    # a killed process tree (and a crashed box's cgroup) must be gone when the call returns
+    "tests/test_proc.py::test_cancel_kills_the_whole_tree": "times a process tree's death",
+    "tests/test_proc.py::test_a_timeout_kills_the_whole_tree": "times a process tree's death",
+    "tests/test_sandboxes.py::test_local_reaper_removes_leftover_boxes": "times a cgroup's removal",
+}
+
+_COST = {"slow": 8, "harness": 4, "model": 4, "docker": 2, "bwrap": 2, "ray": 2, "browser": 4}
+
+
+def _serial(item: pytest.Item) -> bool:
+    return item.nodeid.split("@")[0].split("[")[0] in SERIAL  # xdist appends "@group" to the id
+
+
+def _group(item: pytest.Item) -> str | None:
+    """The module (and shared fixture parameter) whose module/session fixture this test uses."""
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return None
+    shared = [name for name, defs in info.name2fixturedefs.items()  # ours: pytest's own have baseid ""
+              if defs and defs[-1].baseid and defs[-1].scope in ("module", "package", "session")]
+    if not shared:
+        return None
+    module = item.nodeid.split("::")[0]
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    split = [n for n in sorted(shared) if n in params]
+    # split by a parameter only when every shared fixture is built on it (a backend fixture and
+    # the sandboxes made from it), so the halves share nothing a second worker would build again
+    if len(split) == 1 and all(split[0] in _needs(info.name2fixturedefs, n) for n in shared):
+        return f"{module}[{split[0]}={params[split[0]]}]"
+    return module
+
+
+def _needs(defs: dict, name: str) -> set[str]:
+    """`name` and every fixture it depends on."""
+    seen, todo = set(), [name]
+    while todo:
+        n = todo.pop()
+        if n not in seen:
+            seen.add(n)
+            todo += [a for a in (defs[n][-1].argnames if defs.get(n) else ()) if a in defs]
+    return seen
+
+
+def _cost(item: pytest.Item) -> int:
+    return 1 + sum(c for m, c in _COST.items() if item.get_closest_marker(m))
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist appends the group to each test's id
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    groups: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        group = _group(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+        groups.setdefault(group or item.nodeid, []).append(item)
+    # costliest group first; within a group, the collected order (module fixtures stay contiguous)
+    ordered = sorted(groups.values(), key=lambda g: -sum(map(_cost, g)))
+    items[:] = [item for g in ordered for item in g]
+
+
+LOCKS = "HARNESSRL_PYTEST_LOCKS"  # the lock folder, made by the controller, inherited by its workers
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # a run's own, always: a pytest that a test starts (test_bridge_tinker's child) must not
+    # wait on the locks of the run that waits for it
+    if not hasattr(config, "workerinput"):
+        os.environ[LOCKS] = tempfile.mkdtemp(prefix="harnessrl-pytest-")
+        config.stash[_MADE] = os.environ[LOCKS]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    made = config.stash.get(_MADE, None)
+    if made:
+        shutil.rmtree(made, ignore_errors=True)
+        os.environ.pop(LOCKS, None)
+
+
+_MADE = pytest.StashKey[str]()
+
+
+@contextlib.contextmanager
+def _flock(path: Path, mode: int):
+    with open(path, "a+") as f:
+        fcntl.flock(f, mode)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)  # outermost: waiting is not the test's time
+def pytest_runtest_protocol(item: pytest.Item, nextitem):
+    if not os.environ.get("PYTEST_XDIST_WORKER") or not os.environ.get(LOCKS):
+        yield
+        return
+    gate, run = Path(os.environ[LOCKS]) / "gate", Path(os.environ[LOCKS]) / "run"
+    if _serial(item):
+        # the gate first: no test starts on another worker while this one waits for those in flight
+        with _flock(gate, fcntl.LOCK_EX), _flock(run, fcntl.LOCK_EX):
+            yield
+    else:
+        with _flock(gate, fcntl.LOCK_SH):
+            pass
+        with _flock(run, fcntl.LOCK_SH):
+            yield
