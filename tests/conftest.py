@@ -41,6 +41,7 @@ SERIAL = {
     # a killed process tree (and a crashed box's cgroup) must be gone when the call returns
     "tests/test_proc.py::test_cancel_kills_the_whole_tree": "times a process tree's death",
     "tests/test_proc.py::test_a_timeout_kills_the_whole_tree": "times a process tree's death",
+    "tests/test_prefork.py::test_timeout_and_cancel_kill_the_whole_forked_tree": "times a process tree's death",
     "tests/test_sandboxes.py::test_local_reaper_removes_leftover_boxes": "times a cgroup's removal",
 }
 
