@@ -9,7 +9,7 @@ import sys
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
-    from harnessrl.gym.doctor import report, run_checks
+    from harnessrl.gym.tools.doctor import report, run_checks
 
     checks = run_checks()
     print(report(checks))
@@ -90,7 +90,7 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
     from harnessrl.gym.episode import EpisodeConfig
     from harnessrl.gym.rollout import RolloutConfig, run_rollout
 
-    from harnessrl.gym.task_loaders import TaskFileError
+    from harnessrl.gym.tasks.loaders import TaskFileError
 
     cfg = RolloutConfig(harness=args.harness, suite=args.suite, source_root=args.source_root, model=args.model, tasks=args.tasks,
                         sandbox=args.sandbox, max_new_tokens=args.max_new_tokens,
@@ -144,7 +144,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if args.source_root is not None:
         cfg = cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={"source_root": args.source_root})})
     from harnessrl.gym.stack import load_suite_tasks
-    from harnessrl.gym.task_loaders import TaskFileError
+    from harnessrl.gym.tasks.loaders import TaskFileError
 
     tasks = None  # loaded once here and handed to the run (prepared ones are made first, then loaded)
     try:  # task-file problems are one line each, before any engine starts
@@ -267,24 +267,24 @@ def build_parser() -> argparse.ArgumentParser:
 
 #: Subcommands whose module parses its own arguments.
 PASSTHROUGH = {
-    "tasks": ("harnessrl.gym.suites.check", "list or check a task suite (gold -> 1.0, base -> 0.0 in a real sandbox); "
+    "tasks": ("harnessrl.gym.tasks.suites.check", "list or check a task suite (gold -> 1.0, base -> 0.0 in a real sandbox); "
                                          "synth: make tasks by mutating a repository"),
-    "collect": ("harnessrl.gym.collect", "record teacher episodes (scripted gold plans or an OpenAI-compatible URL) "
+    "collect": ("harnessrl.gym.tools.collect", "record teacher episodes (scripted gold plans or an OpenAI-compatible URL) "
                                          "for the sft stage; keeps the successful ones"),
-    "check-adapter": ("harnessrl.gym.check_adapter", "run the contract checks on a harness adapter or config file"),
+    "check-adapter": ("harnessrl.gym.tools.check_adapter", "run the contract checks on a harness adapter or config file"),
     "harness": ("harnessrl.adapters.install", "harness install CONFIG|NAME: install a harness config's `install` "
                                               "spec (npm/pip, stamped, cached) into the toolchain"),
     "proxy": ("harnessrl.gym.proxy.__main__", "serve the proxy in front of an engine (--engine-url URL)"),
     "sandbox": ("harnessrl.sandboxes.__main__", "reap leftover sandboxes, build the base image, show the backend"),
-    "export": ("harnessrl.gym.formats.export", "write a run's trajectories as ATIF (validated), JSONL or Parquet"),
-    "view": ("harnessrl.gym.viewer.cli", "a local web viewer of runs: curves, episodes, conversation and token view"),
+    "export": ("harnessrl.gym.tools.formats.export", "write a run's trajectories as ATIF (validated), JSONL or Parquet"),
+    "view": ("harnessrl.gym.tools.viewer.cli", "a local web viewer of runs: curves, episodes, conversation and token view"),
 }
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:2] == ["tasks", "synth"]:  # mutation-made tasks (harnessrl.gym.synth)
-        from harnessrl.gym.synth.cli import main as synth_main
+    if argv[:2] == ["tasks", "synth"]:  # mutation-made tasks (harnessrl.gym.tasks.synth)
+        from harnessrl.gym.tasks.synth.cli import main as synth_main
 
         return synth_main(argv[2:])
     if argv and argv[0] in PASSTHROUGH:

@@ -602,7 +602,7 @@ async def run_eta(ro, backend, engine, client, pub, args, *, eta: int, cv: float
 
 
 async def amain(args) -> int:
-    from harnessrl.gym.engine_client import EngineClient
+    from harnessrl.gym.backends.engine_client import EngineClient
     from harnessrl.gym.episode import EpisodeConfig
     from harnessrl.gym.models import load_tokenizer, resolve_model
     from harnessrl.gym.grading.verdict import RewardConfig

@@ -33,7 +33,7 @@ from typing import Any, Iterable
 
 from harnessrl.gym.backends.protocol import SESSION, stream_once
 from harnessrl.gym.doubles.scripted import MINI_SUBMIT, ScriptedPolicy
-from harnessrl.gym.engine_client import EngineError, EngineTimeouts, GenerateResult
+from harnessrl.gym.backends.engine_client import EngineError, EngineTimeouts, GenerateResult
 
 FILLER = "git diff --stat"
 

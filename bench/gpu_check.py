@@ -223,7 +223,7 @@ async def run(args, tmp: Path, report: dict) -> dict:
     import httpx
     import torch
 
-    from harnessrl.gym.engine_client import EngineClient
+    from harnessrl.gym.backends.engine_client import EngineClient
     from harnessrl.gym.models import load_tokenizer
     from harnessrl.gym.proxy import ProxyConfig, ProxyServer
     from harnessrl.trainers.engine import EngineServer

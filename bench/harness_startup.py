@@ -44,7 +44,7 @@ def main() -> None:
     from harnessrl.gym.rollout import RolloutConfig
     from harnessrl.gym.served import ServedApp
     from harnessrl.gym.stack import EpisodeStack
-    from harnessrl.gym.suites.builtin import load
+    from harnessrl.gym.tasks.suites.builtin import load
     from harnessrl.sandboxes.docker import DockerBackend
 
     task = next(t for t in load() if t.gold_plan)

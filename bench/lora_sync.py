@@ -25,7 +25,7 @@ from pathlib import Path
 
 
 async def run(a) -> dict:
-    from harnessrl.gym.engine_client import EngineClient
+    from harnessrl.gym.backends.engine_client import EngineClient
     from harnessrl.trainers.engine import EngineServer
     from harnessrl.trainers.lora import LoraConfig
     from harnessrl.trainers.lora_sync import AdapterWeightSync, folder_bytes

@@ -69,7 +69,7 @@ def _conversation(tok, turns: int, grow: int):
 async def _session(urls: dict[str, str], tok, turns: int, grow: int) -> dict[str, list[dict]]:
     """The same session against every engine, turn by turn interleaved (so load changes on a
     shared machine hit both alike); the conversation follows the first engine's replies."""
-    from harnessrl.gym.engine_client import EngineClient
+    from harnessrl.gym.backends.engine_client import EngineClient
 
     rows: dict[str, list[dict]] = {m: [] for m in urls}
     clients = {m: EngineClient(u, timeout=900) for m, u in urls.items()}

@@ -65,7 +65,7 @@ def main() -> int:
     from harnessrl.gym.rollout import RolloutConfig
     from harnessrl.gym.served import ServedApp
     from harnessrl.gym.stack import EpisodeStack, proxy_config
-    from harnessrl.gym.task_loaders import load_suite
+    from harnessrl.gym.tasks.loaders import load_suite
     from harnessrl.sandboxes.docker import DockerBackend
 
     tasks = load_suite("builtin")

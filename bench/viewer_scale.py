@@ -26,8 +26,8 @@ import httpx
 
 from harnessrl.gym.proxy.store import Store
 from harnessrl.gym.served import ServedApp
-from harnessrl.gym.viewer import RunIndex
-from harnessrl.gym.viewer.app import build_app
+from harnessrl.gym.tools.viewer import RunIndex
+from harnessrl.gym.tools.viewer.app import build_app
 
 
 def make_store(root: Path, episodes: int, calls: int) -> None:

@@ -6,7 +6,7 @@ Imports no torch, ray or sglang, so it loads in milliseconds.
 
 def make(env_id: str = "harnessrl/swe", **kwargs):
     """`gymnasium.make` for harnessrl's envs, registering them first (imports gymnasium lazily)."""
-    from harnessrl.gym.env import register
+    from harnessrl.gym.envs.env import register
 
     register()
     import gymnasium

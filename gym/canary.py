@@ -17,7 +17,7 @@ Contract:
   baselines and the reward mean, whatever their reward says.
 - `run_canaries(config, tasks, ...)`: the run's canary tasks: the file `config.suite` (every
   row a canary, no id shared with the training tasks), or made now from up to `max_tasks` of
-  the training tasks, spread over their sorted ids (`gym.synth.canary`, not verified).
+  the training tasks, spread over their sorted ids (`gym.tasks.synth.canary`, not verified).
 """
 from __future__ import annotations
 
@@ -95,7 +95,7 @@ def run_canaries(config: CanaryConfig, tasks: list[Task], out_dir: Path, source_
         return []
     train_ids = {t.instance_id for t in tasks}
     if config.suite is not None:
-        from harnessrl.gym.task_loaders import load_suite
+        from harnessrl.gym.tasks.loaders import load_suite
 
         canaries = load_suite(config.suite, source_root=source_root)
         plain = [t.instance_id for t in canaries if not t.canary]
@@ -103,7 +103,7 @@ def run_canaries(config: CanaryConfig, tasks: list[Task], out_dir: Path, source_
             raise ValueError(f"canary.suite: {config.suite}: {plain[:3]} are not canaries (`canary: true`); make "
                              "canaries with `harnessrl tasks synth --canaries-from SUITE --out DIR`")
     else:
-        from harnessrl.gym.synth.canary import make_canaries, write_canaries
+        from harnessrl.gym.tasks.synth.canary import make_canaries, write_canaries
 
         ordered = sorted(tasks, key=lambda t: t.instance_id)
         k = min(config.max_tasks, len(ordered))

@@ -112,7 +112,7 @@ class Rollout:
                  sandboxes: Any = None, tasks: list | None = None, proxy_fields: dict[str, Any] | None = None):
         """`generation_backend`: a `GenerationBackend` object the proxy generates through
         instead of `engine_url` (e.g. the Tinker bridge's `TinkerBackend`); `proxy_fields`:
-        `ProxyConfig` fields the run's settings do not carry (a teacher's, `gym.collect`)."""
+        `ProxyConfig` fields the run's settings do not carry (a teacher's, `gym.tools.collect`)."""
         self.cfg = cfg
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)

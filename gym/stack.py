@@ -44,7 +44,7 @@ T = TypeVar("T")
 def load_suite_tasks(cfg: "RolloutConfig") -> list:
     """The tasks a run of `cfg` draws from: its suite, narrowed to `tasks` and `difficulties`,
     every one with its sources; a ValueError names what matched nothing."""
-    from harnessrl.gym.task_loaders import load_suite, require_sources
+    from harnessrl.gym.tasks.loaders import load_suite, require_sources
 
     tasks = load_suite(cfg.suite, source_root=cfg.source_root)
     if cfg.tasks is not None:

@@ -47,7 +47,7 @@ from pydantic import BaseModel, Field
 from harnessrl.sandboxes.base import (ExecResult, RepoSpec, SandboxDied, SandboxError,
                                       SandboxUnavailable)
 from harnessrl.sandboxes.context_image import build_context_image, export_workdir
-from harnessrl.sandboxes.images import (HOME_PRISTINE, PRISTINE_DIR, _lock_for, base_image_tag, build_base_image,
+from harnessrl.sandboxes.images import (HOME_PRISTINE, PRISTINE_DIR, lock_for, base_image_tag, build_base_image,
                                         ensure_task_image)
 from harnessrl.sandboxes.limits import docker_cgroup_parent
 from harnessrl.sandboxes.repo import DIFF_SCRIPT, RESET_SCRIPT
@@ -171,7 +171,7 @@ class DockerBackend:
         import docker.errors
 
         if spec.image_context:  # the task's own Dockerfile: built offline, its workdir the source
-            with _lock_for(spec.image):
+            with lock_for(spec.image):
                 build_context_image(self.client, spec, self.config.base_image or base_image_tag())
                 export_workdir(self.client, spec)
 

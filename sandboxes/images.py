@@ -51,7 +51,7 @@ def build_base_image() -> str:
     return proc.stdout.strip().splitlines()[-1]
 
 
-def _lock_for(key: str) -> threading.Lock:
+def lock_for(key: str) -> threading.Lock:
     with _locks_guard:
         return _build_locks.setdefault(key, threading.Lock())
 
@@ -98,7 +98,7 @@ def ensure_task_image(client, spec: RepoSpec, base: str | None = None, key_extra
     base = base or base_image_tag()
     key = spec_key(spec, extra=base + key_extra)
     tag = f"{image_name(spec)}:{key[:16]}"
-    with _lock_for(tag):
+    with lock_for(tag):
         try:
             client.images.get(tag)
             return tag

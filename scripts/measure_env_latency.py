@@ -31,7 +31,7 @@ def main() -> int:
     ap.add_argument("--limit", type=int, default=None, help="only the first N tasks")
     args = ap.parse_args()
 
-    from harnessrl.gym.task_loaders import load_suite
+    from harnessrl.gym.tasks.loaders import load_suite
     from harnessrl.sandboxes import make_backend
 
     tasks = load_suite("builtin")[: args.limit]

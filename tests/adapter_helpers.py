@@ -39,11 +39,11 @@ def scripted_stack():
 
 
 def builtin_task():
-    from harnessrl.gym.suites.builtin import SUITE_DIR, TASKS_FILE
+    from harnessrl.gym.tasks.suites.builtin import SUITE_DIR, TASKS_FILE
     from harnessrl.gym.tasks import Task
 
     try:
-        from harnessrl.gym.suites.builtin import load
+        from harnessrl.gym.tasks.suites.builtin import load
         tasks = load()
     except ImportError:  # the suite loader not there yet: read the shipped file directly
         tasks = []

@@ -116,13 +116,13 @@ def _episode(stack, harness: str, gold: bool):
 
 
 def assert_token_exact(traj, engine_calls) -> None:
-    from harnessrl.gym.check_adapter import token_exact_problems
+    from harnessrl.gym.tools.check_adapter import token_exact_problems
 
     assert token_exact_problems(traj, engine_calls) == []
 
 
 def test_token_exact_check_catches_a_tampered_record():
-    from harnessrl.gym.check_adapter import token_exact_problems
+    from harnessrl.gym.tools.check_adapter import token_exact_problems
     from harnessrl.gym.doubles.scripted import ScriptedCall
     from harnessrl.gym.trajectory import CallRecord, Segment, Trajectory
 
@@ -185,7 +185,7 @@ def test_empty_plan_scores_zero(stack, harness):
 @pytest.mark.timeout(600)
 def test_check_adapter_fails_a_config_that_does_nothing(tmp_path):
     """A harness that exits 0 without calling the model cannot pass the contract checks."""
-    from harnessrl.gym.check_adapter import main
+    from harnessrl.gym.tools.check_adapter import main
 
     cfg = tmp_path / "noop.toml"
     cfg.write_text('name = "noop"\ndialect = "openai-chat"\nplacement = "beside"\ncommand = ["true"]\n')

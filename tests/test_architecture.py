@@ -66,6 +66,10 @@ class Import:
     scope: str
     """"" at module level, else the enclosing function's qualified name ("<string>" for a
     registry string, which is imported lazily)."""
+    typing_only: bool = False
+    """Under `if TYPE_CHECKING:`: read by type checkers, never run."""
+    names: tuple[str, ...] = ()
+    """For `from origin import a, b`: the names taken."""
 
 
 def module_name(rel: Path) -> str:
@@ -81,11 +85,15 @@ def imports_of(source: str, rel: Path) -> list[Import]:
     package = mod if rel.name == "__init__.py" else mod.rpartition(".")[0]
     found: list[Import] = []
 
-    def visit(node: ast.AST, scope: list[str], in_function: bool) -> None:
+    def visit(node: ast.AST, scope: list[str], in_function: bool, typing_only: bool = False) -> None:
         for child in ast.iter_child_nodes(node):
             where = ".".join(scope) if in_function else ""
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                visit(ast.Module(body=child.body, type_ignores=[]), scope, in_function, True)
+                visit(ast.Module(body=child.orelse, type_ignores=[]), scope, in_function, typing_only)
+                continue
             if isinstance(child, ast.Import):
-                found.extend(Import(str(rel), child.lineno, a.name, where) for a in child.names)
+                found.extend(Import(str(rel), child.lineno, a.name, where, typing_only) for a in child.names)
             elif isinstance(child, ast.ImportFrom):
                 if child.level:
                     base = package.split(".")
@@ -93,17 +101,18 @@ def imports_of(source: str, rel: Path) -> list[Import]:
                     origin = ".".join(base + ([child.module] if child.module else []))
                 else:
                     origin = child.module or ""
-                found.extend(Import(str(rel), child.lineno, origin if a.name == "*" else f"{origin}.{a.name}", where)
+                found.extend(Import(str(rel), child.lineno, origin if a.name == "*" else f"{origin}.{a.name}", where,
+                                    typing_only, (a.name,))
                              for a in child.names)
             elif (isinstance(child, ast.Constant) and isinstance(child.value, str)
                   and _REGISTRY_STRING.fullmatch(child.value)):
                 found.append(Import(str(rel), child.lineno, child.value.partition(":")[0], "<string>"))
             if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                visit(child, [*scope, child.name], True)
+                visit(child, [*scope, child.name], True, typing_only)
             elif isinstance(child, ast.ClassDef):
-                visit(child, [*scope, child.name], in_function)
+                visit(child, [*scope, child.name], in_function, typing_only)
             else:
-                visit(child, scope, in_function)
+                visit(child, scope, in_function, typing_only)
 
     visit(ast.parse(source, str(rel)), [], False)
     return found
@@ -206,8 +215,104 @@ def test_the_scanner_reads_imports_as_python_resolves_them(source, rel, target, 
 def test_task_formats_are_reached_by_name_only():
     """The core reaches a self-grading task format (Harbor) only through the task-format
     registries' strings (`GRADERS`, `CHECKS`, `FOLDERS`, `SPECS`), so nothing it imports
-    imports it back: no import circle between `gym/harbor/` and the core."""
-    bad = [i for i in all_imports(FLOORS) if not i.path.startswith("gym/harbor/") and i.scope != "<string>"
-           and (i.target + ".").startswith("harnessrl.gym.harbor.")]
-    assert not bad, "reach gym/harbor through a registry entry, not an import: " + "; ".join(
+    imports it back: no import circle between `gym/tasks/harbor/` and the core."""
+    bad = [i for i in all_imports(FLOORS) if not i.path.startswith("gym/tasks/harbor/") and i.scope != "<string>"
+           and (i.target + ".").startswith("harnessrl.gym.tasks.harbor.")]
+    assert not bad, "reach gym/tasks/harbor through a registry entry, not an import: " + "; ".join(
         f"{i.path}:{i.line} imports {i.target}" for i in bad)
+
+
+def _modules() -> dict[str, Path]:
+    """Every module of the floors, the shared top-level modules and the CLI, by dotted name."""
+    rels = [rel for f in FLOORS for rel in floor_files(f)] + [Path(f"{m}.py") for m in (*SHARED, "cli")]
+    return {module_name(rel): rel for rel in rels if "grading/runner" not in str(rel)}
+
+
+def _owner(target: str, modules: dict[str, Path]) -> str | None:
+    """The module a dotted import target lands in (`a.b.c` is module `a.b` when `c` is a name)."""
+    while target and target not in modules:
+        target = target.rpartition(".")[0]
+    return target or None
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> modules it imports when it runs: module level and in functions; not `TYPE_CHECKING`
+    blocks, and not registry strings (a registry names its implementations, which import the
+    registry's protocol module: a name resolved on demand, the plugin pattern, not a circle).
+    Importing a submodule is not counted as importing its package."""
+    modules = _modules()
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for mod, rel in modules.items():
+        for i in imports_of((ROOT / rel).read_text(), rel):
+            to = _owner(i.target, modules)
+            if to is not None and to != mod and not i.typing_only and i.scope != "<string>":
+                graph[mod].add(to)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    found: list[list[str]] = []
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on.add(start)
+        while work:
+            v, edges = work[-1]
+            for w in edges:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter(sorted(graph[w]))))
+                    break
+                if w in on:
+                    low[v] = min(low[v], index[w])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[v])
+                if low[v] == index[v]:
+                    comp = []
+                    while True:
+                        w = stack.pop()
+                        on.discard(w)
+                        comp.append(w)
+                        if w == v:
+                            break
+                    if len(comp) > 1:
+                        found.append(sorted(comp))
+    return found
+
+
+def test_no_import_circles():
+    """No module reaches itself through imports that run (lazy ones included)."""
+    assert cycles(import_graph()) == []
+
+
+def test_the_circle_finder_finds_circles():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+    src = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from harnessrl.gym.x import Y\nimport harnessrl.gym.z\n"
+    got = imports_of(src, Path("gym/w.py"))
+    assert [(i.target, i.typing_only) for i in got] == [("typing.TYPE_CHECKING", False), ("harnessrl.gym.x.Y", True),
+                                                        ("harnessrl.gym.z", False)]
+
+
+def test_no_private_name_is_imported_across_modules():
+    """`from module import _name` outside the module's own package is a contract nobody wrote
+    down: make the name public or keep it at home. Tests may reach in; library code may not."""
+    modules = _modules()
+    found = []
+    for mod, rel in modules.items():
+        for i in imports_of((ROOT / rel).read_text(), rel):
+            if any(n.startswith("_") and not n.startswith("__") for n in i.names) and _owner(i.target, modules) != mod:
+                found.append(f"{i.path}:{i.line} {i.target}")
+    assert found == []

@@ -72,9 +72,9 @@ def _prompt(tok, statement: str) -> list[int]:
 def test_gold_over_engine_runs_real_engine_tokens_and_versions_straddle_a_weight_update(tmp_path):
     from harnessrl.gym.backends.protocol import SESSION
     from harnessrl.gym.doubles.scripted import ScriptedPolicy
-    from harnessrl.gym.engine_client import EngineClient
+    from harnessrl.gym.backends.engine_client import EngineClient
     from harnessrl.gym.models import load_tokenizer, resolve_model
-    from harnessrl.gym.suites.builtin import load
+    from harnessrl.gym.tasks.suites.builtin import load
     from harnessrl.trainers.engine import EngineServer
 
     task = next(t for t in load() if t.difficulty == "trivial")

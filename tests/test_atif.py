@@ -14,7 +14,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from harnessrl.gym.formats.atif import AtifError, from_atif, to_atif, validate
+from harnessrl.gym.tools.formats.atif import AtifError, from_atif, to_atif, validate
 from harnessrl.gym.proxy.store import Store
 from harnessrl.gym.trajectory import Trajectory
 

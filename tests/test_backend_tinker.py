@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from harnessrl.gym.backends.protocol import GenerationBackend
-from harnessrl.gym.engine_client import EngineError, EngineTimeout, EngineTimeouts
+from harnessrl.gym.backends.engine_client import EngineError, EngineTimeout, EngineTimeouts
 
 tinker = pytest.importorskip("tinker", reason="the Tinker SDK is in the `bridges` extra")
 from harnessrl.gym.backends.tinker import TinkerBackend  # noqa: E402

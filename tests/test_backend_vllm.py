@@ -21,7 +21,7 @@ import pytest
 
 from harnessrl.gym.backends import GenerationBackend, backend_class, make_backend
 from harnessrl.gym.backends.vllm import VllmBackend
-from harnessrl.gym.engine_client import EngineClient, EngineError
+from harnessrl.gym.backends.engine_client import EngineClient, EngineError
 from harnessrl.gym.models import load_tokenizer
 from harnessrl.gym.proxy import ProxyConfig, ProxyServer
 from harnessrl.trainers.engine import EngineServer
@@ -337,7 +337,7 @@ class Stalled:
     ("full_backlog", False, "connect"),
 ])
 def test_engine_timeouts_bound_each_phase_as_for_sglang(route, mode, stream, phase):
-    from harnessrl.gym.engine_client import EngineTimeout, EngineTimeouts
+    from harnessrl.gym.backends.engine_client import EngineTimeout, EngineTimeouts
 
     server = Stalled(mode)
     limits = EngineTimeouts(connect_s=0.5, first_byte_s=0.5, idle_s=0.5, total_s=30.0 if stream else 1.0)

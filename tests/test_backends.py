@@ -29,7 +29,7 @@ class TrainerLoop:
     """A trainer's own event loop in its own thread, holding an engine client bound to it."""
 
     def __init__(self, engine_url: str):
-        from harnessrl.gym.engine_client import EngineClient
+        from harnessrl.gym.backends.engine_client import EngineClient
 
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
@@ -75,7 +75,7 @@ def _chat(proxy, sid, key, text, max_tokens=10):
 
 def test_registry_names_and_errors():
     assert set(BACKENDS) == {"sglang", "vllm"}
-    from harnessrl.gym.engine_client import EngineClient
+    from harnessrl.gym.backends.engine_client import EngineClient
 
     assert backend_class("sglang") is EngineClient
     assert backend_class("harnessrl.gym.backends.inprocess:CallableBackend") is CallableBackend
@@ -188,7 +188,7 @@ def test_failing_trainer_side_is_a_recorded_503_and_the_proxy_goes_on(tok, engin
 def test_cancelling_a_streamed_sglang_call_frees_the_engine_request(tok, engine, transport):
     """The proxy cancels its engine call when the harness hangs up; the stream's reads run in
     the calling task, so the connection closes and the engine drops the request, every time."""
-    from harnessrl.gym.engine_client import EngineClient
+    from harnessrl.gym.backends.engine_client import EngineClient
     from harnessrl.gym.proxy.engine_http import make_engine_client
 
     prompt = tok.apply_chat_template([{"role": "user", "content": "Tell a very long story."}],

@@ -17,7 +17,7 @@ except Exception as e:  # noqa: BLE001 - skyrl 0.3.0 on Python < 3.12 without th
 
 from harnessrl.adapters.command import CommandAdapter
 from harnessrl.adapters.toolchain import installed_spec
-from harnessrl.gym.engine_client import EngineClient
+from harnessrl.gym.backends.engine_client import EngineClient
 from harnessrl.gym.models import load_tokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -25,7 +25,7 @@ from verl.utils.dataset.rl_dataset import RLHFDataset, collate_fn  # noqa: E402
 from verl.workers.rollout.replica import TokenOutput  # noqa: E402
 
 from harnessrl.adapters.toolchain import installed_spec  # noqa: E402
-from harnessrl.gym.engine_client import EngineClient  # noqa: E402
+from harnessrl.gym.backends.engine_client import EngineClient  # noqa: E402
 from harnessrl.gym.models import load_tokenizer, resolve_model  # noqa: E402
 from harnessrl.gym.trajectory import Trajectory  # noqa: E402
 from harnessrl.trainers.bridges import verl as bridge  # noqa: E402

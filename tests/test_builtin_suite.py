@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from harnessrl.gym.grading.score import score
-from harnessrl.gym.task_loaders import load_suite
+from harnessrl.gym.tasks.loaders import load_suite
 from harnessrl.sandboxes import make_backend
 
 TASKS = load_suite("builtin")
@@ -88,7 +88,7 @@ def test_builtin_task_on_local_backend(tmp_path_factory, task):
 @pytest.mark.docker
 @pytest.mark.timeout(240)
 def test_check_suite_tells_valid_from_invalid_tasks():
-    from harnessrl.gym.suites.check import check_suite
+    from harnessrl.gym.tasks.suites.check import check_suite
     from harnessrl.sandboxes.docker import DockerConfig
     try:
         backend = make_backend("docker", DockerConfig(run_id=f"test-check-{uuid.uuid4().hex[:8]}"))
@@ -134,7 +134,7 @@ class _BugSandbox:
 def test_check_suite_reports_unexpected_errors_as_one_line_per_task(capsys):
     """No exception escapes a suite check: each task it hits is one INVALID line naming it, and
     every other task is still checked."""
-    from harnessrl.gym.suites.check import _line, check_suite
+    from harnessrl.gym.tasks.suites.check import _line, check_suite
 
     tasks = [next(t for t in TASKS if t.repo.endswith(r)) for r in ("calc", "cachekit")]
     results = {r["instance_id"]: r for r in check_suite(tasks, _BugBackend())}

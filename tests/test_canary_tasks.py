@@ -1,4 +1,4 @@
-"""Canary tasks (gym.synth.canary): hidden tests that contradict the statement, so the untouched
+"""Canary tasks (gym.tasks.synth.canary): hidden tests that contradict the statement, so the untouched
 base and the gold patch both score 0. Run for real: pytest on the host over the materialized
 repository, the real grader in Docker, and real mini-swe-agent episodes through the proxy."""
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from harnessrl.gym.synth.canary import SUFFIX, CanaryError, contradicted_id, make_canary
-from harnessrl.gym.task_loaders import load_jsonl, load_suite
+from harnessrl.gym.tasks.synth.canary import SUFFIX, CanaryError, contradicted_id, make_canary
+from harnessrl.gym.tasks.loaders import load_jsonl, load_suite
 from harnessrl.gym.tasks import Task
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -103,7 +103,7 @@ def test_what_cannot_be_a_canary_says_why():
 
 
 def test_tasks_synth_makes_canaries_from_a_suite(tmp_path, capsys):
-    from harnessrl.gym.synth.cli import main
+    from harnessrl.gym.tasks.synth.cli import main
 
     assert main(["--canaries-from", "builtin", "--out", str(tmp_path), "--no-verify"]) == 0
     made = load_jsonl(tmp_path / "canaries.jsonl")
@@ -125,7 +125,7 @@ def _docker():
 @pytest.mark.docker
 @pytest.mark.timeout(600)
 def test_the_real_grader_scores_a_canary_0_at_base_and_with_gold():
-    from harnessrl.gym.synth.canary import check_canary
+    from harnessrl.gym.tasks.synth.canary import check_canary
 
     backend = _docker()
     task = _builtin("harnessrl-builtin__calc-3")

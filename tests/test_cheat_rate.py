@@ -150,8 +150,8 @@ def test_configs_default_off_and_learn_cpu_on_at_a_low_rate():
 
 
 def test_run_canaries_off_from_a_file_and_made_from_training_tasks(tmp_path):
-    from harnessrl.gym.synth.canary import SUFFIX, write_canaries
-    from harnessrl.gym.task_loaders import load_suite
+    from harnessrl.gym.tasks.synth.canary import SUFFIX, write_canaries
+    from harnessrl.gym.tasks.loaders import load_suite
 
     tasks = load_suite("builtin")
     assert run_canaries(CanaryConfig(), tasks, tmp_path) == []

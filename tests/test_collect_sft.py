@@ -283,7 +283,7 @@ def test_collect_with_the_scripted_teacher_keeps_only_successful_episodes(tmp_pa
 
     from adapter_helpers import builtin_task, docker_backend
     from harnessrl.adapters.toolchain import installed_spec
-    from harnessrl.gym.collect import CollectConfig, collect
+    from harnessrl.gym.tools.collect import CollectConfig, collect
     from harnessrl.gym.episode import EpisodeConfig
     from harnessrl.gym.rollout import RolloutConfig
 
@@ -368,7 +368,7 @@ def test_train_runs_sft_then_rl_from_one_config(tmp_path):
 
     from adapter_helpers import builtin_task, docker_backend
     from harnessrl.adapters.toolchain import installed_spec
-    from harnessrl.gym.collect import CollectConfig, collect
+    from harnessrl.gym.tools.collect import CollectConfig, collect
     from harnessrl.gym.episode import EpisodeConfig
     from harnessrl.gym.proxy import Store
     from harnessrl.gym.rollout import RolloutConfig

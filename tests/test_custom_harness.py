@@ -102,7 +102,7 @@ def test_not_installed_names_the_command_to_run(tmp_path):
 
 def test_rollout_and_check_adapter_name_the_install_command_before_running(tmp_path, monkeypatch, capsys):
     from harnessrl.cli import main
-    from harnessrl.gym.check_adapter import check_adapter
+    from harnessrl.gym.tools.check_adapter import check_adapter
 
     monkeypatch.setenv("HARNESSRL_TOOLCHAIN", str(tmp_path / "empty"))
     assert main(["rollout", "--harness", str(GROK), "--episodes", "1", "--out", str(tmp_path / "run")]) == 2
@@ -177,7 +177,7 @@ def test_node_runtime_installs_a_newer_node_from_npm_that_the_harness_runs_on_in
 
 
 def test_models_and_toolchain_move_separately(tmp_path, monkeypatch):
-    from harnessrl.gym.doctor import check_locations
+    from harnessrl.gym.tools.doctor import check_locations
     from harnessrl.gym.models import model_dir
 
     monkeypatch.setenv("HARNESSRL_HOME", str(tmp_path / "home"))
@@ -284,7 +284,7 @@ def test_a_missing_harness_command_shows_exit_127_and_its_stderr_everywhere(tmp_
 @pytest.mark.docker
 @pytest.mark.timeout(600)
 def test_check_adapter_fails_a_missing_command_with_127_and_the_stderr_tail(tmp_path):
-    from harnessrl.gym.check_adapter import check_adapter
+    from harnessrl.gym.tools.check_adapter import check_adapter
 
     docker_backend()
     cfg = _config(tmp_path, "gone", 'dialect = "openai-chat"\nplacement = "beside"\n'
@@ -300,7 +300,7 @@ def test_check_adapter_fails_a_missing_command_with_127_and_the_stderr_tail(tmp_
 @pytest.mark.docker
 @pytest.mark.timeout(600)
 def test_check_adapter_fails_a_first_prompt_over_the_context_with_both_numbers():
-    from harnessrl.gym.check_adapter import check_adapter
+    from harnessrl.gym.tools.check_adapter import check_adapter
 
     docker_backend()
     rep = check_adapter(str(REPO / "examples" / "harnesses" / "tiny-agent.toml"), "docker", 120, context=64)
@@ -348,7 +348,7 @@ def test_an_engine_400_for_a_long_prompt_ends_the_episode_context_exceeded_with_
 @pytest.mark.timeout(900)
 def test_grok_cli_from_its_config_alone_passes_the_contract_in_docker():
     """Gold plan -> 1.0, empty -> 0.0, token-exact record, first prompt within the context."""
-    from harnessrl.gym.check_adapter import check_adapter
+    from harnessrl.gym.tools.check_adapter import check_adapter
 
     docker_backend()
     try:

@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from harnessrl.gym.task_loaders import load_suite
+from harnessrl.gym.tasks.loaders import load_suite
 from harnessrl.sandboxes import make_backend
 
 CALC = next(t for t in load_suite("builtin") if t.instance_id.endswith("calc-2"))

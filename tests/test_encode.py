@@ -4,7 +4,7 @@ Each expected body below is the literal dict the server wrote by hand before it 
 through the encoder (scripted policy, stand-in engine, gym env bridge), so a change to the
 wire shape shows here as a diff. The stand-in's one difference: its bodies now carry
 `cached_tokens: 0` like every other server's (the client reads no such field). The parsed
-side is checked with the client's own readers (`gym/engine_client.py`).
+side is checked with the client's own readers (`gym/backends/engine_client.py`).
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import math
 import pytest
 
 from harnessrl.gym.backends.encode import finish_reason, sglang_reply
-from harnessrl.gym.engine_client import _finish_reason, _ids_and_logprobs
+from harnessrl.gym.backends.engine_client import _finish_reason, _ids_and_logprobs
 
 
 def test_finish_reason_kinds():
@@ -135,7 +135,7 @@ def test_standin_engine_bodies():
 
 
 def test_env_bridge_bodies():
-    from harnessrl.gym.env_bridge import BridgeEngine
+    from harnessrl.gym.envs.env_bridge import BridgeEngine
 
     eng = BridgeEngine(stop_ids=[2], version=lambda: 7)
     assert eng._reply([1, 2, 3], [40, 41, 2], "stop", "b1") == {"text": "", "output_ids": [40, 41, 2], "meta_info": {

@@ -19,7 +19,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from harnessrl.gym.engine_client import EngineClient
+from harnessrl.gym.backends.engine_client import EngineClient
 from harnessrl.gym.models import load_tokenizer, resolve_model
 from harnessrl.trainers.engine import EngineServer, EngineStartupError
 

@@ -15,7 +15,7 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from harnessrl.gym.engine_client import EngineClient, EngineError, GenerateResult
+from harnessrl.gym.backends.engine_client import EngineClient, EngineError, GenerateResult
 from harnessrl.gym.models import load_tokenizer
 from harnessrl.trainers.engine import EngineServer
 
@@ -240,7 +240,7 @@ def _timeout_client(kind: str, url: str, timeouts) -> EngineClient:
     ("full_backlog", False, "connect"),
 ])
 def test_generate_times_out_per_phase_against_a_server_that_stops_answering(kind, mode, stream, phase):
-    from harnessrl.gym.engine_client import EngineTimeout, EngineTimeouts
+    from harnessrl.gym.backends.engine_client import EngineTimeout, EngineTimeouts
 
     server = Stalling(mode)
     limits = EngineTimeouts(connect_s=0.5, first_byte_s=0.5, idle_s=0.5, total_s=30.0 if stream else 1.0)
@@ -268,7 +268,7 @@ def test_generate_times_out_per_phase_against_a_server_that_stops_answering(kind
 
 def test_the_total_bound_caps_a_stream_that_keeps_sending():
     """A stream whose chunks keep coming within the idle bound still ends at the total."""
-    from harnessrl.gym.engine_client import EngineTimeout, EngineTimeouts
+    from harnessrl.gym.backends.engine_client import EngineTimeout, EngineTimeouts
 
     app = FastAPI()
 

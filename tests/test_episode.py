@@ -147,8 +147,8 @@ def test_concurrent_episodes_keep_their_own_records(stack):
     from concurrent.futures import ThreadPoolExecutor
 
     from harnessrl.adapters.mini_swe_agent import MiniSweAgentAdapter
-    from harnessrl.gym.check_adapter import token_exact_problems
-    from harnessrl.gym.suites.builtin import load
+    from harnessrl.gym.tools.check_adapter import token_exact_problems
+    from harnessrl.gym.tasks.suites.builtin import load
 
     engine, handle, backend = stack
     tasks = [t for t in load() if t.gold_plan][:3]

@@ -20,7 +20,7 @@ import pytest
 from harnessrl.gym.grading.score import score
 
 from harnessrl.gym.grading.verdict import RewardResult
-from harnessrl.gym.task_loaders import load_suite
+from harnessrl.gym.tasks.loaders import load_suite
 from harnessrl.gym.tasks import Task
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -59,8 +59,8 @@ def test_import_is_light_and_make_registers():
     assert out.strip() == "[]"
     import gymnasium
 
-    import harnessrl.gym.env  # noqa: F401 - registers on import
-    assert gymnasium.spec("harnessrl/swe").entry_point == "harnessrl.gym.env:SweEnv"
+    import harnessrl.gym.envs.env  # noqa: F401 - registers on import
+    assert gymnasium.spec("harnessrl/swe").entry_point == "harnessrl.gym.envs.env:SweEnv"
 
 
 @pytest.mark.timeout(600)

@@ -1,4 +1,4 @@
-"""Harbor task folders as a suite, on real parts: the shipped tasks (gym/suites/harbor) built
+"""Harbor task folders as a suite, on real parts: the shipped tasks (gym/tasks/suites/harbor) built
 offline and graded in real Docker sandboxes, `harnessrl tasks list|check DIR` from the CLI,
 the attacks on the reward file, and a real mini-swe-agent episode with the scripted gold."""
 from __future__ import annotations
@@ -12,16 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from harnessrl.gym.harbor.loader import load_dir
-from harnessrl.gym.harbor.spec import HarborError, parse_task_toml
-from harnessrl.gym.harbor.verify import read_reward
-from harnessrl.gym.task_loaders import TaskFileError, load_suite
+from harnessrl.gym.tasks.harbor.loader import load_dir
+from harnessrl.gym.tasks.harbor.spec import HarborError, parse_task_toml
+from harnessrl.gym.tasks.harbor.verify import read_reward
+from harnessrl.gym.tasks.loaders import TaskFileError, load_suite
 from harnessrl.sandboxes.context_image import external_images, final_workdir
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from adapter_helpers import docker_backend, scripted_stack  # noqa: E402
 
-SHIPPED = Path(__file__).resolve().parents[1] / "gym" / "suites" / "harbor"
+SHIPPED = Path(__file__).resolve().parents[1] / "gym" / "tasks" / "suites" / "harbor"
 DOCKERFILE = ("ARG HARNESSRL_BASE=harnessrl/base:latest\nFROM ${HARNESSRL_BASE}\nWORKDIR /app\n"
               "RUN echo 'echo 41' > /app/answer.sh\n")
 # Writes the reward only when the answer is right: a file left from before would survive.
@@ -324,7 +324,7 @@ def test_mini_swe_agent_episode_on_a_harbor_task_with_the_scripted_gold():
     if installed_spec("venvs", "mini-swe-agent") is None:
         pytest.skip("mini-swe-agent not installed: run scripts/install_harnesses.sh mini-swe-agent")
     from harnessrl.adapters.mini_swe_agent import MiniSweAgentAdapter
-    from harnessrl.gym.check_adapter import token_exact_problems
+    from harnessrl.gym.tools.check_adapter import token_exact_problems
     from harnessrl.gym.episode import EpisodeConfig, ProxyHandle, run_episode
 
     task = next(t for t in load_dir(SHIPPED) if t.instance_id == "greet-script")
@@ -379,10 +379,10 @@ def test_collect_runs_the_harbor_suite_from_the_cli(tmp_path):
 
 
 def test_check_adapter_takes_its_gold_task_from_a_harbor_folder(tmp_path):
-    """`check-adapter --suite DIR` (run in full on gym/suites/harbor by hand: all checks PASS);
+    """`check-adapter --suite DIR` (run in full on gym/tasks/suites/harbor by hand: all checks PASS);
     a folder whose tasks have no solve.sh fails the gold-task check, naming the suite."""
     from harnessrl.adapters.toolchain import installed_spec
-    from harnessrl.gym.check_adapter import check_adapter
+    from harnessrl.gym.tools.check_adapter import check_adapter
 
     if installed_spec("venvs", "mini-swe-agent") is None:
         pytest.skip("mini-swe-agent not installed: run scripts/install_harnesses.sh mini-swe-agent")
@@ -412,7 +412,7 @@ def test_a_runner_shadow_in_the_workdir_is_tampering(backend):
         sb.close()
 
 
-# --- the reward file and the code test.sh runs (gym.harbor.reward_watch) ----------------------
+# --- the reward file and the code test.sh runs (gym.tasks.harbor.reward_watch) ----------------------
 
 PYTEST_ON_PASS = ("#!/bin/bash\ncd /app\nif python3 -m pytest -q -p no:cacheprovider /tests/test_answer.py; then\n"
                   "  echo 1 > /logs/verifier/reward.txt\nfi\n")
@@ -436,7 +436,7 @@ def reward_tasks(tmp_path_factory):
 
 
 def test_which_test_sh_writes_its_reward_itself(tmp_path):
-    from harnessrl.gym.harbor.reward_watch import shell_written
+    from harnessrl.gym.tasks.harbor.reward_watch import shell_written
 
     assert shell_written(SHIPPED / "wordcount-fix" / "tests") == ""
     assert shell_written(SHIPPED / "greet-script" / "tests") == ""  # echo "$ok" > ...
@@ -465,7 +465,7 @@ def test_code_under_test_writing_the_reward_file_is_tampered(backend, reward_tas
     test.sh (which writes only on success) leaves that 1 in place. The watch saw the file change
     while pytest ran: tampered, with `reward_file` evidence. The gold is paid, and both verdicts
     say the reward file was not protected."""
-    from harnessrl.gym.harbor.reward_watch import UNPROTECTED
+    from harnessrl.gym.tasks.harbor.reward_watch import UNPROTECTED
     from harnessrl.gym.grading.score import score
 
     task = reward_tasks["pytest-on-pass"]
@@ -492,7 +492,7 @@ def test_code_under_test_writing_the_reward_file_is_tampered(backend, reward_tas
 def test_a_reward_no_writer_can_be_checked_for_is_recorded_unprotected(backend, answer_tasks, reward_tasks):
     """Where the watch cannot tell the writer (the agent's script is itself run by bash; the
     reward is a program's output), the attack is not caught, and the verdict says so."""
-    from harnessrl.gym.harbor.reward_watch import UNPROTECTED
+    from harnessrl.gym.tasks.harbor.reward_watch import UNPROTECTED
     from harnessrl.gym.grading.score import score
 
     task = answer_tasks["only-on-pass"]

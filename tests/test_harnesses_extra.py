@@ -136,7 +136,7 @@ def test_proxy_accepts_the_recorded_requests_token_exact(env, name):
 @pytest.mark.timeout(1200)
 @pytest.mark.parametrize("name", sorted(EXTRA))
 def test_check_adapter_passes_gold_empty_and_token_exact(name):
-    from harnessrl.gym.check_adapter import check_adapter
+    from harnessrl.gym.tools.check_adapter import check_adapter
 
     docker_backend()
     adapter = get_adapter(_config(name))
@@ -205,7 +205,7 @@ def test_real_policy_episode_ends_with_reason_and_complete_record(real_stack, na
 def test_check_adapter_looks_for_a_variant_where_its_binary_is(tmp_path, monkeypatch):
     """claude-code-agents runs the claude-code install: check-adapter's `installed` check (and so
     bench/harness_matrix.py) must look in that folder, not one named after the variant."""
-    from harnessrl.gym.check_adapter import CheckReport, _installed
+    from harnessrl.gym.tools.check_adapter import CheckReport, _installed
 
     monkeypatch.setenv("HARNESSRL_TOOLCHAIN", str(tmp_path))
     spec = get_adapter("claude-code").install.split(":", 1)[1]

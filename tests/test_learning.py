@@ -21,7 +21,7 @@ import asyncio
 import httpx
 import pytest
 
-from harnessrl.gym.engine_client import EngineClient
+from harnessrl.gym.backends.engine_client import EngineClient
 from harnessrl.gym.proxy.config import ProxyConfig
 from harnessrl.gym.proxy.server import ProxyServer
 

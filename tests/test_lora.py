@@ -12,7 +12,7 @@ import httpx
 import pytest
 import torch
 
-from harnessrl.gym.engine_client import EngineClient
+from harnessrl.gym.backends.engine_client import EngineClient
 from harnessrl.gym.models import ModelNotPrepared, load_tokenizer, resolve_model
 from harnessrl.gym.trajectory import Segment, Trajectory
 from harnessrl.trainers import lora

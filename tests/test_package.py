@@ -34,7 +34,7 @@ def test_wheel_installs_only_the_harnessrl_namespace(tmp_path: Path) -> None:
         if rel.parts[0] in ("gym", "adapters", "sandboxes", "trainers"):
             assert f"harnessrl/{rel.as_posix()}" in names, f"{rel} missing from the wheel: add it to pyproject packages"
     # Data the package reads at run time ships too: every file of the shipped Harbor tasks.
-    for f in (ROOT / "gym" / "suites" / "harbor").rglob("*"):
+    for f in (ROOT / "gym" / "tasks" / "suites" / "harbor").rglob("*"):
         if f.is_file():
             rel = f.relative_to(ROOT).as_posix()
             assert f"harnessrl/{rel}" in names, f"{rel} missing from the wheel: add it to package-data"

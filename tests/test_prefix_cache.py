@@ -11,7 +11,7 @@ import httpx
 import pytest
 import torch
 
-from harnessrl.gym.engine_client import EngineClient
+from harnessrl.gym.backends.engine_client import EngineClient
 from harnessrl.gym.models import load_tokenizer, resolve_model
 from harnessrl.trainers.engine import EngineServer
 from harnessrl.trainers.engine.prefix_cache import PrefixCache

@@ -138,7 +138,7 @@ def test_weight_update_mid_generation_resumes_with_two_versions(tok, stream):
     import asyncio
     import threading
 
-    from harnessrl.gym.engine_client import EngineClient
+    from harnessrl.gym.backends.engine_client import EngineClient
     from harnessrl.gym.models import resolve_model
     from harnessrl.trainers.engine import EngineServer
     from harnessrl.trainers.weight_sync import DiskWeightSync

@@ -149,7 +149,7 @@ def test_the_logprob_space_probe_of_a_silent_engine_is_bounded():
     import asyncio
     import socket
 
-    from harnessrl.gym.engine_client import EngineClient, EngineTimeout, EngineTimeouts
+    from harnessrl.gym.backends.engine_client import EngineClient, EngineTimeout, EngineTimeouts
     from harnessrl.gym.proxy.sampling import SamplingPolicy
 
     with socket.socket() as silent:

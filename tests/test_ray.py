@@ -107,7 +107,7 @@ def test_hung_remote_episode_times_out_and_its_actor_is_replaced(cluster):
 @pytest.mark.model
 @pytest.mark.timeout(300)
 def test_engine_actor_serves_generate_to_a_client(cluster):
-    from harnessrl.gym.engine_client import EngineClient
+    from harnessrl.gym.backends.engine_client import EngineClient
     from harnessrl.gym.models import load_tokenizer
     from harnessrl.trainers.engine import EngineServer
 

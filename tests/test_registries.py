@@ -27,11 +27,11 @@ FAMILIES = {
     "tool formats": ("harnessrl.gym.proxy.toolcalls:TOOL_FORMATS", "tool format", None),
     "trainers": ("harnessrl.trainers.base:TRAINERS", "trainer", "harnessrl.trainers.base:trainer_class"),
     "graders": ("harnessrl.gym.grading.score:GRADERS", "task format", None),
-    "gold checks": ("harnessrl.gym.suites.check:CHECKS", "task format", None),
+    "gold checks": ("harnessrl.gym.tasks.suites.check:CHECKS", "task format", None),
     "format specs": ("harnessrl.gym.tasks:SPECS", "task format spec", None),
-    "task folders": ("harnessrl.gym.task_loaders:FOLDERS", "task folder format", None),
-    "row layouts": ("harnessrl.gym.task_loaders:LAYOUTS", "task layout", None),
-    "suites": ("harnessrl.gym.task_loaders:SUITES", "suite", None),
+    "task folders": ("harnessrl.gym.tasks.loaders:FOLDERS", "task folder format", None),
+    "row layouts": ("harnessrl.gym.tasks.loaders:LAYOUTS", "task layout", None),
+    "suites": ("harnessrl.gym.tasks.loaders:SUITES", "suite", None),
 }
 
 #: Config field types made from a registry: (type, registry, names it accepts besides the registry's).

@@ -18,7 +18,7 @@ from harnessrl.gym.grading.hidden_tests import nodeid_key, parse_junit
 from harnessrl.gym.grading.score import score
 
 from harnessrl.gym.grading.verdict import RewardConfig
-from harnessrl.gym.task_loaders import load_suite
+from harnessrl.gym.tasks.loaders import load_suite
 from harnessrl.sandboxes import SandboxError, make_backend
 
 TASKS = {t.instance_id.split("__")[1]: t for t in load_suite("builtin")}

@@ -36,7 +36,7 @@ def test_rollout_report_with_the_scripted_policy(tmp_path: Path) -> None:
     from harnessrl.gym.doubles.scripted import ScriptedEngine
     from harnessrl.gym.models import load_tokenizer
     from harnessrl.gym.served import ServedApp
-    from harnessrl.gym.task_loaders import load_suite
+    from harnessrl.gym.tasks.loaders import load_suite
 
     task = next(t for t in load_suite("builtin") if t.instance_id == TASK)
     engine = ScriptedEngine(load_tokenizer("tiny-llama"))
@@ -170,7 +170,7 @@ def test_requeue_per_turn_check_aborts_a_real_harness_episode_and_reruns_it(tmp_
     from harnessrl.gym.rollout import Rollout
     from harnessrl.gym.scheduler import RolloutScheduler, SchedulerConfig
     from harnessrl.gym.served import ServedApp
-    from harnessrl.gym.task_loaders import load_suite
+    from harnessrl.gym.tasks.loaders import load_suite
 
     task = next(t for t in load_suite("builtin") if t.instance_id == TASK)
     assert len(task.gold_plan) >= 1  # so the gold episode makes a second call

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from harnessrl.gym.task_loaders import TaskFileError, detect_layout, load_jsonl, require_sources
+from harnessrl.gym.tasks.loaders import TaskFileError, detect_layout, load_jsonl, require_sources
 
 GIT_ENV = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
            "GIT_COMMITTER_EMAIL": "t@t", "GIT_CONFIG_GLOBAL": os.devnull}

@@ -171,7 +171,7 @@ def test_claude_code_sub_agent_is_a_lineage_of_the_same_episode():
     the main conversation resumes its own segment, and every call is token-exact."""
     from harnessrl.adapters import get_adapter
     from harnessrl.adapters.toolchain import installed_spec
-    from harnessrl.gym.check_adapter import token_exact_problems
+    from harnessrl.gym.tools.check_adapter import token_exact_problems
     from harnessrl.gym.doubles.scripted import DELEGATED
     from harnessrl.gym.episode import EpisodeConfig, ProxyHandle, run_episode
     from adapter_helpers import builtin_task, scripted_stack

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from harnessrl.gym.synth import fixhint, mutate, split
-from harnessrl.gym.synth.run import SynthConfig, synthesize
-from harnessrl.gym.task_loaders import load_jsonl
+from harnessrl.gym.tasks.synth import fixhint, mutate, split
+from harnessrl.gym.tasks.synth.run import SynthConfig, synthesize
+from harnessrl.gym.tasks.loaders import load_jsonl
 
 SRC = '''def f(a, b):
     """Doc 1 < 2."""

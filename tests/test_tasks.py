@@ -15,8 +15,8 @@ from pydantic import ValidationError
 from harnessrl.gym.grading.diff import is_test_path
 
 from harnessrl.gym.grading.hidden_tests import patch_files
-from harnessrl.gym.suites import builtin
-from harnessrl.gym.task_loaders import (SUITES, TaskFileError, detect_layout, load_jsonl, load_parquet,
+from harnessrl.gym.tasks.suites import builtin
+from harnessrl.gym.tasks.loaders import (SUITES, TaskFileError, detect_layout, load_jsonl, load_parquet,
                                         load_suite, load_tasks, reverse_patch)
 from harnessrl.gym.tasks import Task
 
@@ -248,12 +248,12 @@ def test_missing_repository_under_source_root(tmp_path):
 # --- the registry -----------------------------------------------------------------------------
 
 def test_suite_registry(tmp_path):
-    assert SUITES["builtin"] == "harnessrl.gym.suites.builtin:load"
+    assert SUITES["builtin"] == "harnessrl.gym.tasks.suites.builtin:load"
     with pytest.raises(ValueError, match="unknown suite 'nope'; valid: builtin"):
         load_suite("nope")
     path = write_jsonl(tmp_path / "mine.jsonl", [swebench_row()])
     assert [t.instance_id for t in load_suite(str(path))] == ["acme__widgets-101"]
-    assert len(load_suite("harnessrl.gym.suites.builtin:load")) == len(load_suite("builtin"))
+    assert len(load_suite("harnessrl.gym.tasks.suites.builtin:load")) == len(load_suite("builtin"))
     with pytest.raises(TaskFileError, match="does not exist"):
         load_suite(str(tmp_path / "absent.jsonl"))
 
@@ -295,7 +295,7 @@ def test_builtin_bundles_hold_only_the_base_commit(tmp_path):
 
 
 def test_builtin_base_commits_are_reproducible(tmp_path):
-    from harnessrl.gym.suites.builtin.build import make_repo
+    from harnessrl.gym.tasks.suites.builtin.build import make_repo
 
     for project in ("calc", "textkit"):
         expected = {t.base_commit for t in builtin.load() if t.repo.endswith("/" + project)}

@@ -14,9 +14,9 @@ from fastapi.testclient import TestClient
 
 from harnessrl.gym.proxy.store import Store
 from harnessrl.gym.trajectory import Trajectory
-from harnessrl.gym.viewer import RunFolderError, RunIndex
-from harnessrl.gym.viewer.app import build_app
-from harnessrl.gym.viewer.episode_view import split_messages, tool_calls
+from harnessrl.gym.tools.viewer import RunFolderError, RunIndex
+from harnessrl.gym.tools.viewer.app import build_app
+from harnessrl.gym.tools.viewer.episode_view import split_messages, tool_calls
 
 N = 120
 

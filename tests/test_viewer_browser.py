@@ -74,7 +74,7 @@ def recorded(tmp_path_factory):
     from harnessrl.gym.proxy.server import ProxyServer
     from harnessrl.gym.rollout import RolloutConfig, run_rollout
     from harnessrl.gym.served import ServedApp
-    from harnessrl.gym.task_loaders import load_suite
+    from harnessrl.gym.tasks.loaders import load_suite
     from harnessrl.gym.trajectory import Trajectory
 
     out = tmp_path_factory.mktemp("viewer-run")
@@ -153,8 +153,8 @@ def test_viewer_renders_a_real_run_in_headless_chromium(recorded, tmp_path):
     from selenium.webdriver.support.ui import WebDriverWait
 
     from harnessrl.gym.served import ServedApp
-    from harnessrl.gym.viewer import RunIndex
-    from harnessrl.gym.viewer.app import build_app
+    from harnessrl.gym.tools.viewer import RunIndex
+    from harnessrl.gym.tools.viewer.app import build_app
 
     run, solved, split, task, sampled = recorded
     driver = _browser()
@@ -267,8 +267,8 @@ def test_view_a_b_compares_two_runs(recorded, tmp_path):
     from selenium.webdriver.common.by import By
 
     from harnessrl.gym.served import ServedApp
-    from harnessrl.gym.viewer import RunIndex
-    from harnessrl.gym.viewer.app import build_app
+    from harnessrl.gym.tools.viewer import RunIndex
+    from harnessrl.gym.tools.viewer.app import build_app
 
     run, solved, split, _, sampled = recorded
     kept = tmp_path / "kept"
@@ -300,8 +300,8 @@ def test_a_train_run_shows_its_cheat_rate(recorded, tmp_path):
     from harnessrl.gym.cheat import from_steps
     from harnessrl.gym.grading import TAMPER_KINDS
     from harnessrl.gym.served import ServedApp
-    from harnessrl.gym.viewer import RunIndex
-    from harnessrl.gym.viewer.app import build_app
+    from harnessrl.gym.tools.viewer import RunIndex
+    from harnessrl.gym.tools.viewer.app import build_app
 
     run = tmp_path / "train"
     shutil.copytree(recorded[0], run / "rollouts")

@@ -95,7 +95,7 @@ async def _stages(cfg: TrainConfig, out: Path, t_start: float, held: contextlib.
                   ) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, dict[str, Any]]]:
     """Start the warm pool, the engine and the trainer (each registered on `held` as soon as it
     exists), then run the stages; returns the step metrics, the run report and the evaluations."""
-    from harnessrl.gym.engine_client import EngineClient
+    from harnessrl.gym.backends.engine_client import EngineClient
     from harnessrl.trainers.base import trainer_class
     from harnessrl.trainers.lora_sync import AdapterWeightSync
     from harnessrl.trainers.weight_sync import DiskWeightSync

@@ -28,7 +28,7 @@ from typing import Any, Callable, Literal
 
 import httpx
 
-from harnessrl.gym.engine_client import EngineClient, EngineError
+from harnessrl.gym.backends.engine_client import EngineClient, EngineError
 from harnessrl.trainers.weight_sync import DiskWeightSync, paused
 
 

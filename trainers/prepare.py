@@ -2,7 +2,7 @@
 
 Contract (`await prepare_data(cfg)`, called by `train` before anything starts):
 1. `prepare.tasks_dir` without a manifest.json: `harnessrl tasks synth` into it
-   (`gym.synth.synthesize` with `prepare.synth`); with one, its config must match
+   (`gym.tasks.synth.synthesize` with `prepare.synth`); with one, its config must match
    `prepare.synth` (a folder made with other settings is refused, never silently reused);
 2. the sft stage's `sft.data` missing and `prepare.teacher_episodes` > 0: `harnessrl collect`
    with the scripted gold teacher on the RL tasks (`rollout.suite`, the run's harness, model
@@ -39,7 +39,7 @@ class PrepareConfig(BaseModel):
     `synth` when it has no manifest.json. Point `rollout.suite` at its train.jsonl and
     `eval.suite` at its heldout.jsonl. None: no synthesis."""
     synth: dict[str, Any] = Field(default_factory=dict)
-    """`harnessrl tasks synth` settings (gym.synth.SynthConfig fields but `out`: seed,
+    """`harnessrl tasks synth` settings (gym.tasks.synth.SynthConfig fields but `out`: seed,
     max_tasks, project, easy_fraction, ...)."""
     teacher_episodes: int = Field(0, ge=0)
     """Scripted gold-teacher episodes on the RL tasks when `sft.data` is missing (0: never collect)."""
@@ -58,7 +58,7 @@ class PrepareConfig(BaseModel):
         return self
 
     def synth_config(self):
-        from harnessrl.gym.synth.run import SynthConfig
+        from harnessrl.gym.tasks.synth.run import SynthConfig
 
         try:
             return SynthConfig(**self.synth, out=str(self.tasks_dir))
@@ -121,7 +121,7 @@ def _synth(p: PrepareConfig, log) -> dict[str, Any]:
                              f"{[have.get(k) for k in differ]} there, {[want[k] for k in differ]} asked); "
                              "remove it or name another folder")
         return {"tasks_dir": sc.out, "made": False}
-    from harnessrl.gym.synth.run import synthesize
+    from harnessrl.gym.tasks.synth.run import synthesize
 
     log(f"prepare: synthesizing tasks into {sc.out} ({json.dumps(p.synth)}); this runs once")
     t0 = time.monotonic()
@@ -134,7 +134,7 @@ def _synth(p: PrepareConfig, log) -> dict[str, Any]:
 
 
 async def _collect(cfg: Any, log, tasks: RunTasks) -> dict[str, Any]:
-    from harnessrl.gym.collect import CollectConfig, collect
+    from harnessrl.gym.tools.collect import CollectConfig, collect
 
     out = Path(cfg.sft.data).parent
     rollout = cfg.rollout.model_copy(update={"model": cfg.model})

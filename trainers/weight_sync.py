@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harnessrl.gym.engine_client import EngineClient
+from harnessrl.gym.backends.engine_client import EngineClient
 
 
 @contextlib.asynccontextmanager

@@ -14,7 +14,7 @@ from pathlib import Path
 
 
 def rows(suite: str, tasks: list[str] | None = None) -> list[dict]:
-    from harnessrl.gym.task_loaders import load_suite
+    from harnessrl.gym.tasks.loaders import load_suite
 
     out = []
     for t in load_suite(suite):

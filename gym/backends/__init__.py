@@ -22,12 +22,12 @@ from typing import Any
 
 from harnessrl.registry import choice, resolve
 
-from ..engine_client import EngineTimeouts
+from harnessrl.gym.backends.engine_client import EngineTimeouts
 from .protocol import GenerationBackend
 
 #: URL-reachable backends: short name -> "module:Class" (imported lazily).
 BACKENDS: dict[str, str] = {
-    "sglang": "harnessrl.gym.engine_client:EngineClient",
+    "sglang": "harnessrl.gym.backends.engine_client:EngineClient",
     "vllm": "harnessrl.gym.backends.vllm:VllmBackend",
 }
 

@@ -2,7 +2,7 @@
 
 Every in-tree server that speaks the contract (the local engine, the stand-in engine and
 the scripted policy in `gym/doubles/`, the gym env's bridge) builds its bodies here, so
-the shape the proxy's client reads (`gym/engine_client.py`) is written in one place.
+the shape the proxy's client reads (`gym/backends/engine_client.py`) is written in one place.
 """
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Awaitable, Callable
 
-from ..engine_client import EngineError, EngineTimeouts, GenerateResult, _bounded
+from harnessrl.gym.backends.engine_client import EngineError, EngineTimeouts, GenerateResult, bounded
 from .protocol import normalize_finish, stream_once
 
 
@@ -82,7 +82,7 @@ class CallableBackend:
                                         priority=priority).items() if v is not None}
         self.calls += 1
         try:
-            reply = await _bounded(self._call(input_ids, params, rid or f"call-{self.calls}"),
+            reply = await bounded(self._call(input_ids, params, rid or f"call-{self.calls}"),
                                    self.timeouts.total_s, "total", self.base_url)
         except EngineError:
             raise

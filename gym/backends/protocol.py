@@ -13,7 +13,7 @@ from __future__ import annotations
 from contextvars import ContextVar
 from typing import Any, AsyncIterator, Protocol, runtime_checkable
 
-from ..engine_client import EngineError, EngineTimeout, EngineTimeouts, GenerateResult
+from harnessrl.gym.backends.engine_client import EngineError, EngineTimeout, EngineTimeouts, GenerateResult
 
 FINISH_REASONS = ("stop", "length", "abort")
 

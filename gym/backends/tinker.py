@@ -26,7 +26,7 @@ import inspect
 import threading
 from typing import Any, AsyncIterator
 
-from ..engine_client import EngineTimeouts, GenerateResult
+from harnessrl.gym.backends.engine_client import EngineTimeouts, GenerateResult
 from .inprocess import CallableBackend, TokenReply
 from .protocol import stream_once
 
@@ -44,7 +44,7 @@ def _check_client(client: Any) -> Any:
     return client
 
 
-async def _resolve(reply: Any) -> Any:
+async def resolve_reply(reply: Any) -> Any:
     """A Tinker call's result: an awaitable (`APIFuture` in tinker >= 0.30), a future with a
     blocking `.result()` (older SDKs; waited for in a thread), or the response itself."""
     if inspect.isawaitable(reply):
@@ -102,7 +102,7 @@ class TinkerBackend:
         reply = client.sample(prompt=types.ModelInput.from_ints([int(t) for t in input_ids]), num_samples=1,
                               sampling_params=sp)
         try:
-            response = await _resolve(reply)
+            response = await resolve_reply(reply)
         except asyncio.CancelledError:
             fut = getattr(reply, "future", None)
             if callable(fut):  # the proxy gave up on the call: drop it on the SDK's side too

@@ -39,7 +39,7 @@ from typing import Any, AsyncIterator, Literal
 
 import httpx
 
-from ..engine_client import EngineError, EngineTimeout, EngineTimeouts, GenerateResult, StreamBudget, _bounded, _within
+from harnessrl.gym.backends.engine_client import EngineError, EngineTimeout, EngineTimeouts, GenerateResult, StreamBudget, bounded, within
 from .vllm_wire import error_message, read_choice, reply_version
 
 PATHS = {"generate": "/inference/v1/generate", "completions": "/v1/completions"}
@@ -155,7 +155,7 @@ class VllmBackend:
                                       seed, priority, False)
         url = self.base_url + self.path
         try:
-            async with _within(self.timeouts.total_s, "total", url):
+            async with within(self.timeouts.total_s, "total", url):
                 resp = await self._http.send(self._build(payload))
         except httpx.ConnectTimeout as e:
             raise EngineTimeout(f"vLLM at {url} timed out connecting (EngineTimeouts.connect_s): {e}",
@@ -183,17 +183,17 @@ class VllmBackend:
         left = StreamBudget(self.timeouts).left
         resp, finished, done = None, False, False
         try:
-            async with _within(*left("first_byte"), url):
+            async with within(*left("first_byte"), url):
                 resp = await self._http.send(self._build(payload), stream=True)
             if resp.status_code >= 400:
-                async with _within(*left("idle"), url):
+                async with within(*left("idle"), url):
                     await resp.aread()
                 raise self._status_error(resp, url)
             lines = resp.aiter_lines().__aiter__()
             got = False
             while not finished:
                 try:
-                    async with _within(*left("idle" if got else "first_byte"), url):
+                    async with within(*left("idle" if got else "first_byte"), url):
                         line = await lines.__anext__()
                 except StopAsyncIteration:
                     break
@@ -234,7 +234,7 @@ class VllmBackend:
     async def _get(self, path: str, limit: float | None = None) -> dict:
         url = self.base_url + path
         try:
-            resp = await _bounded(self._http.get(path), min(limit or self.timeout, self.timeout), "total", url)
+            resp = await bounded(self._http.get(path), min(limit or self.timeout, self.timeout), "total", url)
         except httpx.HTTPError as e:
             raise EngineError(f"vLLM at {url} unreachable: {type(e).__name__}: {e}") from e
         if resp.status_code >= 400:
@@ -246,7 +246,7 @@ class VllmBackend:
         """GET /health: True on 200; False on an error, a refusal, or no answer within the first-byte bound."""
         t = self.timeouts
         try:
-            resp = await _bounded(self._http.get("/health", timeout=httpx.Timeout(None, connect=t.connect_s)),
+            resp = await bounded(self._http.get("/health", timeout=httpx.Timeout(None, connect=t.connect_s)),
                                   t.first_byte_s, "first_byte", self.base_url + "/health")
         except (httpx.HTTPError, EngineTimeout):
             return False

@@ -129,7 +129,7 @@ def _cache_root() -> Path:
 def _cmp_repo() -> tuple[Path, str, str, dict[str, str], list[str]]:
     """(the cmpkit repository, its base commit, the gold patch, task -> hidden test patch,
     gold plan); built once per content in the cache, deterministically (fixed dates)."""
-    from harnessrl.gym.suites.builtin.build import apply_fix, diff, git, gold_plan
+    from harnessrl.gym.tasks.suites.builtin.build import apply_fix, diff, git, gold_plan
 
     digest = hashlib.sha256(repr((_CMP_FILES, _CMP_FIX, _CMP_TESTS)).encode()).hexdigest()[:12]
     repo = _cache_root() / f"cmpkit-{digest}"
@@ -163,7 +163,7 @@ def _cmp_repo() -> tuple[Path, str, str, dict[str, str], list[str]]:
 def tasks() -> dict[str, Task]:
     """Every task an attack or a control uses: the built-in suite by short name (`calc-2`),
     and the cmp-* tasks (one hidden test each, the same base and gold patch)."""
-    from harnessrl.gym.task_loaders import load_suite
+    from harnessrl.gym.tasks.loaders import load_suite
 
     out = {t.instance_id.split("__")[1]: t for t in load_suite("builtin")}
     repo, base, patch, tests, plan = _cmp_repo()

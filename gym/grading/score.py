@@ -22,7 +22,7 @@ __all__ = ["GRADERS", "score", "task_format", "grader"]
 GRADERS: dict[str, str] = {
     "hidden_tests": "harnessrl.gym.grading.hidden_tests:grade",
     "canary": "harnessrl.gym.grading.hidden_tests:grade",
-    "harbor": "harnessrl.gym.harbor.verify:score_harbor",
+    "harbor": "harnessrl.gym.tasks.harbor.verify:score_harbor",
 }
 
 

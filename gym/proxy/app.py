@@ -32,7 +32,7 @@ from starlette.routing import Route
 
 from harnessrl.registry import DIALECTS as DIALECT_NAMES
 from . import anthropic_messages, gemini, openai_chat, openai_responses
-from ..engine_client import EngineError
+from harnessrl.gym.backends.engine_client import EngineError
 from .admin import admin_routes
 from .core import Prepared, ProxyCore
 from .dialects import dialect_module

@@ -27,7 +27,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 
 from ..backends import make_backend
 from ..backends.protocol import SESSION, GenerationBackend
-from ..engine_client import EngineError, EngineTimeout, EngineTimeouts
+from harnessrl.gym.backends.engine_client import EngineError, EngineTimeout, EngineTimeouts
 from .canonical import ChatRequest, Completion, Message
 from .config import ProxyConfig
 from .dialects import dialect_module

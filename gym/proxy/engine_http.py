@@ -20,7 +20,7 @@ from typing import AsyncIterator
 
 import httpx
 
-from ..engine_client import EngineClient, EngineTimeouts
+from harnessrl.gym.backends.engine_client import EngineClient, EngineTimeouts
 
 try:
     import orjson

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
 from ..backends.protocol import GenerationBackend
-from ..engine_client import EngineError
+from harnessrl.gym.backends.engine_client import EngineError
 
 
 class PauseGate:

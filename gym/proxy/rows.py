@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..engine_client import EngineError, EngineTimeout
+from harnessrl.gym.backends.engine_client import EngineError, EngineTimeout
 from .canonical import ChatRequest
 from .dialects import recorded_name
 from .errors import ProxyError

@@ -26,7 +26,7 @@ import asyncio
 import math
 from typing import Any
 
-from ..engine_client import EngineError, EngineTimeout
+from harnessrl.gym.backends.engine_client import EngineError, EngineTimeout
 from .canonical import ChatRequest
 from .config import ProxyConfig
 

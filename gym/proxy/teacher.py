@@ -29,7 +29,7 @@ from typing import Any
 
 import httpx
 
-from ..engine_client import EngineError, EngineTimeouts
+from harnessrl.gym.backends.engine_client import EngineError, EngineTimeouts
 from .canonical import ChatRequest, Message, ToolCall
 from .generation import Generation
 from .render import Renderer

@@ -38,7 +38,7 @@ from skyrl.train.generators.base import GeneratorInput, GeneratorInterface, Gene
 
 from harnessrl.gym.backends.inprocess import CallableBackend, TokenReply
 from harnessrl.gym.backends.protocol import SESSION
-from harnessrl.gym.engine_client import EngineTimeouts
+from harnessrl.gym.backends.engine_client import EngineTimeouts
 from harnessrl.gym.episode import EpisodeConfig, ProxyHandle
 from harnessrl.gym.rollout import RolloutConfig
 from harnessrl.gym.stack import EpisodeStack, cancellable
@@ -146,7 +146,7 @@ class HarnessrlGenerator(GeneratorInterface):
         if not isinstance(suite, str):
             raise ValueError(f"env_extras[{i}].suite: a suite name or task file is required, got {suite!r}")
         if suite not in self._tasks:
-            from harnessrl.gym.task_loaders import load_suite
+            from harnessrl.gym.tasks.loaders import load_suite
 
             self._tasks[suite] = {t.instance_id: t for t in load_suite(suite)}
         task = self._tasks[suite].get(extras["task_id"])

@@ -42,7 +42,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from harnessrl.gym.backends.tinker import TinkerBackend, _resolve
+from harnessrl.gym.backends.tinker import TinkerBackend, resolve_reply
 from harnessrl.gym.trajectory import Trajectory
 from harnessrl.trainers.base import StepMetrics
 from harnessrl.trainers.samples import RecordError, Sample, SampleConfig, build_samples

@@ -156,7 +156,7 @@ class _Shared:
 
     @classmethod
     def task(cls, suite: str, task_id: str) -> Any:
-        from harnessrl.gym.task_loaders import load_suite
+        from harnessrl.gym.tasks.loaders import load_suite
 
         with cls.lock:
             if suite not in cls.tasks:

@@ -2,7 +2,7 @@
 
     from harnessrl.trainers.engine import EngineServer
     with EngineServer(model="tiny-llama") as server:   # free loopback port
-        ...  # harnessrl.gym.engine_client.EngineClient(server.url)
+        ...  # harnessrl.gym.backends.engine_client.EngineClient(server.url)
 
 or `python -m harnessrl.trainers.engine --model smollm2-135m --port 30000`.
 Continuous batching with a KV cache (scheduler.py), greedy output equal to HF

@@ -1,0 +1,1 @@
+"""Task suites shipped with harnessrl (see harnessrl.gym.tasks.loaders for the registry)."""
