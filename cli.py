@@ -208,6 +208,13 @@ def _sandbox(value: str) -> str:
     return sandbox_arg(value)
 
 
+def _harness(value: str) -> str:
+    """`--harness`: an adapter's name, a "module:Class" path or a command-adapter config file."""
+    from harnessrl.adapters import harness_arg
+
+    return harness_arg(value)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="harnessrl", description=(__doc__ or "").splitlines()[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -232,7 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0)
     p = sub.add_parser("rollout", help="run a harness on a suite and write trajectories + a report")
-    p.add_argument("--harness", default="mini-swe-agent", help="adapter name or command-adapter config file")
+    p.add_argument("--harness", default="mini-swe-agent", type=_harness, help="adapter name or command-adapter config file")
     p.add_argument("--suite", default="builtin")
     p.add_argument("--source-root", default=None, metavar="DIR", help=_SOURCE_ROOT_HELP)
     p.add_argument("--model", default="smollm2-135m")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from harnessrl.registry import choice, resolve
+from harnessrl.registry import arg_type, choice, resolve
 
 REGISTRY: dict[str, str] = {
     "mini-swe-agent": "harnessrl.adapters.mini_swe_agent:MiniSweAgentAdapter",
@@ -25,6 +25,8 @@ REGISTRY: dict[str, str] = {
 #: A harness as a config field: a `REGISTRY` name, a "module:Class" path or a command-adapter
 #: config file (.toml/.yaml), refused at validation time otherwise, with the valid names.
 HarnessName = choice(REGISTRY, "harness", files=(".toml", ".yaml", ".yml"))
+#: The same check for a `--harness` flag: a one-line error listing the valid names.
+harness_arg = arg_type(REGISTRY, "harness", files=(".toml", ".yaml", ".yml"))
 
 
 def adapter_class(name: str) -> type:

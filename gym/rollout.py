@@ -23,8 +23,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from harnessrl.adapters import HarnessName
 from harnessrl.adapters.cancel import Cancel
 from harnessrl.adapters.toolchain import HarnessNotInstalled
+from harnessrl.gym.backends import BackendName
 from harnessrl.gym.cheat import cheat_counts
 from harnessrl.gym.episode import EpisodeConfig, ProxyHandle
 from harnessrl.gym.stack import EpisodeStack, cancellable
@@ -37,7 +39,7 @@ class RolloutConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
-    harness: str = "mini-swe-agent"
+    harness: HarnessName = "mini-swe-agent"
     """Adapter name (`harnessrl.adapters.REGISTRY`), "module:Class", or a command-adapter config file."""
     suite: str = "builtin"
     """Task suite name or a .jsonl/.parquet task file."""
@@ -73,7 +75,7 @@ class RolloutConfig(BaseModel):
     """The run's top-k; -1 is off."""
     max_new_tokens: int = Field(512, ge=1)
     """Cap on tokens generated per model call."""
-    backend: str = "sglang"
+    backend: BackendName = "sglang"
     """How the proxy reaches the engine (ProxyConfig.backend): "sglang" (SGLang's /generate; the
     local engine speaks it), "vllm" (a vLLM server's token routes; the local engine serves them
     too), or a "module:Class" path. Weight sync still uses SGLang's control routes."""

@@ -8,9 +8,10 @@ Three rules, applied at collection, so `python -m pytest` alone gets them:
   run on two workers). An engine, a Docker
   image, an installed harness or synthesized tasks are built once, as without xdist. Every other
   test is free to run on any worker.
-- **The longest groups start first**: groups are ordered by an estimate of their cost (the slow,
-  docker, model and harness markers), so the run does not end waiting on one long file that
-  started last (`--no-loadscope-reorder` keeps this order).
+- **The longest groups start first**: groups are ordered by the seconds a measured run recorded
+  (`tests/durations.json`, written by `scripts/suite_timeline.py --write`), else by an estimate
+  from their markers (slow, docker, model, harness), so the run does not end waiting on one long
+  file that started last (`--no-loadscope-reorder` keeps this order).
 - **A few tests run alone** (`SERIAL`): they observe or change the whole machine (every
   harnessrl container of the Docker engine, every process's CPU affinity) or time a kill under
   load. Such a test takes a lock every other test shares, so it starts only when the tests in
@@ -22,9 +23,11 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -94,9 +97,24 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
         groups.setdefault(group or item.nodeid, []).append(item)
-    # costliest group first; within a group, the collected order (module fixtures stay contiguous)
-    ordered = sorted(groups.values(), key=lambda g: -sum(map(_cost, g)))
-    items[:] = [item for g in ordered for item in g]
+    # longest group first (seconds a run measured, else the markers' estimate); within a group,
+    # the collected order (module fixtures stay contiguous)
+    known = _durations()
+    ordered = sorted(groups.items(), key=lambda kv: -known.get(kv[0], _SECONDS_PER_COST * sum(map(_cost, kv[1]))))
+    items[:] = [item for _, g in ordered for item in g]
+
+
+DURATIONS = Path(__file__).with_name("durations.json")
+"""Seconds per group (or ungrouped test) from a measured run (scripts/suite_timeline.py --write);
+a group it does not know is estimated from its markers."""
+_SECONDS_PER_COST = 2.0
+
+
+def _durations() -> dict[str, float]:
+    try:
+        return {str(k): float(v) for k, v in json.loads(DURATIONS.read_text()).items()}
+    except (OSError, ValueError, AttributeError):
+        return {}
 
 
 LOCKS = "HARNESSRL_PYTEST_LOCKS"  # the lock folder, made by the controller, inherited by its workers
@@ -138,10 +156,30 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem):
     gate, run = Path(os.environ[LOCKS]) / "gate", Path(os.environ[LOCKS]) / "run"
     if _serial(item):
         # the gate first: no test starts on another worker while this one waits for those in flight
-        with _flock(gate, fcntl.LOCK_EX), _flock(run, fcntl.LOCK_EX):
+        with _flock(gate, fcntl.LOCK_EX), _flock(run, fcntl.LOCK_EX), _timed(item):
             yield
     else:
         with _flock(gate, fcntl.LOCK_SH):
             pass
-        with _flock(run, fcntl.LOCK_SH):
+        with _flock(run, fcntl.LOCK_SH), _timed(item):
             yield
+
+
+TIMES = "HARNESSRL_PYTEST_TIMES"
+"""A folder: with it set, each worker appends when each of its tests ran (worker, id, start,
+end, group), to see a run's critical path (scripts/suite_timeline.py)."""
+
+
+@contextlib.contextmanager
+def _timed(item: pytest.Item):
+    folder = os.environ.get(TIMES)
+    start = time.time()
+    try:
+        yield
+    finally:
+        if folder:
+            worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+            group = item.get_closest_marker("xdist_group")
+            with open(Path(folder) / f"{worker}.tsv", "a") as f:
+                f.write(f"{worker}\t{item.nodeid}\t{start:.3f}\t{time.time():.3f}\t{group.args[0] if group else ''}\n")
+

@@ -39,6 +39,7 @@ def world(tmp_path, monkeypatch):
     """A console script on this interpreter, a preloadable module that counts its imports, and
     a fresh server registry (closed after the test)."""
     monkeypatch.setenv("HARNESSRL_PREFORK", "1")
+    prefork.close_all()  # fresh: a worker's earlier tests (a beside harness) may have left a server
     lib = tmp_path / "lib"
     lib.mkdir()
     (lib / "warm_dep.py").write_text(f"open({str(tmp_path / 'imports')!r}, 'a').write('x')\n")

@@ -36,6 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from harnessrl.gym.rollout import Rollout, RolloutConfig, report
 from harnessrl.gym.stack import load_suite_tasks
 from harnessrl.gym.trajectory import Trajectory
+from harnessrl.adapters import harness_arg
 from harnessrl.sandboxes import sandbox_arg
 
 
@@ -129,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="harnessrl collect", description=__doc__.split("\n\n")[0])
     p.add_argument("--teacher", default="scripted", help="'scripted' (gold plans) or an OpenAI-compatible base URL")
     p.add_argument("--teacher-model", default="teacher", help="model name sent to a URL teacher")
-    p.add_argument("--harness", default="mini-swe-agent")
+    p.add_argument("--harness", default="mini-swe-agent", type=harness_arg)
     p.add_argument("--suite", default="builtin")
     p.add_argument("--source-root", default=None, metavar="DIR",
                    help="folder holding the repositories a task file names (owner__name, name or name.bundle)")

@@ -12,17 +12,13 @@ from typing import Any
 
 from harnessrl.gym.grading.score import score
 from harnessrl.gym.grading.verdict import RewardConfig
-from harnessrl.gym.tasks.suites.gold import base_problem, gold_verdict, verdict
+from harnessrl.gym.tasks.suites.gold import gold_verdict, score_base, verdict
 from harnessrl.gym.tasks import Task
 
 
 def check_harbor(sb: Any, task: Task, config: RewardConfig | None, out: dict[str, Any]) -> dict[str, Any]:
-    sb.reset()
-    base = score(sb, task, config)
-    out["base_reward"] = base.reward
-    why = base_problem(base)
-    if why:
-        out["problem"] = why
+    base = score_base(sb, task, config, out)
+    if base is None:
         return out
     problems = [] if base.reward == 0.0 else [f"the empty run is rewarded {base.reward:g}: {base.reason}"]
     if not task.gold_plan:

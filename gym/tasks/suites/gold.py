@@ -2,7 +2,7 @@
 
 Contract: a format's check (`gym.tasks.suites.check.CHECKS`) fills the result dict of `check_task`
 ({"instance_id", "valid", "problem", "base_reward", "gold_reward"}): the untouched base and the
-gold are each graded by `gym.grading.score`; `base_problem`, `apply_gold`, `verdict` and
+gold are each graded by `gym.grading.score`; `score_base`, `base_problem`, `apply_gold`, `verdict` and
 `gold_verdict` are the shared steps (Harbor's oracle and the canaries' check use them too).
 """
 from __future__ import annotations
@@ -17,12 +17,8 @@ from harnessrl.gym.tasks import Task
 def check_hidden_tests(sb: Any, task: Task, config: RewardConfig | None, out: dict[str, Any]) -> dict[str, Any]:
     """A FAIL_TO_PASS / PASS_TO_PASS task: the base scores 0.0 with every FAIL_TO_PASS test
     failing and every PASS_TO_PASS test passing, the gold `patch` scores 1.0."""
-    sb.reset()
-    base = score(sb, task, config)
-    out["base_reward"] = base.reward
-    why = base_problem(base)
-    if why:
-        out["problem"] = why
+    base = score_base(sb, task, config, out)
+    if base is None:
         return out
     status = {t.node_id: t.status for t in base.tests}
     passing_f2p = [n for n in task.FAIL_TO_PASS if status.get(n) == "passed"]
@@ -38,6 +34,19 @@ def check_hidden_tests(sb: Any, task: Task, config: RewardConfig | None, out: di
     if failing_p2p:
         problems.append(f"PASS_TO_PASS not passing at base: {failing_p2p[:3]}")
     return gold_verdict(out, problems, gold, "gold patch not rewarded")
+
+
+def score_base(sb: Any, task: Task, config: RewardConfig | None, out: dict[str, Any]) -> Any:
+    """Grade the untouched repository into `out["base_reward"]`; its result, or None with
+    `out["problem"]` set when the base cannot be graded (`base_problem`)."""
+    sb.reset()
+    base = score(sb, task, config)
+    out["base_reward"] = base.reward
+    why = base_problem(base)
+    if why:
+        out["problem"] = why
+        return None
+    return base
 
 
 def apply_gold(sb: Any, task: Task) -> str:
