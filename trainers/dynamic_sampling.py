@@ -28,7 +28,7 @@ from typing import Awaitable, Callable, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from harnessrl.gym.trajectory import Trajectory
-from harnessrl.trainers.samples import SampleConfig, baseline_members
+from harnessrl.trainers.samples import SampleConfig, baseline_members, masked
 
 
 class SamplingConfig(BaseModel):
@@ -130,8 +130,6 @@ def outcome(batch: list[Trajectory], samples: SampleConfig) -> dict[str, float |
     the step's figures whatever was trained on."""
     scored = [float(t.reward) for t in batch if not t.metadata.get("canary") and t.reward is not None
               and t.status != "infra_error"]
-    masked = sum(1 for t in batch if not t.metadata.get("canary") and (t.status == "infra_error" or t.reward is None)
-                 and not (t.status == "truncated" and samples.truncated == "zero_advantage"))
     return {"reward_mean": sum(scored) / len(scored) if scored else None,
             "success_rate": sum(r >= samples.success_threshold for r in scored) / len(scored) if scored else None,
-            "masked_infra": masked}
+            "masked_infra": sum(1 for t in batch if not t.metadata.get("canary") and masked(t, samples))}

@@ -269,7 +269,7 @@ def _triage(batch: list[Trajectory], config: SampleConfig, result: SampleBatch, 
             continue
         if traj.status not in STATUSES or traj.status == "running":
             validate_trajectory(traj)  # raises with the status named
-        if traj.status == "infra_error" or (traj.reward is None and not (traj.status == "truncated" and config.truncated == "zero_advantage")):
+        if masked(traj, config):
             result.masked_infra += 1
             continue
         if traj.status == "truncated" and config.truncated == "drop":
@@ -324,6 +324,13 @@ def _add_samples(result: SampleBatch, traj: Trajectory, advantage: float, config
                 top_k=[x[2] for x in scoring[s]],
             )
         )
+
+
+def masked(traj: Trajectory, config: SampleConfig) -> bool:
+    """Left out because the infrastructure failed: an infra_error, or no reward (save a truncated
+    episode that `truncated = "zero_advantage"` keeps with advantage 0)."""
+    return traj.status == "infra_error" or (
+        traj.reward is None and not (traj.status == "truncated" and config.truncated == "zero_advantage"))
 
 
 def baseline_members(group: list[Trajectory], config: SampleConfig) -> list[tuple[str, float]]:
