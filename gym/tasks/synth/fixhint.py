@@ -22,7 +22,7 @@ import ast
 import re
 from dataclasses import dataclass
 
-from harnessrl.gym.tasks.synth.mutate import Mutation
+from harnessrl.gym.tasks.synth.mutate import Mutation, parse
 
 __all__ = ["FixEdit", "fix_edit", "sed_command", "apply_sed"]
 
@@ -84,7 +84,7 @@ def fix_edit(m: Mutation, bug_text: str) -> FixEdit | None:
         return None
     line_bytes = line.encode("utf-8")
     spans = []
-    for node in _nodes_on_line(ast.parse(bug_text), line_no):
+    for node in _nodes_on_line(parse(bug_text), line_no):
         s = len(line_bytes[:node.col_offset].decode("utf-8", "replace"))
         e = len(line_bytes[:node.end_col_offset].decode("utf-8", "replace"))
         whole = (s, e) == (a, b) and isinstance(node, ast.Pass)

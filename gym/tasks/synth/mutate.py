@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import ast
 import re
+import threading
 from dataclasses import asdict, dataclass
 
-__all__ = ["Mutation", "candidates", "apply", "OPERATORS"]
+__all__ = ["Mutation", "candidates", "apply", "parse", "OPERATORS"]
 
 OPERATORS = ("compare", "binop", "boolop", "constant", "swap_args", "remove_stmt", "negate")
 
@@ -197,10 +198,32 @@ class _Finder:
                 self.add(fn, "remove_stmt", line_start, line_end, "")
 
 
+_PARSE_LOCK = threading.Lock()
+_PARSE_TRIES = 20
+
+
+def parse(text: str, filename: str = "<unknown>") -> ast.Module:
+    """`ast.parse`, safe beside other threads that parse.
+
+    CPython 3.11 keeps the AST converter's recursion counter in interpreter-wide state, so a
+    parse in another thread (3.11's traceback formatting parses a line to place its carets,
+    so any thread that logs an exception does) can make this one raise a spurious
+    `SystemError: AST constructor recursion depth mismatch` (python/cpython#106905; it failed
+    a CI run). Our parses take one lock and a parse is pure, so that error is retried."""
+    for attempt in range(_PARSE_TRIES):
+        try:
+            with _PARSE_LOCK:
+                return ast.parse(text, filename=filename)
+        except SystemError as e:
+            if "recursion depth mismatch" not in str(e) or attempt == _PARSE_TRIES - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
 def candidates(path: str, text: str) -> list[Mutation]:
     """Every mutation of every function body in `text` (the source of `path`), in source
     order; each one leaves a module that still parses."""
-    tree = ast.parse(text, filename=path)
+    tree = parse(text, filename=path)
     finder = _Finder(path, text)
     finder.module(tree)
     seen: set[tuple] = set()
@@ -210,7 +233,7 @@ def candidates(path: str, text: str) -> list[Mutation]:
             continue
         seen.add(m.key())
         try:
-            ast.parse(apply(text, [m], check=False))
+            parse(apply(text, [m], check=False))
         except SyntaxError:
             continue
         out.append(m)
@@ -228,5 +251,5 @@ def apply(text: str, mutations: list[Mutation], check: bool = True) -> str:
             raise ValueError(f"{m.file}:{m.line}: expected {m.old!r} at {m.start}, found {text[m.start:m.end]!r}")
         text = text[:m.start] + m.new + text[m.end:]
     if check:
-        ast.parse(text)
+        parse(text)
     return text
