@@ -89,6 +89,31 @@ class StepMetrics:
     """Learning rate used by the last optimizer update of the step."""
     step_s: float
     """Wall-clock seconds the step took."""
+    # Rollout correction (`trainers.correction`), over the step's trained tokens, each once. The
+    # ratio is pi_prox / pi_behav: the trainer before the update against the engine's record
+    # (numerics, plus the policy change for stale tokens). Trainers without it leave the defaults.
+    tis_truncated_frac: float = 0.0
+    """Share of trained tokens whose behaviour weight was cut to `correction.tis_cap`."""
+    token_masked_frac: float = 0.0
+    """Share of trained tokens masked by `correction.token_mask` (ratio outside the band)."""
+    seq_masked_frac: float = 0.0
+    """Share of sequences (segments with a trained token) masked by `correction.seq_mask`."""
+    masked_frac: float = 0.0
+    """Share of trained tokens with no gradient from the correction: token- or sequence-masked."""
+    log_ratio_abs_mean: float | None = None
+    """Mean over trained tokens of |log(pi_prox / pi_behav)|; None when no update."""
+    log_ratio_abs_p50: float | None = None
+    """Median of the same."""
+    log_ratio_abs_p95: float | None = None
+    """95th percentile of the same."""
+    log_ratio_abs_p99: float | None = None
+    """99th percentile of the same."""
+    log_ratio_abs_max: float | None = None
+    """Max of the same: exp(this) is the largest weight TIS saw before truncation (or its inverse)."""
+    seq_ratio_min: float | None = None
+    """Smallest geometric-mean ratio of a sequence (what `correction.seq_mask` compares)."""
+    seq_ratio_max: float | None = None
+    """Largest geometric-mean ratio of a sequence."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -26,6 +26,8 @@ class PolicyLoss(NamedTuple):
     """Bool: the clipped branch of the PPO min was chosen and differs from the unclipped one."""
     behav_filtered: Tensor
     """Bool: decoupled PPO's behaviour weight exceeded the cap (capped or masked)."""
+    truncated: Tensor
+    """Bool: decoupled PPO's behaviour weight exceeded `tis_cap` and was cut to it (TIS)."""
 
 
 def _ratio(logp_num: Tensor, logp_den: Tensor) -> Tensor:
@@ -49,6 +51,7 @@ def ppo_clip_loss(
     *,
     clip_low: float = 0.2,
     clip_high: float = 0.2,
+    keep: Tensor | None = None,
 ) -> PolicyLoss:
     """PPO-clip, token level (the GRPO surrogate), no KL term, no importance weight beyond r.
 
@@ -57,11 +60,15 @@ def ppo_clip_loss(
     behaviour logprobs from the record. With `logp_old = logp.detach()` (one on-policy
     update) r = 1 and the gradient is -A·∇logp, GRPO's token-level policy gradient.
     `clip_high > clip_low` is DAPO's asymmetric "clip-higher". Advantages are per token
-    (an outcome advantage broadcast over the sequence).
+    (an outcome advantage broadcast over the sequence). `keep` (bool, rollout correction's
+    token and sequence masks: `trainers.correction`) sets the loss of the tokens it drops to 0.
     """
     ratio = _ratio(logp, logp_old.detach())
     per_token, active = _clipped_surrogate(ratio, advantages, clip_low, clip_high)
-    return PolicyLoss(per_token, active, torch.zeros_like(active))
+    if keep is not None:
+        per_token = torch.where(keep, per_token, torch.zeros_like(per_token))
+    none = torch.zeros_like(active)
+    return PolicyLoss(per_token, active, none, none)
 
 
 def decoupled_ppo_loss(
@@ -74,6 +81,8 @@ def decoupled_ppo_loss(
     clip_high: float = 0.2,
     behav_cap: float | None = 5.0,
     behav_mode: Literal["cap", "mask"] = "mask",
+    tis_cap: float | None = None,
+    keep: Tensor | None = None,
 ) -> PolicyLoss:
     """Decoupled PPO (AReaL, arXiv 2505.24298, Eq. 5), token level, no KL term.
 
@@ -87,6 +96,10 @@ def decoupled_ppo_loss(
     When w > behav_cap: "mask" sets w = 0 (the token drops out of the gradient but still
     counts in the normalization denominator, as in AReaL's implementation); "cap" sets
     w = behav_cap (truncated importance sampling). behav_cap None disables both.
+
+    Rollout correction (`trainers.correction`), after that filter: `tis_cap` C truncates the
+    weight, w = min(w, C) (token-level TIS; `truncated` marks where w > C); `keep` (bool: the
+    token and sequence masks) sets w = 0 where False. With both None the loss is unchanged.
     """
     w = _ratio(logp_prox.detach(), logp_behav.detach())
     if behav_cap is None:
@@ -99,9 +112,14 @@ def decoupled_ppo_loss(
             w = torch.clamp(w, max=behav_cap)
         else:
             raise ValueError(f"behav_mode {behav_mode!r} must be 'cap' or 'mask'")
+    truncated = torch.zeros_like(filtered) if tis_cap is None else w > tis_cap
+    if tis_cap is not None:
+        w = torch.clamp(w, max=tis_cap)
+    if keep is not None:
+        w = torch.where(keep, w, torch.zeros_like(w))
     u = _ratio(logp, logp_prox.detach())
     surrogate, active = _clipped_surrogate(u, advantages, clip_low, clip_high)
-    return PolicyLoss(w * surrogate, active, filtered)
+    return PolicyLoss(w * surrogate, active, filtered, truncated)
 
 
 def kl_k3(logp: Tensor, logp_ref: Tensor) -> Tensor:

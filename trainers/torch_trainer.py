@@ -15,8 +15,10 @@ One `step(batch)`:
 4. per micro-batch: recompute the current policy's logprobs of the sampled tokens in the
    distribution each token's record names (its call's temperature, and top-p/top-k where
    the engine's logprobs are of the filtered distribution: `trainers.behaviour`), the
-   loss (see `losses`) normalized by the whole shard's token count or trajectory weight
-   so micro-batches add up, backward; then clip the gradient norm and step AdamW.
+   rollout correction from the proximal-to-behaviour ratio (`trainers.correction`: TIS
+   weight, token and sequence masks; its figures counted once per token), the loss (see
+   `losses`) normalized by the whole shard's token count or trajectory weight so
+   micro-batches add up, backward; then clip the gradient norm and step AdamW.
 The fidelity number, |trainer logprob - engine logprob|, is measured before any update on
 tokens sampled by the current version (older tokens differ by the policy change itself).
 
@@ -42,6 +44,7 @@ from harnessrl.gym.trajectory import Trajectory
 from harnessrl.trainers import checkpoint, lora
 from harnessrl.trainers.base import StepMetrics
 from harnessrl.trainers.batching import MicroBatch, collate, plan_micro_batches, token_logprobs
+from harnessrl.trainers.correction import CorrectionConfig, Tally, keep_mask, log_ratio
 from harnessrl.trainers.lora import LoraConfig
 from harnessrl.trainers.losses import aggregate, decoupled_ppo_loss, kl_k3, ppo_clip_loss
 from harnessrl.trainers.samples import Sample, SampleConfig, build_samples
@@ -103,6 +106,10 @@ class TorchTrainerConfig(BaseModel):
     """Decoupled PPO: cap on the behaviour weight pi_prox / pi_behav; None for no cap."""
     behav_mode: Literal["mask", "cap"] = "mask"
     """Decoupled PPO: a token whose behaviour weight exceeds behav_cap is masked (AReaL) or capped (truncated IS)."""
+    correction: CorrectionConfig = Field(default_factory=CorrectionConfig)
+    """Rollout correction against the engine's numerics (`trainers.correction`): token-level
+    truncated importance sampling (`tis_cap`), token masking (`token_mask`) and sequence masking
+    by the geometric-mean ratio (`seq_mask`); every step reports the ratio's distribution."""
     normalization: Literal["token", "sequence"] = "token"
     """"token": every sampled token in the shard counts once. "sequence": each trajectory
     counts once (its mean token loss), split over its segments by SampleConfig.segment_weighting."""
@@ -196,7 +203,7 @@ class TorchTrainer:
         samples = sb.samples
         tokens = sum(s.n_sampled for s in samples)
         stale = [self._version - v for s in samples for v, m in zip(s.versions, s.loss_mask) if m]
-        acc = _Accumulator()
+        acc, tally = _Accumulator(), Tally()
         updated = tokens > 0
         if updated:
             shards_per_epoch = [self._shards(samples) for _ in range(cfg.epochs)]
@@ -204,9 +211,9 @@ class TorchTrainer:
             n_updates = sum(len(p) for p in plans)
             if n_updates > 1 or self.ref_model is not None:
                 self._before_update(plans, acc, recompute_prox=n_updates > 1)
-            for epoch_plans in plans:
+            for epoch, epoch_plans in enumerate(plans):
                 for micro_batches in epoch_plans:
-                    self._update(micro_batches, acc)
+                    self._update(micro_batches, acc, tally if epoch == 0 else None)  # each token once
             self.step_count += 1
             self._version += 1  # new weights, a new policy version (publish stamps it)
         return StepMetrics(
@@ -234,6 +241,7 @@ class TorchTrainer:
             success_rate=sb.success_rate,
             lr=self.optimizer.param_groups[0]["lr"] if not updated else acc.get("lr"),
             step_s=time.perf_counter() - t0,
+            **tally.metrics(),
         )
 
     def sft_step(self, batch: list[Trajectory], min_reward: float | None = 1.0, lr: float | None = None) -> dict:
@@ -383,7 +391,7 @@ class TorchTrainer:
                 if recompute_prox and epoch == 0:  # each sample once
                     self._pre_update_stats(mb, mb.prox_logprobs, acc)
 
-    def _update(self, micro_batches: list[MicroBatch], acc: "_Accumulator") -> None:
+    def _update(self, micro_batches: list[MicroBatch], acc: "_Accumulator", tally: Tally | None) -> None:
         cfg = self.config
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
@@ -398,13 +406,19 @@ class TorchTrainer:
             if mb.prox_logprobs is None:  # single update: these weights are the proximal policy
                 mb.prox_logprobs = logp.detach()
                 self._pre_update_stats(mb, mb.prox_logprobs, acc)
+            delta = log_ratio(mb.prox_logprobs, mb.behav_logprobs)
+            keep, token_keep, seq = keep_mask(delta, mb.mask, cfg.correction)
             if cfg.policy_loss == "decoupled_ppo":
                 pl = decoupled_ppo_loss(
                     logp, mb.prox_logprobs, mb.behav_logprobs, mb.advantages,
                     clip_low=cfg.clip_low, clip_high=cfg.clip_high, behav_cap=cfg.behav_cap, behav_mode=cfg.behav_mode,
+                    tis_cap=cfg.correction.tis_cap, keep=keep,
                 )
             else:
-                pl = ppo_clip_loss(logp, mb.behav_logprobs, mb.advantages, clip_low=cfg.clip_low, clip_high=cfg.clip_high)
+                pl = ppo_clip_loss(logp, mb.behav_logprobs, mb.advantages, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
+                                   keep=keep)
+            if tally is not None:
+                tally.add(delta, mb.mask, pl.truncated, token_keep, keep, seq)
             agg = dict(mode=cfg.normalization, seq_weight=mb.seq_weight, denominator=denom)
             pg = aggregate(pl.per_token, mb.mask, **agg)
             loss = pg
