@@ -138,3 +138,16 @@ def test_config_defaults_and_refusals():
         CorrectionConfig(tis_cap=0.5)
     with pytest.raises(ValidationError, match="tis_threshold"):
         TorchTrainerConfig(correction={"tis_threshold": 2.0})
+
+
+def test_step_line_shows_the_correction_beside_the_mismatch():
+    from harnessrl.trainers.loop import _line
+
+    m = {"step": 3, "version": 3, "updated": True, "reward_mean": 0.5, "success_rate": 0.5, "loss": 0.1,
+         "grad_norm": 1.0, "kl": None, "logprob_mismatch_mean": 7.2e-3, "staleness_max": 0, "staleness_mean": 0.0,
+         "env_latency_p95_s": 1.0, "step_s": 2.0, "wall_s": 10.0, "log_ratio_abs_p99": 0.0237,
+         "log_ratio_abs_max": 3.03, "tis_truncated_frac": 0.25, "masked_frac": 0.25}
+    assert "mismatch 7.20e-03  stale 0/0.00  |logr| p99 2.37e-02 max 3.03e+00  trunc 0.250  masked 0.250  env_p95" \
+        in _line(m)
+    # a trainer without the figures (or a skipped step) prints the line as before
+    assert "|logr|" not in _line(m | {"log_ratio_abs_p99": None})

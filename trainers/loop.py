@@ -18,7 +18,7 @@ first (`trainers.prepare`), and held-out tasks are checked to be in neither SFT 
 
 One config file (TOML or YAML, `trainers.train_config`), every field documented; a bad field is named in the error.
 Each step prints one line (reward mean, success rate, loss, grad norm, KL, logprob mismatch,
-staleness, env latency p95) and appends it to metrics.jsonl and TensorBoard; at the end the
+staleness, the rollout correction's |log ratio| p99/max and truncated/masked shares, env latency p95) and appends it to metrics.jsonl and TensorBoard; at the end the
 run's report (trajectories/s beside the staleness bound, staleness histogram, per-turn env
 latency, generator utilization: `trainers.run_report`) goes to report.json and one printed
 line, each evaluation point one line, and plots.png (held-out success with 95% intervals, the
@@ -63,7 +63,10 @@ def _line(m: dict[str, Any]) -> str:
     return (f"step {m['step']:>3} v{m['version']}{'' if m['updated'] or m.get('skipped') else ' (no update)'}  reward {f(m['reward_mean'])}  success {f(m['success_rate'], '.2f')}  "
             f"loss {f(m['loss'], '.4f')}  gnorm {f(m['grad_norm'])}  kl {f(m['kl'], '.4f')}  "
             f"mismatch {f(m['logprob_mismatch_mean'], '.2e')}  stale {m['staleness_max']}/{f(m['staleness_mean'], '.2f')}  "
-            f"env_p95 {f(m['env_latency_p95_s'])}s  tampered {f(m.get('tampered_frac'), '.2f')}"
+            + (f"|logr| p99 {f(m['log_ratio_abs_p99'], '.2e')} max {f(m.get('log_ratio_abs_max'), '.2e')}  "
+               f"trunc {f(m.get('tis_truncated_frac'), '.3f')}  masked {f(m.get('masked_frac'), '.3f')}  "
+               if m.get("log_ratio_abs_p99") is not None else "")
+            + f"env_p95 {f(m['env_latency_p95_s'])}s  tampered {f(m.get('tampered_frac'), '.2f')}"
             + (f"  canary {m['canary_passed']}/{m['canary_episodes']}" if m.get("canary_episodes") else "")
             + (f"  zero-var {m['zero_var_groups']}/{m['groups']}" if m.get("groups") else "")
             + ("  skipped: no group with a reward spread" if m.get("skipped") else "")
