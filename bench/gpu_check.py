@@ -30,6 +30,10 @@ What it does, all on the spot and offline:
    temperature 1, as trained on) with the trainer: |trainer logprob - engine logprob| over
    every sampled token, same weights (`logprob_mismatch`); 16 more at temperature 0.7 /
    top-p 0.9 / top-k 50 are scored in their filtered distribution (`mismatch_filtered`).
+   The same fixed batch through the trainer's rollout correction (`trainers.correction`: TIS
+   cap 2, sequence mask [0.5, 2]): `mismatch_correction` gives the shares truncated and masked
+   and |log ratio| {mean, p50, p95, p99, max} before and after it (after: the truncated
+   weight's |log| over the kept tokens); each step in `steps` carries the same shares.
 
 It prints one JSON line on stdout (progress goes to stderr), also when a phase fails or the
 time limit's SIGTERM arrives (then with "error" and what was measured so far):
@@ -85,6 +89,8 @@ STEPS = 3
 PROMPTS, GROUP = 8, 4
 FIXED = 16  #: fixed-batch prompts per sampling setting
 FILTERED = {"temperature": 0.7, "top_p": 0.9, "top_k": 50}
+#: The trainer's rollout correction in the check: the default TIS cap and a sequence mask.
+CORRECTION = {"tis_cap": 2.0, "seq_mask": (0.5, 2.0)}
 
 
 def log(msg: str) -> None:
@@ -198,15 +204,23 @@ def sample_ms_per_row(vocab: int, rows: int = 64, repeats: int = 3) -> float:
 
 
 def fixed_batch_mismatch(trainer, batch) -> dict:
-    """|trainer logprob - engine logprob| over every sampled token of `batch`, no update."""
+    """|trainer logprob - engine logprob| over every sampled token of `batch`, no update; and what
+    the trainer's rollout correction (`trainers.correction`) makes of it: "correction" holds the
+    shares it truncates and masks, and |log ratio| {mean, p50, p95, p99, max} before and after
+    (after: the TIS-truncated weight's |log| over the tokens the masks keep)."""
+    import math
+
     import torch
 
     from harnessrl.trainers.batching import collate, plan_micro_batches, token_logprobs
+    from harnessrl.trainers.correction import Tally, keep_mask, log_ratio, ratio_summary
     from harnessrl.trainers.samples import build_samples
 
     sb = build_samples(batch, trainer.config.samples, current_version=trainer.version,
                        vocab_size=trainer.vocab_size, temperature=1.0)
-    diffs = []
+    corr = trainer.config.correction
+    cap = math.log(corr.tis_cap) if corr.tis_cap is not None else math.inf
+    diffs, after, tally = [], [], Tally()
     trainer.model.eval()
     dtype = trainer.autocast_dtype
     for idx in plan_micro_batches(sb.samples, trainer.config.micro_batch_tokens):
@@ -214,8 +228,17 @@ def fixed_batch_mismatch(trainer, batch) -> dict:
         with torch.no_grad(), torch.autocast(trainer.device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
             lp = token_logprobs(trainer.model, mb)
         diffs.append((lp - mb.behav_logprobs).abs()[mb.mask > 0].double().cpu())
+        delta = log_ratio(lp, mb.behav_logprobs)
+        keep, token_keep, seq = keep_mask(delta, mb.mask, corr)
+        tally.add(delta, mb.mask, delta > cap, token_keep, keep, seq)
+        after.append(delta.clamp(max=cap).abs()[(mb.mask > 0) & keep].cpu())
     d = torch.cat(diffs)
-    return {"mean": float(d.mean()), "max": float(d.max()), "tokens": int(d.numel())}
+    figures = tally.metrics()
+    correction = {"tis_cap": corr.tis_cap, "token_mask": corr.token_mask, "seq_mask": corr.seq_mask,
+                  **{k: figures[k] for k in ("tis_truncated_frac", "masked_frac", "seq_masked_frac",
+                                              "seq_ratio_min", "seq_ratio_max")},
+                  "before": ratio_summary(d), "after": ratio_summary(torch.cat(after))}
+    return {"mean": float(d.mean()), "max": float(d.max()), "tokens": int(d.numel()), "correction": correction}
 
 
 async def run(args, tmp: Path, report: dict) -> dict:
@@ -258,7 +281,7 @@ async def run(args, tmp: Path, report: dict) -> dict:
         report["sample_ms_per_row"] = sample_ms_per_row(vocab)
         log(f"engine sampler: {report['sample_ms_per_row']} ms per row at vocab {vocab}")
         trainer = TorchTrainer(TorchTrainerConfig(model=str(model_dir), device=device, dtype=dtype, lr=1e-5,
-                                                  micro_batch_tokens=8192))
+                                                  micro_batch_tokens=8192, correction=CORRECTION))
         params = report["params"] = sum(p.numel() for p in trainer.model.parameters())
         sync = DiskWeightSync(client, tmp / "weights", gate=proxy)
         steps, syncs, reported, carried = [], [], [], []
@@ -270,7 +293,8 @@ async def run(args, tmp: Path, report: dict) -> dict:
             tokens = sum(len(s.token_ids) for t in batch for s in t.segments)
             steps.append({"updated": m.updated, "step_s": round(m.step_s, 4), "tokens": tokens,
                           "sampled_tokens": m.tokens, "loss": m.loss, "grad_norm": m.grad_norm,
-                          "mismatch_max": m.logprob_mismatch_max})
+                          "mismatch_max": m.logprob_mismatch_max, "log_ratio_abs_p99": m.log_ratio_abs_p99,
+                          "tis_truncated_frac": m.tis_truncated_frac, "masked_frac": m.masked_frac})
             version = await sync.push(trainer)
             syncs.append(round(sync.last_sync_s, 3))
             reported.append(str((await client.model_info())["weight_version"]))
@@ -308,6 +332,7 @@ async def run(args, tmp: Path, report: dict) -> dict:
         "mfu": round(6 * params * train_tps / peak, 4) if peak else None,
         "weight_sync_s": round(sum(syncs) / len(syncs), 3),
         "logprob_mismatch": {"mean": mismatch["mean"], "max": mismatch["max"]},
+        "mismatch_correction": mismatch["correction"],
         "target_met": all(checks.values()),
         "checks": checks,
         "mismatch_bound": bound,

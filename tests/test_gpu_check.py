@@ -57,6 +57,12 @@ def test_dry_run_trains_syncs_versions_and_matches_logprobs(dry_run):
     f = r["mismatch_filtered"]  # the same weights, scored under the engine's top-p/top-k filters
     assert (f["temperature"], f["top_p"], f["top_k"]) == (0.7, 0.9, 50)
     assert f["tokens"] > 0 and f["max"] < 1e-4
+    c = r["mismatch_correction"]  # float32: nothing for the correction to cut, before == after
+    assert (c["tis_cap"], c["seq_mask"]) == (2.0, [0.5, 2.0])
+    assert c["tis_truncated_frac"] == c["masked_frac"] == c["seq_masked_frac"] == 0.0
+    assert c["before"]["max"] == pytest.approx(r["logprob_mismatch"]["max"]) and c["after"] == c["before"]
+    assert c["before"]["p50"] <= c["before"]["p95"] <= c["before"]["p99"] <= c["before"]["max"]
+    assert all(s["masked_frac"] == 0.0 and s["log_ratio_abs_p99"] < 1e-4 for s in r["steps"])
     assert r["checks"] == {k: True for k in r["checks"]}
     assert r["target_met"] is True
 
