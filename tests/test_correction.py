@@ -136,6 +136,8 @@ def test_config_defaults_and_refusals():
         CorrectionConfig(token_mask=(0.0, 8.0))
     with pytest.raises(ValidationError, match="tis_cap"):
         CorrectionConfig(tis_cap=0.5)
+    # a TOML list is a band
+    assert TorchTrainerConfig(correction={"seq_mask": [0.5, 2]}).correction.seq_mask == (0.5, 2.0)
     with pytest.raises(ValidationError, match="tis_threshold"):
         TorchTrainerConfig(correction={"tis_threshold": 2.0})
 

@@ -21,7 +21,9 @@ Three corrections, each off when its field is None (`CorrectionConfig`):
 
 Masked tokens contribute 0 to the loss but stay in its normalization denominator (as
 decoupled PPO's `behav_mode = "mask"` does, after AReaL): a batch's loss scale does not jump
-when mismatch masks part of it. `ratio_summary` is what a step reports of the distribution.
+when mismatch masks part of it. The KL term to a reference model (`kl_coef`) is not masked: it
+compares the trainer with the reference, not with the engine. `ratio_summary` is what a step
+reports of the distribution.
 """
 from __future__ import annotations
 
