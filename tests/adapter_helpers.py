@@ -54,14 +54,16 @@ def builtin_task():
     return next(t for t in tasks if t.gold_plan)
 
 
-def real_model_stack(cap: int):
-    """(proxy handle, docker backend) over the real SmolLM2-135M on the local CPU engine, its
-    completions capped at `cap` tokens; a generator for a module fixture (skips when the
-    model is not prepared)."""
+def real_model_stack(cap: int, model: str = "smollm2-135m"):
+    """(proxy handle, docker backend) over a prepared model on the local CPU engine (the real
+    SmolLM2-135M by default; `tiny-llama` is SmolLM2's tokenizer, chat template and 8k context
+    over 2 random-init layers, whose prefill of a harness's 2k-7k token prompt takes well
+    under a second where SmolLM2's takes 20-60 s on this CPU), its completions capped at `cap`
+    tokens; a generator for a module fixture (skips when the model is not prepared)."""
     backend = docker_backend()
     from harnessrl.gym.models import ModelNotPrepared, resolve_model
     try:
-        resolve_model("smollm2-135m")
+        resolve_model(model)
     except ModelNotPrepared as e:
         pytest.skip(str(e))
     from harnessrl.gym.episode import ProxyHandle
@@ -70,7 +72,7 @@ def real_model_stack(cap: int):
     from harnessrl.trainers.engine.config import EngineConfig
     from harnessrl.trainers.engine.runner import EngineServer
 
-    with EngineServer(EngineConfig(model="smollm2-135m", port=0)) as eng, \
-            ProxyServer(ProxyConfig(engine_url=eng.url, model="smollm2-135m", max_tokens_cap=cap)) as proxy:
+    with EngineServer(EngineConfig(model=model, port=0)) as eng, \
+            ProxyServer(ProxyConfig(engine_url=eng.url, model=model, max_tokens_cap=cap)) as proxy:
         yield ProxyHandle.of(proxy), backend
     backend.reap(run_id=backend.run_id)

@@ -5,9 +5,12 @@ Continue CLI, Cline CLI, Qwen Code), each run through the generic command adapte
   are accepted by the proxy and recorded token-exact;
 - `check-adapter` on each, in real Docker with the real binary: gold plan reward 1.0, empty
   plan 0.0, token-exact records, every ending with its reason;
-- a short episode with the real SmolLM2-135M policy ends with a reason and a complete record
-  (Qwen Code's 19k-token first prompt is past SmolLM2's context: that episode must end
-  context_exceeded with the refused prompt's size recorded).
+- a short episode with a sampling policy on the local engine ends with a reason and a complete
+  record (Qwen Code's 19k-token first prompt is past SmolLM2's 8k context: that episode must
+  end context_exceeded with the refused prompt's size recorded). The policy is `tiny-llama`:
+  SmolLM2's tokenizer, chat template and context over 2 random-init layers; SmolLM2's own
+  weights would spend 20-60 s prefilling each 2k-7k token prompt (test_adapters_real_model
+  runs them through mini-swe-agent).
 """
 from __future__ import annotations
 
@@ -160,7 +163,7 @@ CAP = 16
 
 @pytest.fixture(scope="module")
 def real_stack():
-    yield from real_model_stack(CAP)
+    yield from real_model_stack(CAP, "tiny-llama")
 
 
 @pytest.mark.docker
