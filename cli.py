@@ -70,6 +70,40 @@ def _cmd_chat(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_serve(args: argparse.Namespace) -> int:
+    """The proxy in front of the user's own harness (`gym.live.serve`), until Ctrl-C or SIGTERM."""
+    import os
+    import signal
+    import threading
+
+    from harnessrl.gym.live.serve import Serve, ServeConfig, env_lines
+
+    os.umask(0o077)  # whatever this process writes (the store, its WAL) is the user's alone
+    cfg = ServeConfig(model=args.model, host=args.host, port=args.port, admin_clients=args.admin_clients,
+                      temperature=args.temperature, **({"store": args.store} if args.store else {}))
+    engine = None
+    if args.engine_url is None:
+        from harnessrl.trainers.engine import EngineServer
+
+        engine = EngineServer(model=args.model, port=0, weight_version=str(args.policy_version)).start()
+    done = threading.Event()
+    before = {sig: signal.signal(sig, lambda *_: done.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        with Serve(cfg, args.engine_url or engine.url) as srv:
+            sid, key = srv.new_session(args.label)
+            print(f"harnessrl serve: recording into {srv.folder} (0700); proxy at {srv.url}\n"
+                  f"# session {sid}: paste into the shell that starts your harness\n{env_lines(srv.url, sid, key)}\n"
+                  f"# another harness process: eval \"$(harnessrl sessions new --store {cfg.store} | grep ^export)\"\n"
+                  f"# its reward later: harnessrl feedback {sid} --reward 0.8 --store {cfg.store}", flush=True)
+            done.wait()
+    finally:
+        for sig, h in before.items():
+            signal.signal(sig, h)
+        if engine is not None:
+            engine.stop()
+    return 0
+
+
 def _harness_problem(harness: str) -> str | None:
     """Why a harness config cannot run here (not installed, node too old: the message names the
     command that fixes it), checked before any engine starts; None when it can."""
@@ -265,8 +299,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", default=None, metavar="CHECKPOINT",
                    help="go on from a checkpoint folder of an earlier run (e.g. runs/train/checkpoints/last)")
     p.add_argument("--source-root", default=None, metavar="DIR", help=_SOURCE_ROOT_HELP + " (overrides rollout.source_root)")
+    p = sub.add_parser("serve", help="record your own harness's sessions through the proxy (learning from live use)")
+    p.add_argument("--store", default=None, help="private store folder (default: $HARNESSRL_HOME/live)")
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--engine-url", default=None, help="an SGLang-contract engine; default: start the local one")
+    p.add_argument("--policy-version", type=int, default=0,
+                   help="the policy version the local engine's weights are (recorded with every token)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8421)
+    p.add_argument("--admin-clients", choices=["loopback", "any"], default="loopback")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--label", default="", help="a name for the first session's harness")
     p = sub.add_parser("compare", help="training runs side by side: traj/s and the ratio against the η = 0 run")
     p.add_argument("runs", nargs="+", help="run folders (each with the report.json a finished train run writes)")
+    sub.add_parser("sessions", help="live sessions: list, show, new (env lines for one more harness), delete",
+                   add_help=False)
+    sub.add_parser("feedback", help="a live session's reward: feedback SID --reward R [--note N]", add_help=False)
     for name, (_, about) in PASSTHROUGH.items():
         sub.add_parser(name, help=about, add_help=False)
     return parser
@@ -294,6 +342,10 @@ def main(argv: list[str] | None = None) -> int:
         from harnessrl.gym.tasks.synth.cli import main as synth_main
 
         return synth_main(argv[2:])
+    if argv and argv[0] in ("sessions", "feedback"):  # live sessions (harnessrl.gym.live)
+        from harnessrl.gym.live.sessions import main as live_main
+
+        return live_main(argv)
     if argv and argv[0] in PASSTHROUGH:
         import importlib
 
@@ -306,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
         print(__version__)
         return 0
     handlers = {"doctor": _cmd_doctor, "model": _cmd_model, "engine": _cmd_engine, "chat": _cmd_chat,
-                "rollout": _cmd_rollout, "train": _cmd_train, "compare": _cmd_compare}
+                "rollout": _cmd_rollout, "train": _cmd_train, "compare": _cmd_compare, "serve": _cmd_serve}
     global _STOP
     _STOP = Stop(args.cmd) if args.cmd in ("train", "rollout") else None
     try:

@@ -12,7 +12,8 @@ recording through the engine contract (token ids in, token ids out).
 Modules: app (routes, auth, admin), core (the call pipeline), openai_chat /
 openai_responses / anthropic_messages / gemini (one per dialect; `dialects` resolves a
 dialect's name from `harnessrl.registry.DIALECTS` to its module), render (chat template +
-incremental suffix), toolcalls (Hermes/Qwen format, registry), recorder (segments),
+incremental suffix), identity (tokenizer and template hashes), toolcalls (Hermes/Qwen format,
+registry), recorder (segments),
 generation (interruptible), store (SQLite WAL, JSONL/Parquet export), engine_http (lean
 transport under EngineClient), server. (The stand-in engine lives with the other test
 doubles, in `harnessrl.gym.doubles.standin`.)

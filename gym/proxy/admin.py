@@ -1,4 +1,5 @@
-"""The admin API (`/admin/...`): sessions, rewards, exports, pause/resume, the policy version.
+"""The admin API (`/admin/...`): sessions, rewards, live feedback, deletion, exports, pause/resume,
+the policy version.
 
 Contract: it answers loopback TCP clients only, decided on the parsed address (127/8, ::1,
 ::ffff:127.x; a unix-socket client, which harnesses inside containers use, is not one), or
@@ -130,6 +131,37 @@ async def set_reward(core: ProxyCore, request: Request, body: Any):
     return {"ok": True}
 
 
+async def feedback(core: ProxyCore, request: Request, body: Any):
+    """A live session's reward, arriving after it (`gym.live.feedback`): validated, recorded,
+    the session closed; an unknown session is a 404 naming it."""
+    from harnessrl.gym.live.feedback import FeedbackError, parse_feedback, record_feedback
+
+    sid = request.path_params["sid"]
+    try:
+        fb = parse_feedback(body)
+    except FeedbackError as e:
+        raise ProxyError(400, str(e), param=e.field) from None
+    if sid not in core.sessions:
+        raise ProxyError(404, f"unknown session {sid!r}", param="session")
+    core.close_session(sid)
+    return record_feedback(core.store, sid, fb)
+
+
+async def delete_session(core: ProxyCore, request: Request, body: Any):
+    """The session closed, its in-flight call (if any) let finish, then its rows removed from
+    disk and the removal verified (`Store.delete_session`)."""
+    sid = request.path_params["sid"]
+    s = core.sessions.get(sid)
+    if s is None:
+        raise ProxyError(404, f"unknown session {sid!r}", param="session")
+    core.close_session(sid)
+    if s.lock is not None:
+        async with s.lock:  # a call under way records before it goes
+            pass
+    del core.sessions[sid]
+    return await offload(lambda: core.store.delete_session(sid))
+
+
 async def trajectory(core: ProxyCore, request: Request, body: Any):
     sid = request.path_params["sid"]
     # Built and encoded in a worker thread: a long session's export must not stall streams.
@@ -163,6 +195,8 @@ ADMIN_ROUTES = (
     ("/admin/sessions/{sid}/close", close_session, "POST"),
     ("/admin/sessions/{sid}/reward", set_reward, "POST"),
     ("/admin/sessions/{sid}/trajectory", trajectory, "GET"),
+    ("/admin/sessions/{sid}/feedback", feedback, "POST"),
+    ("/admin/sessions/{sid}", delete_session, "DELETE"),
     ("/admin/pause", pause, "POST"),
     ("/admin/resume", resume, "POST"),
     ("/admin/stats", stats, "GET"),

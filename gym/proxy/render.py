@@ -24,12 +24,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
 import re
 from collections import OrderedDict
 
 from .canonical import Message, Tool
 from .shield import Shield, special_tokens
+from .identity import template_hash
 from .toolcalls import ToolFormat
 
 _MARK = "\u2063ANCHOR-REPLY\u2063"
@@ -83,7 +83,7 @@ class Renderer:
         fast = getattr(tokenizer, "_tokenizer", None)  # tokenizers.Tokenizer: skips python overhead
         self._fast, self._fast_text = (_backends(fast.to_str(), self.shield.specials) if fast is not None
                                        else (None, None))
-        self.template_hash = hashlib.sha256(tokenizer.chat_template.encode()).hexdigest()[:16]
+        self.template_hash = template_hash(tokenizer)
         self.stop_token_ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
         self._pieces: OrderedDict[str, list[int]] = OrderedDict()
         self._split = self._piecewise_split()

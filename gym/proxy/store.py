@@ -101,6 +101,39 @@ class Store:
         with self._lock:
             self._db.execute("INSERT INTO calls VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", row)
 
+    def update_meta(self, sid: str, updates: dict[str, Any]) -> None:
+        """Merge `updates` into the session's meta (e.g. the live feedback's note and time)."""
+        with self._lock:
+            row = self._db.execute("SELECT meta FROM sessions WHERE id=?", (sid,)).fetchone()
+            if row is None:
+                raise KeyError(f"unknown session {sid!r}")
+            meta = json.loads(row[0] or "{}") | updates
+            self._db.execute("UPDATE sessions SET meta=? WHERE id=?", (json.dumps(meta), sid))
+
+    def delete_session(self, sid: str) -> dict[str, Any]:
+        """Remove a session and its calls from disk: rows deleted with `secure_delete` (freed
+        pages zeroed), the file rebuilt (`VACUUM`), the WAL checkpointed and truncated. Returns
+        what was removed and the check that follows: the id's bytes appear in no file of the
+        store any more (`verified`). Raises KeyError for an unknown session."""
+        with self._lock:
+            if self._db.execute("SELECT 1 FROM sessions WHERE id=?", (sid,)).fetchone() is None:
+                raise KeyError(f"unknown session {sid!r}")
+            self._db.execute("PRAGMA secure_delete=ON")
+            calls = self._db.execute("DELETE FROM calls WHERE session_id=?", (sid,)).rowcount
+            self._db.execute("DELETE FROM sessions WHERE id=?", (sid,))
+            if self.path != ":memory:":
+                self._db.execute("VACUUM")
+                self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        found = self.files_holding(sid.encode())
+        return {"session_id": sid, "calls_deleted": calls, "verified": not found, "still_in": found}
+
+    def files_holding(self, needle: bytes) -> list[str]:
+        """The store's files (the database, its WAL and shared-memory index) whose bytes hold `needle`."""
+        if self.path == ":memory:":
+            return []
+        return [f for f in (self.path, self.path + "-wal", self.path + "-shm")
+                if Path(f).exists() and needle in Path(f).read_bytes()]
+
     def mark_undelivered(self, call_id: str, reason: str) -> None:
         """A recorded call whose reply never reached the harness: detach it from its segment."""
         with self._lock:
@@ -116,6 +149,18 @@ class Store:
         with self._lock:
             rows = self._db.execute("SELECT id, meta, closed FROM sessions ORDER BY created").fetchall()
         return [(sid, json.loads(meta or "{}"), closed is not None) for sid, meta, closed in rows]
+
+    def summaries(self) -> list[dict[str, Any]]:
+        """One row per session, oldest first: id, times, reward, status, harness, model,
+        template hash, meta and its number of calls (no tokens read)."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT s.id, s.created, s.closed, s.reward, s.status, s.termination, s.harness, s.model, "
+                "s.chat_template_hash, s.meta, (SELECT COUNT(*) FROM calls c WHERE c.session_id = s.id) "
+                "FROM sessions s ORDER BY s.created").fetchall()
+        keys = ("session_id", "created", "closed", "reward", "status", "termination", "harness", "model",
+                "chat_template_hash", "meta", "calls")
+        return [dict(zip(keys, r)) | {"meta": json.loads(r[9] or "{}")} for r in rows]
 
     def session_ids(self) -> list[str]:
         with self._lock:
