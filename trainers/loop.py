@@ -26,6 +26,8 @@ RL reward curve, latencies: `trainers.plots`) goes to the run folder.
 The cheat rate rides along (`gym.cheat`): per step `tampered_frac`, `tampered/<kind>` and the
 canary episodes' count and pass rate; in report.json its "cheat" section. With `canary.rate`
 > 0 that share of the groups comes from canary tasks (`gym.canary`), never rewarded.
+With `[live]`, each step also trains on rewarded live sessions (`trainers.live`: `harnessrl
+serve` recorded them, `harnessrl feedback` rewarded them); the step says which (`live_sessions`).
 """
 from __future__ import annotations
 
@@ -46,6 +48,7 @@ from harnessrl.gym.stack import Publisher
 from harnessrl.trainers import evaluate as ev
 from harnessrl.trainers.curriculum import Curriculum
 from harnessrl.trainers.dynamic_sampling import Selection, outcome, select
+from harnessrl.trainers.live import LiveSource, step_metrics as live_metrics
 from harnessrl.trainers.plots import plot
 from harnessrl.trainers.prepare import RunTasks
 from harnessrl.trainers.run_report import RunFigures, summary_line
@@ -69,6 +72,7 @@ def _line(m: dict[str, Any]) -> str:
             + f"env_p95 {f(m['env_latency_p95_s'])}s  tampered {f(m.get('tampered_frac'), '.2f')}"
             + (f"  canary {m['canary_passed']}/{m['canary_episodes']}" if m.get("canary_episodes") else "")
             + (f"  zero-var {m['zero_var_groups']}/{m['groups']}" if m.get("groups") else "")
+            + (f"  live {len(m['live_sessions'])} (reward {f(m['live_reward_mean'], '.2f')})" if m.get("live_sessions") else "")
             + ("  skipped: no group with a reward spread" if m.get("skipped") else "")
             + f"  ({f(m['step_s'], '.1f')}s train, {m['wall_s']:.0f}s total)")
 
@@ -203,12 +207,15 @@ async def _rl_stage(cfg: TrainConfig, trainer, sync, engine_url: str, rollout_cf
         await sched.start()
         bar = tqdm(total=cfg.steps, unit="step", disable=not cfg.progress, dynamic_ncols=True)
         figures = RunFigures()
+        live = _live_source(cfg, bar.write)
         try:
             for _ in range(cfg.steps):
                 sel = await select(sched.next_batch, cfg.sampling, samples, cfg.scheduler.groups_per_step)
                 figures.add(sel.seen)
                 curriculum.observe(sel.seen)
-                m = await _train_on(sel, trainer, publisher, samples, history)
+                taken = live.take(trainer.version) if live is not None else []
+                sel.train.extend(taken)  # beside the groups, after dynamic sampling: they have none
+                m = await _train_on(sel, trainer, publisher, samples, history) | live_metrics(taken)
                 batch_report = report(sel.seen)
                 m |= cheat_metrics(sel.seen) | {
                     "env_latency_p95_s": batch_report["env_latency_s"]["p95"], "sync_s": round(sync.last_sync_s, 3),
@@ -225,6 +232,8 @@ async def _rl_stage(cfg: TrainConfig, trainer, sync, engine_url: str, rollout_cf
                                  scheduler=sched.stats.as_dict())
             run |= {"dynamic_sampling": _sampling_totals(history, cfg.sampling.zero_variance),
                     "curriculum": curriculum.report()}
+            if live is not None:
+                run["live"] = {"trained": live.used, "refused": live.refused}
             bar.write(summary_line(run))
             bar.write(curriculum.line())
         finally:
@@ -249,6 +258,15 @@ async def _train_on(sel: Selection, trainer, publisher: Publisher, samples, hist
             "step": history[-1]["step"] if history else getattr(trainer, "step_count", 0), "version": trainer.version,
             "updated": False, "skipped": True, "tokens": 0, "samples": 0, "trajectories": 0, "staleness_max": 0}
     return m | outcome(sel.seen, samples) | sel.metrics()
+
+
+def _live_source(cfg: TrainConfig, log) -> LiveSource | None:
+    """The run's live-session source (`[live]`), with the run's tokenizer to check records against."""
+    if cfg.live is None:
+        return None
+    from harnessrl.gym.models import load_tokenizer
+
+    return LiveSource(cfg.live, cfg.model, load_tokenizer(cfg.model), log=log)
 
 
 def _sample_config(trainer):

@@ -18,6 +18,10 @@ Contract:
   in the advantage (min(u·cA, clip(u)·cA) = c·min(u·A, clip(u)·A) for c > 0), so this scales
   exactly that trajectory's policy-gradient term and leaves the others' untouched; the KL
   term is not scaled. Its group baseline still uses its unweighted reward.
+- Live records (`metadata["live"]`, `trainers.live`: a user's own sessions rewarded by
+  feedback) have no group: advantage = reward - `metadata["live"]["baseline"]` (a number in
+  [0, 1] the live source stamps; REINFORCE with a baseline), scaled by their weight like any
+  record; they take no part in any GRPO group, nor in the reward mean and success rate.
 - Teacher records (`is_teacher`: `harnessrl collect`) are refused with a `RecordError`: they
   are never on-policy; `trainers.sft` builds their samples. Held-out evaluation records
   (`metadata["eval"]`, `trainers.evaluate`) are refused too: they are never trained on.
@@ -224,7 +228,8 @@ def build_samples(
     advantages, result.degenerate_groups = _advantages(triage.in_baseline, config)
     result.groups = len(triage.in_baseline) if config.baseline == "group_mean" else 0
     advantages.update({t.session_id: 0.0 for t in triage.zero_adv})
-    for traj in triage.kept + triage.zero_adv:
+    advantages.update({t.session_id: float(t.reward) - live_baseline(t) for t in triage.live})
+    for traj in triage.kept + triage.zero_adv + triage.live:
         _add_samples(result, traj, advantages[traj.session_id], config, temperature)
     scored = triage.scored
     if scored:
@@ -256,6 +261,8 @@ class _Triage:
     """Truncated records kept with advantage 0 (`truncated="zero_advantage"`)."""
     kept: list[Trajectory] = field(default_factory=list)
     """Records trained on with their group-relative advantage."""
+    live: list[Trajectory] = field(default_factory=list)
+    """Live records (`trainers.live`), trained on with reward minus their baseline."""
 
 
 def _triage(batch: list[Trajectory], config: SampleConfig, result: SampleBatch, current_version: int | None,
@@ -278,6 +285,10 @@ def _triage(batch: list[Trajectory], config: SampleConfig, result: SampleBatch, 
                 out.scored.append(float(traj.reward))
             continue
         validate_trajectory(traj, current_version=current_version, vocab_size=vocab_size)
+        if traj.metadata.get("live") is not None:
+            live_baseline(traj)  # a bad stamp is refused before anything trains
+            out.live.append(traj)
+            continue
         if traj.reward is not None:
             out.scored.append(float(traj.reward))
         if traj.status == "truncated" and config.truncated == "zero_advantage":
@@ -324,6 +335,18 @@ def _add_samples(result: SampleBatch, traj: Trajectory, advantage: float, config
                 top_k=[x[2] for x in scoring[s]],
             )
         )
+
+
+def live_baseline(traj: Trajectory) -> float:
+    """The baseline a live record's advantage is measured from (`trainers.live`): a number in
+    [0, 1], as rewards are; anything else is a `RecordError` naming the field."""
+    live = traj.metadata.get("live")
+    b = live.get("baseline") if isinstance(live, dict) else None
+    if isinstance(b, bool) or not isinstance(b, (int, float)) or not math.isfinite(b) or not 0 <= b <= 1:
+        raise RecordError(traj.session_id, f"{b!r} is not a live baseline in [0, 1]", field="metadata.live.baseline")
+    if traj.reward is None or traj.status != "ok":
+        raise RecordError(traj.session_id, "a live session trains only once feedback rewarded it", field="reward")
+    return float(b)
 
 
 def masked(traj: Trajectory, config: SampleConfig) -> bool:

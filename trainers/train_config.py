@@ -20,6 +20,7 @@ from harnessrl.trainers.bridges.tinker import TinkerTrainerConfig
 from harnessrl.trainers.curriculum import CurriculumConfig
 from harnessrl.trainers.dynamic_sampling import SamplingConfig
 from harnessrl.trainers.evaluate import EvalConfig
+from harnessrl.trainers.live import LiveConfig
 from harnessrl.trainers.prepare import PrepareConfig
 from harnessrl.trainers.torch_trainer import TorchTrainerConfig
 
@@ -115,6 +116,10 @@ class TrainConfig(BaseModel):
     """Canary tasks (`gym.canary`): a share of the RL groups from tasks whose hidden tests
     contradict their statement, never rewarded; their pass rate is the measured propensity to
     cheat (per step `canary_pass_rate`, report.json "cheat"). Off by default."""
+    live: LiveConfig | None = None
+    """Live sessions (`harnessrl serve`, rewarded by `harnessrl feedback`) trained beside the
+    sandboxed tasks (`trainers.live`): the store folder, sessions per step and in all, their
+    weight, the feedback's minimum age, the baseline of their advantage. None: none."""
     progress: bool = True
     """Show a progress bar."""
 
@@ -147,6 +152,13 @@ class TrainConfig(BaseModel):
             raise ValueError("sft.data: the sft stage needs a teacher trajectories.jsonl (`harnessrl collect`)")
         if "sft" in st and self.tinker is not None:
             raise ValueError("stages: the sft stage runs on the built-in trainer; the tinker bridge has no SFT step")
+        return self
+
+    @model_validator(mode="after")
+    def _live_in_rl(self) -> "TrainConfig":
+        if self.live is not None and ("rl" not in self.stages or self.tinker is not None):
+            raise ValueError("live: live sessions train in the rl stage of the built-in trainer "
+                             f"(stages {self.stages}{', tinker' if self.tinker is not None else ''})")
         return self
 
     @model_validator(mode="after")
