@@ -8,7 +8,7 @@ Contract:
 - Token ids mean something only under one tokenizer and chat template: a session recorded
   with another model name, tokenizer hash or chat template hash than the run's is refused,
   once, with a line naming what differs (`refused`); so is one sampled by a policy version
-  newer than the trainer's (its versions come from another numbering).
+  newer than the trainer's when first seen (its versions come from another numbering).
 - They are off-policy data with exact behaviour logprobs: they go through the same policy
   loss as the run's own episodes (decoupled PPO by default: the importance weight from the
   recorded behaviour logprobs to the proximal policy, capped or masked, and the rollout
@@ -59,7 +59,11 @@ class LiveSource:
         self.config, self.model, self.log = config, model, log
         self.tokenizer_hash, self.template_hash = tokenizer_hash(tokenizer), template_hash(tokenizer)
         self.used: list[str] = []
+        """Sessions taken so far, in order (each once per run)."""
         self.refused: dict[str, str] = {}
+        """Sessions refused, and why (once each)."""
+        self.versions: dict[str, int] = {}
+        """The oldest policy version of each session checked and accepted."""
 
     def _store(self):
         from pathlib import Path
@@ -96,34 +100,40 @@ class LiveSource:
         store, now = self._store(), time.time()
         try:
             pool = [r for r in store.summaries() if self.eligible(r, now) and r["session_id"] not in self.refused]
-            for r in pool:
-                why = self.mismatch(r)
-                if why is not None:
-                    self._refuse(r["session_id"], why)
+            for r in pool:  # each session checked once, before it counts in the baseline
+                if r["session_id"] not in self.versions:
+                    self._check(store, r, current_version)
             pool = [r for r in pool if r["session_id"] not in self.refused]
             baseline = sum(r["reward"] for r in pool) / len(pool) if pool and cfg.baseline == "pool_mean" else 0.0
             fresh = sorted((r for r in pool if r["session_id"] not in self.used), key=lambda r: r["meta"]["feedback"]["at"])
             out = []
-            for r in fresh:
-                if len(out) == budget:
-                    break
-                traj = store.trajectory(r["session_id"])
-                versions = [v for s in traj.segments for v, m in zip(s.versions, s.loss_mask) if m]
-                if not versions:
-                    self._refuse(traj.session_id, "has no sampled token")
-                    continue
-                if max(versions) > current_version:
-                    self._refuse(traj.session_id, f"was sampled by policy version {max(versions)}, newer than this "
-                                                  f"run's {current_version} (another run's numbering)")
-                    continue
+            for r in fresh[:budget]:
+                traj, oldest = store.trajectory(r["session_id"]), self.versions[r["session_id"]]
                 traj.metadata = dict(traj.metadata, weight=cfg.weight, live={
-                    "baseline": baseline, "policy_version": min(versions),
-                    "staleness": current_version - min(versions)})
+                    "baseline": baseline, "policy_version": oldest, "staleness": current_version - oldest})
                 out.append(traj)
                 self.used.append(traj.session_id)
             return out
         finally:
             store.close()
+
+    def _check(self, store, row: dict[str, Any], current_version: int) -> None:
+        """Refuse a session of another model, tokenizer or template, or sampled by a newer policy
+        version than the trainer's; else note its oldest sampled version."""
+        sid = row["session_id"]
+        why = self.mismatch(row)
+        if why is not None:
+            self._refuse(sid, why)
+            return
+        traj = store.trajectory(sid)
+        versions = [v for s in traj.segments for v, m in zip(s.versions, s.loss_mask) if m]
+        if not versions:
+            self._refuse(sid, "has no sampled token")
+        elif max(versions) > current_version:
+            self._refuse(sid, f"was sampled by policy version {max(versions)}, newer than this run's "
+                              f"{current_version} (another run's numbering)")
+        else:
+            self.versions[sid] = min(versions)
 
     def _refuse(self, sid: str, why: str) -> None:
         self.refused[sid] = why
