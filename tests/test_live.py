@@ -249,3 +249,15 @@ def test_a_killed_serve_keeps_its_finished_calls_and_feedback_works_without_it(t
     assert live_main(["sessions", "delete", sid, "--store", str(store)]) == 0
     assert "verified" in capsys.readouterr().out
     assert modes(store)["calls.db"] == "0o600"
+
+
+def test_purge_deletes_the_sessions_past_retention(served, capsys) -> None:
+    srv, _ = served
+    old, _ = srv.new_session("old")
+    new, _ = srv.new_session("new")
+    st = Store(str(srv.folder / "calls.db"))
+    st._db.execute("UPDATE sessions SET created = created - 10 * 86400 WHERE id = ?", (old,))  # made 10 days ago
+    assert live_main(["sessions", "purge", "--older-than-days", "7", "--store", str(srv.folder)]) == 0
+    assert "purged 1 sessions created over 7 days ago; verified" in capsys.readouterr().out
+    assert st.session_ids() == [new] and st.files_holding(old.encode()) == []
+    st.close()

@@ -1,4 +1,4 @@
-"""`harnessrl sessions list|show|new|delete` and `harnessrl feedback SID --reward R [--note N]`.
+"""`harnessrl sessions list|show|new|delete|purge` and `harnessrl feedback SID --reward R [--note N]`.
 
 Each command works on the store folder (`--store`, default `serve.default_store()`). While a
 `harnessrl serve` runs on it (its serve.json answers), new sessions, feedback and deletion go
@@ -12,6 +12,7 @@ import argparse
 import datetime
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -114,6 +115,20 @@ def _cmd(a: argparse.Namespace) -> int:
         url, sid, key = new_session(a.store, a.label)
         print(f"# harnessrl live session {sid}\n{env_lines(url, sid, key)}")
         return 0
+    if a.action == "purge":  # retention: every session created before the cut-off
+        if a.older_than_days is None:
+            raise LiveError("purge needs --older-than-days N")
+        cut = time.time() - a.older_than_days * 86400
+        st = _store(a.store)
+        try:
+            old = [r["session_id"] for r in st.summaries() if r["created"] < cut]
+        finally:
+            st.close()
+        outs = [delete(a.store, sid) for sid in old]
+        bad = [o["session_id"] for o in outs if not o["verified"]]
+        print(f"purged {len(outs)} sessions created over {a.older_than_days:g} days ago"
+              + (f"; NOT verified: {', '.join(bad)}" if bad else "; verified: their ids are in no file of the store"))
+        return 1 if bad else 0
     if a.action == "delete":
         out = delete(a.store, a.session)
         state = "verified: its id is in no file of the store" if out["verified"] else \
@@ -146,9 +161,11 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog=prog)
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("sessions", help="list, show, open or delete live sessions")
-    p.add_argument("action", choices=["list", "show", "new", "delete"])
+    p.add_argument("action", choices=["list", "show", "new", "delete", "purge"])
     p.add_argument("session", nargs="?", help="session id (show, delete)")
     p.add_argument("--label", default="", help="new: a name for the harness process (shown in list)")
+    p.add_argument("--older-than-days", type=float, default=None,
+                   help="purge: delete every session created more than this many days ago (retention)")
     p = sub.add_parser("feedback", help="a live session's reward in [0, 1] (closes the session)")
     p.add_argument("session")
     p.add_argument("--reward", type=float, required=True)
