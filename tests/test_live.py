@@ -261,3 +261,43 @@ def test_purge_deletes_the_sessions_past_retention(served, capsys) -> None:
     assert "purged 1 sessions created over 7 days ago; verified" in capsys.readouterr().out
     assert st.session_ids() == [new] and st.files_holding(old.encode()) == []
     st.close()
+
+
+@pytest.mark.harness
+@pytest.mark.timeout(300)
+def test_a_real_mini_swe_agent_on_the_host_through_the_env_lines(tmp_path, tok, capsys) -> None:
+    """mini-swe-agent 2.4.6 (its own venv, its local environment: no sandbox, as a user runs it)
+    pointed at serve by the env lines: it runs the scripted command in its folder, submits, and
+    its two calls are recorded token-exact in one segment; feedback then rewards the session."""
+    from harnessrl.adapters.toolchain import installed_spec, toolchain_root
+    from harnessrl.gym.live.serve import env_lines
+
+    if installed_spec("venvs", "mini-swe-agent") is None:
+        pytest.skip("mini-swe-agent not installed: run scripts/install_harnesses.sh mini-swe-agent")
+    engine, script = standin(tok)
+
+    def bash(cmd: str) -> str:
+        return "<tool_call>\n" + json.dumps({"name": "bash", "arguments": {"command": cmd}}) + "\n</tool_call>"
+    script.say(bash("echo live-hello > note.txt"), bash("echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"))
+    work = tmp_path / "work"
+    work.mkdir()
+    with ServedApp(engine.app()) as eng, Serve(ServeConfig(store=str(tmp_path / "live"), model="tiny-llama",
+                                                           port=0), eng.url) as srv:
+        sid, key = srv.new_session("mini-swe-agent")
+        env = _exports(env_lines(srv.url, sid, key))
+        run_env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "MSWEA_CONFIGURED": "true",
+                   "MSWEA_COST_TRACKING": "ignore_errors", "MSWEA_SILENT_STARTUP": "1",
+                   "LITELLM_LOCAL_MODEL_COST_MAP": "True", "MSWEA_GLOBAL_CONFIG_DIR": str(tmp_path / "cfg"),
+                   "OPENAI_API_KEY": env["OPENAI_API_KEY"], "OPENAI_BASE_URL": env["OPENAI_BASE_URL"]}
+        argv = [str(toolchain_root() / "venvs" / "mini-swe-agent" / "bin" / "mini"), "-m", "openai/policy",
+                "-t", "write a note", "-y", "--exit-immediately", "-o", str(tmp_path / "mini.traj.json"),
+                "-c", "mini.yaml", "-c", f"model.model_kwargs.api_base={env['OPENAI_BASE_URL']}",
+                "-c", "agent.step_limit=4", "-c", "agent.cost_limit=0", "-c", f"environment.cwd={work}"]
+        out = subprocess.run(argv, env=run_env, cwd=work, capture_output=True, text=True, timeout=240)
+        assert (work / "note.txt").read_text() == "live-hello\n", out.stdout[-2000:] + out.stderr[-2000:]
+        assert json.loads((tmp_path / "mini.traj.json").read_text())["info"]["exit_status"] == "Submitted"
+        traj = srv.proxy.trajectory(sid)
+        check_exact(traj, engine.calls)
+        assert len(traj.calls) == 2 and len(traj.segments) == 1  # the second call extends the first
+        assert live_main(["feedback", sid, "--reward", "1", "--note", "wrote it", "--store", str(srv.folder)]) == 0
+        assert srv.proxy.trajectory(sid).reward == 1.0
