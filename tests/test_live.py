@@ -217,23 +217,30 @@ def test_sessions_commands_and_verified_deletion(served, capsys) -> None:
     assert f"unknown session {sid!r}" in capsys.readouterr().err
 
 
+def _serve_cli(eng_url: str, store: Path) -> tuple[subprocess.Popen, dict[str, str]]:
+    """The real `harnessrl serve` command in its own process, and the env lines it printed."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "harnessrl.cli", "serve", "--engine-url", eng_url, "--model", "tiny-llama",
+         "--port", "0", "--store", str(store), "--label", "first"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ | {"PYTHONUNBUFFERED": "1"})
+    lines: list[str] = []
+    while not any(x.startswith("# its reward later") for x in lines):
+        line = proc.stdout.readline()
+        if not line:
+            proc.kill()
+            raise AssertionError(proc.stderr.read())
+        lines.append(line)
+    return proc, _exports("".join(lines))
+
+
 def test_a_killed_serve_keeps_its_finished_calls_and_feedback_works_without_it(tmp_path, tok, capsys) -> None:
     """The real `harnessrl serve` command, killed with SIGKILL: the finished call is on disk,
     feedback and deletion then act on the store file, and serve.json's dead URL is ignored."""
     engine, _ = standin(tok)
     store = tmp_path / "live"
     with ServedApp(engine.app()) as eng:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "harnessrl.cli", "serve", "--engine-url", eng.url, "--model", "tiny-llama",
-             "--port", "0", "--store", str(store), "--label", "first"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ | {"PYTHONUNBUFFERED": "1"})
+        proc, env = _serve_cli(eng.url, store)
         try:
-            lines = []
-            while not any(x.startswith("# its reward later") for x in lines):
-                line = proc.stdout.readline()
-                assert line, proc.stderr.read()
-                lines.append(line)
-            env = _exports("".join(lines))
             assert _chat(env).status_code == 200
         finally:
             proc.send_signal(signal.SIGKILL)
@@ -249,6 +256,19 @@ def test_a_killed_serve_keeps_its_finished_calls_and_feedback_works_without_it(t
     assert live_main(["sessions", "delete", sid, "--store", str(store)]) == 0
     assert "verified" in capsys.readouterr().out
     assert modes(store)["calls.db"] == "0o600"
+
+
+def test_sigterm_stops_serve_with_its_sessions_closed_and_its_token_file_gone(tmp_path, tok) -> None:
+    engine, _ = standin(tok)
+    store = tmp_path / "live"
+    with ServedApp(engine.app()) as eng:
+        proc, env = _serve_cli(eng.url, store)
+        assert _chat(env).status_code == 200
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+    assert not (store / "serve.json").exists()  # the admin token does not outlive the server
+    (row,) = Store(str(store / "calls.db")).summaries()
+    assert row["closed"] is not None and row["calls"] == 1 and row["reward"] is None  # final, not yet rewarded
 
 
 def test_purge_deletes_the_sessions_past_retention(served, capsys) -> None:
