@@ -18,6 +18,14 @@ Three rules, applied at collection, so `python -m pytest` alone gets them:
   flight on the other workers have finished, and they start their next only after it.
 
 Without xdist (`-n 0`, one process) the groups and the lock change nothing.
+
+One setting differs from a run's: **the environment does not yield the CPU here**
+(`HARNESSRL_ENV_NICE=0`, `HARNESSRL_SANDBOX_NICE=0` unless the caller set them). A training run
+puts harness processes at nice 10 and every Docker sandbox together under one cgroup with the
+weight of one nice-10 process, so the engine is never starved by its environment. In the suite
+four workers keep both cores busy, and a sandbox then got a few per cent of a core: a harness
+that starts in 16 s on the host took 194 s to make its first call in a container. The tests
+of that policy (tests/test_cpu_priority.py) clear both variables and check the defaults.
 """
 from __future__ import annotations
 
@@ -31,6 +39,9 @@ import time
 from pathlib import Path
 
 import pytest
+
+for _var in ("HARNESSRL_ENV_NICE", "HARNESSRL_SANDBOX_NICE"):
+    os.environ.setdefault(_var, "0")  # the workers inherit it (see the module docstring)
 
 SERIAL = {
     # counts every container labelled harnessrl.managed=1 that appears while it runs

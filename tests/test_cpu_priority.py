@@ -28,6 +28,13 @@ print(json.dumps({"nice": os.getpriority(os.PRIO_PROCESS, 0), "group": group, "l
 AUTOGROUP = os.path.exists("/proc/self/autogroup")
 
 
+@pytest.fixture(autouse=True)
+def defaults(monkeypatch):
+    """These tests check the defaults: the suite's conftest sets both variables to 0."""
+    for var in ("HARNESSRL_ENV_NICE", "HARNESSRL_SANDBOX_NICE"):
+        monkeypatch.delenv(var, raising=False)
+
+
 @pytest.fixture
 def script(tmp_path, monkeypatch):
     monkeypatch.setenv("HARNESSRL_PREFORK", "1")
