@@ -551,3 +551,21 @@ def test_weight_update_mid_generation_resumes_through_vllm(tok, stream, reply_ve
                 return (await e.generate(c.prompt_ids, max_new_tokens=n, temperature=0, stop_token_ids=[2])).output_ids
 
         assert c.completion_ids == asyncio.run(whole())  # same weights reloaded: one uninterrupted generation
+
+
+@pytest.mark.parametrize("route", ["generate", "completions"])
+def test_use_lora_makes_the_adapter_the_model_of_every_request(route):
+    """vLLM selects a loaded adapter by the request's `model`: after `use_lora(name)` (what an
+    adapter sync asks of the proxy inside its pause) every body names it, and None goes back
+    to the served model."""
+    async def bodies():
+        async with VllmBackend("http://127.0.0.1:9", route=route, model="served") as v:
+            args = ([1, 2, 3], 4, 1.0, 1.0, -1, None, None, None, None, False)
+            before = await v._payload(*args)
+            v.use_lora("policy")
+            named = await v._payload(*args)
+            v.use_lora(None)
+            return before, named, await v._payload(*args)
+
+    before, named, after = asyncio.run(bodies())
+    assert (before["model"], named["model"], after["model"]) == ("served", "policy", "served")

@@ -218,3 +218,53 @@ def test_vllm_route_sync_loads_in_place_and_names_the_version(tmp_path):
     m = asyncio.run(run())
     assert seen == [1, 2] and m.logprob_mismatch_max <= 1e-4
     assert sorted(p.name for p in (tmp_path / "w").iterdir()) == ["v2-lora"]  # keep=1 pruned v1
+
+
+def test_after_an_adapter_sync_the_proxy_names_the_adapter_in_every_generation(tmp_path):
+    """SGLang serves a loaded adapter only to /generate requests naming it (`lora_path`): the
+    sync tells the proxy (its gate) inside the pause, and from then on every call the proxy
+    makes names it. The local engine refuses a name it does not hold, so an adapter unloaded
+    behind the proxy's back turns its next call into the engine's refusal, which shows the name
+    was sent; unnamed again, the base weights serve it."""
+    from harnessrl.gym.proxy.config import ProxyConfig
+    from harnessrl.gym.proxy.server import ProxyServer
+
+    tok = load_tokenizer("tiny-llama")
+    t = trainer("tiny-llama")
+    ids = prompt(tok, "Name a prime number.")
+
+    def chat(proxy, seed: int) -> httpx.Response:
+        sid, key = proxy.open_session({"task_id": "lora", "harness": "scripted"})
+        return httpx.post(f"{proxy.openai_base_url(sid)}/chat/completions", timeout=120,
+                          headers={"Authorization": f"Bearer {key}"},
+                          json={"model": "policy", "messages": [{"role": "user", "content": "Hi"}],
+                                "max_tokens": 4, "temperature": 1.0, "seed": seed})
+
+    async def run():
+        with EngineServer(model="tiny-llama", weight_version="0") as engine, \
+                ProxyServer(ProxyConfig(engine_url=engine.url, model="tiny-llama", honor_seed=True)) as proxy:
+            async with EngineClient(engine.url) as c:
+                assert (await asyncio.to_thread(chat, proxy, 1)).status_code == 200  # base: no name sent
+                t.step(await sampled_group(c, ids, "t"))
+                sync = AdapterWeightSync(c, tmp_path / "weights")
+                sync.gate = proxy
+                assert await sync.push(t) == 1 and sync.last_mode == "adapter"
+                assert proxy.core.engine.lora_name == "policy"
+                ok = await asyncio.to_thread(chat, proxy, 2)
+                named = await c._http.post("/generate", json={"input_ids": ids, "lora_path": "policy",
+                                                              "sampling_params": {"max_new_tokens": 2}})
+                other = await c._http.post("/generate", json={"input_ids": ids, "lora_path": "other",
+                                                              "sampling_params": {"max_new_tokens": 2}})
+                await c.unload_lora_adapter("policy")
+                orphaned = await asyncio.to_thread(chat, proxy, 3)
+                assert proxy.use_lora(None)
+                unnamed = await asyncio.to_thread(chat, proxy, 4)
+                return ok, named, other, orphaned, unnamed
+
+    ok, named, other, orphaned, unnamed = asyncio.run(run())
+    assert ok.status_code == 200, ok.text
+    assert named.status_code == 200, named.text
+    assert other.status_code == 400 and "lora_path: adapter 'other' is not loaded (loaded: 'policy')" in other.text
+    assert orphaned.status_code == 400, orphaned.text  # the engine's refusal, passed on
+    assert "lora_path: adapter 'policy' is not loaded (loaded: none)" in orphaned.text
+    assert unnamed.status_code == 200, unnamed.text

@@ -132,9 +132,9 @@ async def _stages(cfg: TrainConfig, out: Path, t_start: float, held: contextlib.
         engine_url = cfg.engine_url or (engine.url if engine is not None else "")
         client = EngineClient(engine_url)
         sync = DiskWeightSync(client, out / "weights")
-        if cfg.trainer.lora is not None:  # the adapter alone to the engine this run started (it serves it to every
-            # request); an engine_url's SGLang would serve base weights to requests not naming it: merged there
-            sync = AdapterWeightSync(client, out / "weights", adapters=engine is not None)
+        if cfg.trainer.lora is not None:  # the adapter alone (or merged weights, `lora.sync`); once loaded,
+            # the proxy names it in every generation (`lora_path`), as SGLang serves it only to those
+            sync = AdapterWeightSync(client, out / "weights", adapters=cfg.trainer.lora.sync == "adapter")
     held.push_async_callback(client.aclose)
     writer = _tb_writer(out) if cfg.tensorboard else None
     if writer:

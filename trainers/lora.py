@@ -12,6 +12,7 @@ The adapter math is peft's; nothing here re-implements a LoRA layer.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -43,6 +44,12 @@ class LoraConfig(BaseModel):
     The default adapts every linear layer of a Llama/SmolLM2 block (attention and MLP)."""
     rslora: bool = False
     """Rank-stabilized LoRA: scale by alpha / sqrt(rank) instead of alpha / rank."""
+    sync: Literal["adapter", "merged"] = "adapter"
+    """What a weight sync sends the engine: "adapter" (peft's adapter folder, megabytes, loaded
+    by `/load_lora_adapter` and named in every generation as `lora_path`; the local engine, and
+    SGLang started with `--enable-lora --max-lora-rank R --lora-target-modules ...`; an engine
+    without the route (404) gets merged weights from then on) or "merged" (base + adapter as
+    full weights through `/update_weights_from_disk`: any SGLang)."""
 
 
 def target_names(model) -> list[str]:

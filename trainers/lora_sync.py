@@ -7,13 +7,14 @@ engine paused with abort, then continued, then admission resumed), so every toke
 carries the version that sampled it:
 - `api="sglang"` (the local engine, SGLang with `--enable-lora`): `/unload_lora_adapter` of
   the previous adapter (SGLang refuses a name already loaded), `/load_lora_adapter {lora_name,
-  lora_path}`, then `/update_weight_version {new_version}`. The local engine serves the loaded
-  adapter to every request; a real SGLang serves it to requests that name it (`lora_path:
-  lora_name` in /generate), base weights to the rest.
+  lora_path}`, then `/update_weight_version {new_version}`. A real SGLang serves the adapter
+  only to requests that name it (`lora_path: lora_name` in /generate), so inside the same pause
+  the gate (the proxy) is told to name it in every generation (`use_lora`); the local engine
+  serves its one adapter to every request and refuses any other name.
 - `api="vllm"` (vLLM with `VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`): `/v1/load_lora_adapter
   {lora_name, lora_path, load_inplace: true}`; vLLM's replies name no version, so
   `on_version(version)` is called inside the pause (e.g. the proxy's `VllmBackend.set_weight_version`);
-  requests select the adapter by `model: lora_name`.
+  requests select the adapter by `model: lora_name` (the gate's `use_lora` again).
 When the engine has no such route (404), or `adapters=False`, every push publishes merged full
 weights through `DiskWeightSync` (`/update_weights_from_disk`) instead. The folder must be
 readable by the engine (same machine or a shared path), as for full weights.
@@ -79,7 +80,7 @@ class AdapterWeightSync:
             else:
                 self._done("adapter", target, t0)
                 return version
-        version = await self.full.push(trainer)
+        version = await self.full.push(trainer)  # (only ever before an adapter loaded: nothing to unname)
         self._done("merged", self.root / f"v{version}", t0)
         return version
 
@@ -100,8 +101,16 @@ class AdapterWeightSync:
             else:
                 await self._vllm_load(str(folder))
                 self._loaded = True
+            self._select(self.lora_name)
             if self.on_version is not None:
                 self.on_version(version)
+
+    def _select(self, name: str | None) -> None:
+        """The proxy (the gate) names adapter `name` in its generations from now on (None: none),
+        inside the pause, so no call is sampled under a name the engine does not hold."""
+        select = getattr(self.gate, "use_lora", None)
+        if select is not None:
+            select(name)
 
     async def _vllm_load(self, folder: str) -> None:
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}

@@ -180,6 +180,14 @@ class EngineClient:
         self._http = httpx.AsyncClient(
             base_url=self.base_url, timeout=timeout, transport=transport, headers=headers
         )
+        self.lora_name: str | None = None
+        """The LoRA adapter every /generate names (`lora_path`, SGLang's per-request adapter),
+        set by `use_lora` when a weight sync has loaded it; None: the engine's base weights."""
+
+    def use_lora(self, name: str | None) -> None:
+        """Name adapter `name` in every generation from now on (None: the base weights).
+        A real SGLang serves a loaded adapter only to the requests that name it."""
+        self.lora_name = name
 
     # ---- plumbing -------------------------------------------------------------------
     async def _request(self, method: str, path: str, json_body: Any = None) -> httpx.Response:
@@ -233,6 +241,8 @@ class EngineClient:
         # httpx enforces the connect bound (as does the proxy's transport); reads are bounded
         # by asyncio deadlines, which see a whole stalled exchange, not a single socket read.
         t = self.timeouts
+        if self.lora_name is not None:
+            payload = dict(payload, lora_path=self.lora_name)
         return self._http.build_request("POST", "/generate", json=payload,
                                         timeout=httpx.Timeout(None, connect=t.connect_s))
 

@@ -77,6 +77,7 @@ class VllmBackend:
         self.path = PATHS[route]
         self.timeouts = timeouts or EngineTimeouts(total_s=min(EngineTimeouts.total_s, timeout))
         self.weight_version = str(weight_version)
+        self.lora_name: str | None = None
         self.logprobs_mode, self.send_priority = logprobs_mode, send_priority
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout, transport=transport, headers=headers)
@@ -84,6 +85,11 @@ class VllmBackend:
     def set_weight_version(self, version: str | int) -> None:
         """The version of the weights now loaded; requests sent from now on carry it."""
         self.weight_version = str(version)
+
+    def use_lora(self, name: str | None) -> None:
+        """Select LoRA adapter `name` (loaded by `/v1/load_lora_adapter`) as the `model` of every
+        request from now on, as vLLM selects adapters; None: the served base model again."""
+        self.lora_name = name
 
     # ---- requests -------------------------------------------------------------------
     async def _payload(self, input_ids: list[int], max_new_tokens: int, temperature: float, top_p: float,
@@ -103,6 +109,8 @@ class VllmBackend:
                 self.model = await self._served_name()
         if self.model is not None:
             body["model"] = self.model
+        if self.lora_name is not None:
+            body["model"] = self.lora_name
         if rid is not None:
             body["request_id"] = rid
         if priority is not None and self.send_priority:

@@ -142,6 +142,16 @@ class ProxyServer:
     def resume(self) -> None:
         self._on_loop(self.core.gate.resume)
 
+    def use_lora(self, name: str | None) -> bool:
+        """Name LoRA adapter `name` in every generation from now on (None: the base weights), as
+        a weight sync that loaded it asks inside its pause; False when the generation backend
+        has no per-request adapter (an in-process or Tinker backend serves its own policy)."""
+        select = getattr(self.core.engine, "use_lora", None)
+        if select is None:
+            return False
+        self._on_loop(lambda: select(name))
+        return True
+
     def stats(self) -> dict[str, Any]:
         return self.core.stats()
 

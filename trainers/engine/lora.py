@@ -11,8 +11,9 @@ Routes (request bodies as the two servers define them):
 - `POST /update_weight_version {new_version, abort_all_requests?}` (SGLang's): the version
   stamped on tokens from now on, with no weight change; an adapter sync sets it after loading.
 
-The engine serves one policy: at most one adapter is loaded, and it applies to every request
-(a request's `lora_path` / `model` is not read). Loading folds the adapter into the served
+The engine serves one policy: at most one adapter is loaded, and it applies to every request;
+a /generate `lora_path` (SGLang's per-request adapter name) must name that adapter or is
+refused with a 400 (a vLLM-route request's `model` is not read). Loading folds the adapter into the served
 weights as base + (alpha / r) * B @ A on each adapted layer, the base tensors kept aside so that
 the next adapter replaces this one instead of stacking on it; unloading restores the base.
 Folding keeps the decode paths (fast decode, the C step) exactly as they are, and in float32
@@ -147,7 +148,7 @@ class LoraRoutes:
 
     def __init__(self, state: Any):
         self.state, self.sched = state, state.scheduler
-        self.slot = AdapterSlot()
+        self.slot: AdapterSlot = state.adapter
 
     def mount(self, app: FastAPI) -> None:
         app.post("/load_lora_adapter")(self.load_sglang)

@@ -89,6 +89,9 @@ class GenerateRequest(BaseModel):
     """Admission order when requests wait for a batch slot: higher first (SGLang's
     `--enable-priority-scheduling` default direction); None counts as 0."""
     text: Any = None
+    lora_path: str | None = None
+    """SGLang's per-request adapter: the name a `/load_lora_adapter` gave it (this engine
+    applies its one loaded adapter to every request and refuses any other name)."""
 
     @model_validator(mode="after")
     def _check(self) -> "GenerateRequest":
@@ -296,7 +299,7 @@ def parse_body(raw: bytes, model: type[BaseModel], required: bool = True) -> Any
 
 
 #: GenerateReqInput fields that may hold one value per prompt in a batch.
-_PER_PROMPT = ("sampling_params", "rid", "return_logprob", "logprob_start_len", "top_logprobs_num")
+_PER_PROMPT = ("sampling_params", "rid", "return_logprob", "logprob_start_len", "top_logprobs_num", "lora_path")
 
 
 def split_batch(data: dict) -> list[dict] | None:

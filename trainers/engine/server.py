@@ -29,7 +29,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
 from harnessrl.gym.backends.encode import sglang_reply
 from harnessrl.trainers.engine.config import EngineConfig
-from harnessrl.trainers.engine.lora import LoraRoutes
+from harnessrl.trainers.engine.lora import AdapterSlot, LoraRoutes
 from harnessrl.trainers.engine.protocol import (
     AbortRequest, BadRequest, GenerateRequest, PauseRequest, UpdateWeightsRequest,
     decode_json, parse_body, split_batch, validate,
@@ -52,6 +52,9 @@ class EngineState:
     tokenizer_path: str = ""
     in_flight: set[str] = field(default_factory=set)
     update_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    adapter: AdapterSlot = field(default_factory=AdapterSlot)
+    """The LoRA adapter folded into the served weights (the LoRA routes load it; /generate's
+    `lora_path` must name it)."""
 
 
 class _EngineFailure(RuntimeError):
@@ -176,6 +179,11 @@ class EngineApp:
                              f"of {len(body.input_ids)} tokens")
         if body.rid is not None and body.rid in state.in_flight:
             raise BadRequest(f"{where}rid: {body.rid!r} is already running")
+        if body.lora_path is not None and body.lora_path != state.adapter.name:
+            # SGLang refuses an adapter it has not loaded; serving the base (or another adapter)
+            # under that name would stamp a policy the caller did not ask for
+            loaded = repr(state.adapter.name) if state.adapter.name is not None else "none"
+            raise BadRequest(f"{where}lora_path: adapter {body.lora_path!r} is not loaded (loaded: {loaded})")
 
     def start(self, body: GenerateRequest) -> tuple[Req, asyncio.Queue, _Accumulator]:
         loop = asyncio.get_running_loop()
