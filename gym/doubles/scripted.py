@@ -13,10 +13,15 @@ no session id and serves concurrent episodes:
   whose first line does);
 - which step: the number of assistant turns already in the prompt;
 - which tool: the harness's shell tool from the tool list the proxy rendered into the
-  system turn (`<tools>` JSON lines, Hermes format): bash / Bash / exec_command / shell /
-  run_shell_command / run_commands, its command argument (command / cmd; an array-typed one
-  gets ["bash", "-lc", cmd]; commands, a list of command lines, gets [cmd]), other required
-  string arguments filled with a short text;
+  system turn (`<tools>` JSON lines, Hermes format). Found by structure: of every
+  `<tools>...</tools>` block in the prompt, the one with the most lines that parse as JSON
+  tool definitions (a harness's own prose may have a `<tools>` section before it: Copilot
+  CLI's does). The shell tool is the first of `SHELL_TOOLS` present (the names the field's
+  harnesses use), else a tool whose name says shell / bash / terminal / command / exec and
+  that has a command argument; its command argument is the first of `COMMAND_ARGS` (an
+  array-typed one gets ["bash", "-lc", cmd]; `commands`, a list of command lines, gets
+  [cmd]); other required string arguments are filled with a short text. When it finds no
+  usable tool it answers in plain text and says why in `problems` (check-adapter prints it);
 - how to finish: `echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT` through the tool when the
   prompt asks for that (mini-swe-agent), otherwise a final answer without a tool call.
 With `delegate_tool` set (e.g. "Agent", Claude Code's sub-agent tool), a main conversation
@@ -38,11 +43,17 @@ from typing import Any, Iterable
 
 from harnessrl.gym.backends.encode import finish_reason, sglang_reply
 
-SHELL_TOOLS = ("bash", "Bash", "exec_command", "shell", "run_shell_command", "run_commands")
-COMMAND_ARGS = ("command", "cmd", "commands")
+#: Shell tools by name, as harnesses in the field call them (mini-swe-agent, Claude Code and
+#: Copilot CLI `bash`/`Bash`; Codex `exec_command`/`shell`; Gemini/Qwen `run_shell_command`;
+#: Cline `run_commands`/`execute_command`; OpenHands `execute_bash`; Cursor-style
+#: `run_terminal_cmd`; Hermes Agent `terminal`; others `run_command`, `shell_command`, `Shell`).
+SHELL_TOOLS = ("bash", "Bash", "exec_command", "shell", "Shell", "run_shell_command", "run_commands",
+               "execute_command", "execute_bash", "run_terminal_cmd", "terminal", "run_command", "shell_command")
+COMMAND_ARGS = ("command", "cmd", "commands", "script")
+_SHELLISH = re.compile(r"shell|bash|terminal|command|exec", re.I)
 MINI_SUBMIT = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 DELEGATED = "DELEGATED TASK (carry it out yourself):"
-_TOOLS_BLOCK = re.compile(r"<tools>\n(.*?)\n</tools>", re.S)
+_TOOLS_BLOCK = re.compile(r"<tools>[ \t]*\n(.*?)\n[ \t]*</tools>", re.S)
 
 
 @dataclass
@@ -83,6 +94,9 @@ class ScriptedPolicy:
     assistant_marker: str = "<|im_start|>assistant"
     delegate_tool: str | None = None
     """A sub-agent tool to hand the plan to (None: carry the plan out in the main conversation)."""
+    problems: list[str] = field(default_factory=list)
+    """Why a plan step found no usable tool, once each (check-adapter reports them)."""
+    _problems_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def _task(self, prompt: str) -> str | None:
         # The whole statement first: synthesized tasks on one function share their first line.
@@ -96,27 +110,51 @@ class ScriptedPolicy:
         return None
 
     def _tools(self, prompt: str) -> list[dict]:
-        m = _TOOLS_BLOCK.search(prompt)
-        if not m:
-            return []
-        tools = []
-        for line in m.group(1).splitlines():
-            try:
-                obj = json.loads(line)
-            except ValueError:
-                continue
-            tools.append(obj.get("function", obj))
-        return tools
+        """The tool definitions of the prompt's tool list (module doc: found by structure)."""
+        best: list[dict] = []
+        for m in _TOOLS_BLOCK.finditer(prompt):
+            tools = []
+            for line in m.group(1).splitlines():
+                try:
+                    obj = json.loads(line)
+                except ValueError:
+                    continue
+                tool = obj.get("function", obj) if isinstance(obj, dict) else None
+                if isinstance(tool, dict) and isinstance(tool.get("name"), str):
+                    tools.append(tool)
+            if tools and len(tools) >= len(best):
+                best = tools
+        return best
+
+    @staticmethod
+    def shell_tool(tools: list[dict]) -> tuple[dict, str] | str:
+        """(the shell tool, its command argument), or why there is none (one line)."""
+        by_name = {t.get("name"): t for t in tools}
+        named = [by_name[n] for n in SHELL_TOOLS if n in by_name]
+        shaped = [t for t in tools if _SHELLISH.search(t["name"])
+                  and any(a in (_schema(t).get("properties") or {}) for a in COMMAND_ARGS)]
+        for tool in named + shaped:
+            props = _schema(tool).get("properties") or {}
+            arg = next((a for a in COMMAND_ARGS if a in props), None)
+            if arg is not None:
+                return tool, arg
+        if not tools:
+            return "no tool list in the prompt (no <tools> block with JSON tool definitions)"
+        return (f"no shell tool among {sorted(by_name)} (known names: {', '.join(SHELL_TOOLS)}; "
+                f"command arguments: {', '.join(COMMAND_ARGS)})")
+
+    def _problem(self, why: str) -> None:
+        with self._problems_lock:
+            if why not in self.problems:
+                self.problems.append(why)
 
     def _call(self, tools: list[dict], command: str) -> str:
-        by_name = {t.get("name"): t for t in tools}
-        tool = next((by_name[n] for n in SHELL_TOOLS if n in by_name), None)
-        if tool is None:
-            raise ValueError(f"scripted policy: no shell tool among {sorted(by_name)}")
+        found = self.shell_tool(tools)
+        if isinstance(found, str):
+            self._problem(found)
+            return f"I cannot run `{command}`: {found}."
+        tool, arg = found
         props = _schema(tool).get("properties") or {}
-        arg = next((a for a in COMMAND_ARGS if a in props), None)
-        if arg is None:
-            raise ValueError(f"scripted policy: tool {tool['name']!r} has no command argument in {sorted(props)}")
         # An array: argv (Codex `shell`), or a list of command lines (Cline `run_commands.commands`).
         array = [command] if arg == "commands" else ["bash", "-lc", command]
         return _tool_call(tool, {arg: array if props[arg].get("type") == "array" else command})
@@ -139,6 +177,8 @@ class ScriptedPolicy:
                 if edits.strip() and edits.strip() not in prompt:
                     return edits, task, step
                 return "No change is needed.", task, step
+            if task is not None and "<tools>" in prompt and step < len(self.plans.get(task, [])):
+                self._problem("a <tools> block in the prompt holds no JSON tool definitions")
             return ("Scripted episode" if task is None else self.final_text), task, step
         plan = self.plans.get(task, []) if task is not None else []
         if (plan and self.delegate_tool and DELEGATED not in prompt

@@ -203,6 +203,10 @@ def check_adapter(target: str, backend: str = "auto", wall_time_s: float = 300.0
                        "; ".join(problems) + (why if problems else "") or f"{len(res.trajectory.calls)} calls")
             if gold:
                 _fits(report, res.trajectory, context, model)
+                # why the scripted policy could not act, in its own words (a reward-0 gold run
+                # otherwise only says the tests failed)
+                report.add("gold: the scripted policy found a shell tool", not engine.policy.problems,
+                           "; ".join(engine.policy.problems) or "yes")
     return report
 
 
