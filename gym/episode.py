@@ -428,7 +428,9 @@ def _annotate(traj: Trajectory, run: _Run, task: Task, reward: RewardResult | No
                                     "agent_diff": reward.agent_diff[:_DIFF_KEPT_CHARS],
                                     "agent_diff_chars": len(reward.agent_diff), "test_output": reward.test_output,
                                     "tests": [t.model_dump() for t in reward.tests],
-                                    "metrics": reward.metrics}  # a Harbor verifier's named numbers
+                                    "metrics": reward.metrics,  # a Harbor verifier's named numbers
+                                    # the reward kind, a composite's parts, the judge's call (never trained)
+                                    "kind": reward.kind, "parts": reward.parts, "judge": reward.judge}
 
 
 def _record_failure(admin: EpisodeAdmin, sid: str, close: bool, status: str, reason: str, errors: list[str]) -> None:

@@ -7,6 +7,8 @@ apart from the env layer's own modules so that nothing real depends on a fake.
 - `standin`: `StandinEngine`, an instant contract-speaking engine (prompt-derived or
   scripted ids, pause/abort, incremental or cumulative streams, an OpenAI chat endpoint),
   for proxy tests and benchmarks; `python -m harnessrl.gym.doubles.standin --port N`.
+- `judge`: `ScriptedJudge`, an OpenAI-compatible chat endpoint answering as a judge would
+  (complying, obeying injections naively, failing), for the judge reward's tests.
 - `sim`: `SimEngine`, an in-process batching engine on a clock (no HTTP), with simulated
   episodes and `run_simulation`, for sizing env pools and testing the scheduler.
 

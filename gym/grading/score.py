@@ -1,10 +1,11 @@
 """Score one episode: the entry every caller uses, whatever the task's format.
 
-Contract: `score(sandbox, task, config)` never raises. It picks the task format's grader from
-`GRADERS` (a registry: short name -> "module:function"; `task_format(task)` names the task's),
-and turns the grader's Verdict, a sandbox failure or a grader bug into the RewardResult
-(`gym.grading.verdict`): a dead sandbox or a grader error is masked (infra_error), never
-scored.
+Contract: `score(sandbox, task, config)` never raises. It grades by the task's reward kind
+(`Task.reward_kind()`, from the registry `gym.tasks.REWARDS`: "tests", "judge", "composite";
+`gym.grading.rewards`); the "tests" kind picks the task format's grader from `GRADERS` (a
+registry: short name -> "module:function"; `task_format(task)` names the task's). It turns the
+Verdict, a sandbox failure or a grader bug into the RewardResult (`gym.grading.verdict`): a dead
+sandbox, a grader error or a failed judge is masked (infra_error), never scored.
 """
 from __future__ import annotations
 
@@ -37,13 +38,13 @@ def grader(task: Task):
 
 
 def score(sandbox: Sandbox, task: Task, config: RewardConfig | None = None) -> RewardResult:
-    """Score the agent's work in `sandbox` against the task's hidden tests; never raises.
-    The sandbox is reset on the way (it ends at base + kept diff + hidden tests)."""
+    """Score the agent's work in `sandbox` by the task's reward kind; never raises. With hidden
+    tests, the sandbox is reset on the way (it ends at base + kept diff + hidden tests)."""
     config = config or RewardConfig()
     started = time.monotonic()
     out = RewardResult(instance_id=task.instance_id, reward=None, status="infra_error")
     try:
-        grader(task)(sandbox, task, config, out)
+        task.reward_kind().grade(sandbox, task, config, out)
     except Verdict as v:
         out.reward, out.reason, out.cause, out.tampered = v.reward, v.reason, v.cause, v.tampered
         out.evidence = v.evidence

@@ -8,18 +8,20 @@ sandbox step once and tells a dead sandbox from a state the agent left.
 """
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
 from harnessrl.gym.failures import describe
+from harnessrl.gym.grading.judge import JudgeConfig
 from harnessrl.sandboxes.base import Sandbox, SandboxDied, SandboxError
 
 TestStatus = Literal["passed", "failed", "error", "skipped", "missing"]
 
 
 class RewardConfig(BaseModel, extra="forbid", use_attribute_docstrings=True):
-    """How hidden tests are run after an episode."""
+    """How an episode is rewarded: how hidden tests are run, and which judge scores the tasks
+    whose reward kind asks one (`Task.reward`, docs/grading.md)."""
 
     test_timeout_s: float = 600.0
     """Wall-clock limit of the hidden test run; exceeding it scores 0 (the code under test hung)."""
@@ -34,13 +36,19 @@ class RewardConfig(BaseModel, extra="forbid", use_attribute_docstrings=True):
     """When the run leaves no complete report, re-run the hidden tests on the pristine base to
     tell the agent's failure (base completes: reward 0) from the infrastructure's (masked)."""
 
+    judge: JudgeConfig | None = None
+    """The OpenAI-compatible judge of tasks whose reward kind is "judge" or "composite"; None:
+    such a task's episodes are masked ("no judge configured")."""
+
     def worst_case_s(self) -> float:
         """About the longest scoring may take: two hidden-test runs (the agent's, and the
-        pristine base's when the first left no report) and the bookkeeping commands around
-        them. A backstop timeout around an episode (the scheduler's `episode_timeout_s`) must
-        leave this much after the harness's wall time, or an agent whose code hangs the hidden
-        tests would be masked by the backstop instead of scored 0 by the grader."""
-        return 2 * self.test_timeout_s + 6 * self.command_timeout_s
+        pristine base's when the first left no report), the bookkeeping commands around them,
+        and a judge's call (its timeout bounds each phase: connect, send, reads). A backstop
+        timeout around an episode (the scheduler's `episode_timeout_s`) must leave this much
+        after the harness's wall time, or an agent whose code hangs the hidden tests would be
+        masked by the backstop instead of scored 0 by the grader."""
+        judge = 4 * self.judge.timeout_s if self.judge is not None else 0.0
+        return 2 * self.test_timeout_s + 6 * self.command_timeout_s + judge
 
 
 class TestOutcome(BaseModel):
@@ -57,7 +65,15 @@ class RewardResult(BaseModel):
 
     instance_id: str
     reward: float | None
-    """1.0 all listed tests pass, 0.0 otherwise, None on infra_error."""
+    """1.0 all listed tests pass, 0.0 otherwise, None on infra_error; a judge's score in [0, 1],
+    or a composite's weighted mean, for those reward kinds."""
+    kind: str = "tests"
+    """The reward kind that decided (`gym.tasks.REWARDS`: the task's `reward.kind`)."""
+    parts: dict[str, float] = Field(default_factory=dict)
+    """A composite's parts before weighting: {"tests": 0/1, "judge": score} (those that ran)."""
+    judge: dict[str, Any] | None = None
+    """The judge's call when one was made (`gym.grading.judge`): request, response, latency,
+    what the judge was shown of the diff, its score or its failure. Never trained."""
     status: Literal["ok", "infra_error"]
     reason: str = ""
     tampered: bool = False

@@ -14,7 +14,7 @@ import json
 import re
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from harnessrl.registry import resolve
 from harnessrl.sandboxes.base import RepoSpec
@@ -29,6 +29,18 @@ DEFAULT_TEST_COMMAND = "python3 -m pytest -p no:cacheprovider --rootdir=. -q"
 #: needs besides the repository) and `agent_timeout_s` (the format's own limit on the harness).
 SPECS: dict[str, str] = {
     "harbor": "harnessrl.gym.tasks.harbor.spec:HarborSpec",
+}
+
+
+#: Reward kinds a task names in its `reward` field ({"kind": name, ...its parameters}): kind ->
+#: the "module:Class" of its parameters, a pydantic model that validates them when the task is
+#: loaded and whose `grade(sandbox, task, config, out)` decides the episode's reward
+#: (`gym.grading.score.score` calls it). A task naming none is rewarded by "tests": its format's
+#: grader (`gym.grading.score.GRADERS`).
+REWARDS: dict[str, str] = {
+    "tests": "harnessrl.gym.grading.rewards:TestsReward",
+    "judge": "harnessrl.gym.grading.rewards:JudgeReward",
+    "composite": "harnessrl.gym.grading.rewards:CompositeReward",
 }
 
 
@@ -117,6 +129,11 @@ class Task(BaseModel):
     `metadata["canary_passed"]`, the run's measured propensity to cheat (`gym.canary`). A canary
     row that names no format is of the "canary" format."""
 
+    reward: Any = None
+    """How this task's episodes are rewarded: {"kind": one of `REWARDS`, ...that kind's
+    parameters}, e.g. {"kind": "judge", "rubric": "..."}; None: "tests" (the format's grader).
+    A task whose kind is "judge" needs no hidden tests."""
+
     @model_validator(mode="before")
     @classmethod
     def _canary_format(cls, data: Any) -> Any:
@@ -132,6 +149,28 @@ class Task(BaseModel):
             return None
         spec = resolve(SPECS, info.field_name, "task format spec")
         return value if isinstance(value, spec) else spec.model_validate(value)
+
+    @field_validator("reward", mode="before")
+    @classmethod
+    def _reward(cls, value: Any) -> Any:
+        """A reward kind's parameters, validated by the class its `REWARDS` entry names."""
+        if value is None or (isinstance(value, BaseModel) and getattr(value, "kind", None) in REWARDS):
+            return value
+        if not isinstance(value, dict) or not isinstance(value.get("kind"), str):
+            raise ValueError(f'must be an object naming its "kind", one of: {", ".join(sorted(REWARDS))}')
+        if value["kind"] not in REWARDS:
+            raise ValueError(f"unknown reward kind {value['kind']!r}; known: {', '.join(sorted(REWARDS))}")
+        kind = resolve(REWARDS, value["kind"], "reward kind")
+        try:
+            return kind.model_validate(value)
+        except ValidationError as e:
+            err = e.errors()[0]
+            where, msg = ".".join(str(p) for p in err["loc"]), err["msg"].removeprefix("Value error, ")
+            raise ValueError(f"reward.{where}: {msg}" if where else msg) from None
+
+    def reward_kind(self) -> Any:
+        """This task's reward kind with its parameters (`REWARDS`; "tests" when it names none)."""
+        return self.reward if self.reward is not None else resolve(REWARDS, "tests", "reward kind")()
 
     def spec(self) -> Any:
         """This task's format's own data (None for a format that has none)."""

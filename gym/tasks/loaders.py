@@ -61,7 +61,7 @@ SUITES: dict[str, str] = {
 }
 
 _REPO_SUFFIXES = (".bundle", ".tar.gz", ".tgz", ".tar", ".git")
-_OURS_ONLY = {"source", "gold_plan", "setup_commands", "test_command", "workdir", "format"}
+_OURS_ONLY = {"source", "gold_plan", "setup_commands", "test_command", "workdir", "format", "reward"}
 
 
 # --- patches ---------------------------------------------------------------------------------
