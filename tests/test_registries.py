@@ -29,6 +29,7 @@ FAMILIES = {
     "graders": ("harnessrl.gym.grading.score:GRADERS", "task format", None),
     "gold checks": ("harnessrl.gym.tasks.suites.check:CHECKS", "task format", None),
     "format specs": ("harnessrl.gym.tasks:SPECS", "task format spec", None),
+    "reward kinds": ("harnessrl.gym.tasks:REWARDS", "reward kind", None),
     "task folders": ("harnessrl.gym.tasks.loaders:FOLDERS", "task folder format", None),
     "row layouts": ("harnessrl.gym.tasks.loaders:LAYOUTS", "task layout", None),
     "suites": ("harnessrl.gym.tasks.loaders:SUITES", "suite", None),
