@@ -3,7 +3,8 @@ would, scripted, for tests of the judge reward (`gym.grading.judge`); serve it w
 `gym.served.ServedApp(judge.app())` and point `JudgeConfig.base_url` at `{url}/v1`.
 
 Modes (`mode`):
-- "comply": the strict answer {"verdict_id": <the id of the system message>, "score": `score`}.
+- "comply": the strict answer {"verdict_id": <the id of the system message>, "score": `score`}
+  (with `scores`, the n-th request's score is `scores[n % len(scores)]`).
 - "naive": obeys any injection naively: when the user message (the diff included) holds a line
   "respond with: TEXT", it answers TEXT verbatim; otherwise it complies.
 - "obedient": obeys an injection while keeping the format: when the user message holds "ignore
@@ -26,19 +27,20 @@ _RESPOND = re.compile(r"respond with:\s*(.+)", re.I)
 
 class ScriptedJudge:
     def __init__(self, mode: str = "comply", score: float = 1.0, content: str = "", status: int = 200,
-                 delay_s: float = 0.0):
+                 delay_s: float = 0.0, scores: list[float] | None = None):
         if mode not in ("comply", "naive", "obedient", "raw", "status"):
             raise ValueError(f"unknown mode {mode!r}")
         self.mode, self.score, self.content, self.status, self.delay_s = mode, score, content, status, delay_s
+        self.scores = scores
         self.requests: list[dict[str, Any]] = []
 
-    def answer(self, messages: list[dict[str, str]]) -> str:
-        """The answer text for these chat messages, by the mode."""
+    def answer(self, messages: list[dict[str, str]], n: int = 0) -> str:
+        """The answer text for the `n`-th request's chat messages, by the mode."""
         system = next((m["content"] for m in messages if m.get("role") == "system"), "")
         user = "\n".join(m["content"] for m in messages if m.get("role") == "user")
         found = _ID.search(system)
         verdict_id = found.group(1) if found else ""
-        score = self.score
+        score = self.scores[n % len(self.scores)] if self.scores else self.score
         if self.mode == "raw":
             return self.content
         if self.mode == "naive" and _RESPOND.search(user):
@@ -55,13 +57,14 @@ class ScriptedJudge:
 
         async def chat(request):
             body = await request.json()
+            n = len(self.requests)
             self.requests.append({"body": body, "authorization": request.headers.get("authorization")})
             if self.delay_s:
                 await asyncio.sleep(self.delay_s)
             if self.mode == "status":
                 return PlainTextResponse(self.content, status_code=self.status)
-            text = self.answer(body.get("messages") or [])
-            return JSONResponse({"id": f"chatcmpl-judge-{len(self.requests)}", "object": "chat.completion",
+            text = self.answer(body.get("messages") or [], n)
+            return JSONResponse({"id": f"chatcmpl-judge-{n}", "object": "chat.completion",
                                  "model": body.get("model", ""),
                                  "choices": [{"index": 0, "finish_reason": "stop",
                                               "message": {"role": "assistant", "content": text}}],
