@@ -2,7 +2,8 @@
 
 Contract:
 - `EpisodeStack(cfg)` is what every episode of a run shares, from one `RolloutConfig`: its tasks
-  (`load_suite_tasks`, loaded on first use, or handed in so a run loads its suite once), the
+  (`load_suite_tasks`, loaded on first use, or handed in so a run loads its suite once; tasks
+  rewarded by a judge are refused there when the run configures no judge), the
   harness adapter, the sandbox backend (or an external one handed in) and, with
   `sandbox_pool_size` > 0 or a pool handed in, the warm pool episodes lease from.
   `stack.proxy(...)` builds (does not start) a proxy for these settings in front of an engine URL
@@ -58,6 +59,10 @@ def load_suite_tasks(cfg: "RolloutConfig") -> list:
     if not tasks:
         raise ValueError(f"suite {cfg.suite!r} has no task matching tasks={cfg.tasks} difficulties={cfg.difficulties}")
     require_sources(tasks)
+    judged = [t.instance_id for t in tasks if t.reward_kind().needs_judge()]
+    if judged and cfg.episode.reward.judge is None:  # else every such episode would be masked
+        raise ValueError(f"rollout.episode.reward.judge: tasks {judged[:5]}{' ...' if len(judged) > 5 else ''} are "
+                         "rewarded by a judge, and no judge is configured (base_url, model, api_key_env)")
     return tasks
 
 

@@ -214,3 +214,27 @@ def test_a_bad_reward_is_refused_when_the_file_is_loaded_naming_the_field(tmp_pa
     with pytest.raises(TaskFileError) as e:
         _load(tmp_path, reward=reward)
     assert message in str(e.value) and "tasks.jsonl:1" in str(e.value) and "own__judge-1" in str(e.value)
+
+
+def test_a_run_whose_tasks_need_a_judge_is_refused_at_start_without_one(tmp_path):
+    from harnessrl.gym.episode import EpisodeConfig
+    from harnessrl.gym.grading.verdict import RewardConfig
+    from harnessrl.gym.rollout import RolloutConfig
+    from harnessrl.gym.stack import load_suite_tasks
+    from harnessrl.gym.tasks.loaders import load_suite
+
+    calc = next(t for t in load_suite("builtin") if t.instance_id.endswith("__calc-2"))
+    path = tmp_path / "judged.jsonl"
+    rows = [{**calc.model_dump(exclude_none=True), "instance_id": f"judged-{i}", "reward": reward}
+            for i, reward in enumerate([{"kind": "judge", "rubric": "r"},
+                                        {"kind": "composite", "rubric": "r", "judge_weight": 0},
+                                        {"kind": "composite", "rubric": "r"}])]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(ValueError) as e:
+        load_suite_tasks(RolloutConfig(suite=str(path)))
+    assert str(e.value) == ("rollout.episode.reward.judge: tasks ['judged-0', 'judged-2'] are rewarded by a judge, "
+                            "and no judge is configured (base_url, model, api_key_env)")
+    judge = JudgeConfig(base_url="http://127.0.0.1:9/v1", model="m")
+    ok = load_suite_tasks(RolloutConfig(suite=str(path), episode=EpisodeConfig(reward=RewardConfig(judge=judge))))
+    assert [t.instance_id for t in ok] == ["judged-0", "judged-1", "judged-2"]
+    assert load_suite_tasks(RolloutConfig(suite=str(path), tasks=["judged-1"]))[0].reward.judge_weight == 0

@@ -1,6 +1,8 @@
 """Reward kinds: what a task's `reward` field selects (`gym.tasks.REWARDS`), each a pydantic model
 of its task-file parameters whose `grade(sandbox, task, config, out)` fills the RewardResult or
-raises a Verdict, like a format's grader (`gym.grading.score.score` calls it and never raises).
+raises a Verdict, like a format's grader (`gym.grading.score.score` calls it and never raises),
+and whose `needs_judge()` says whether it asks the run's judge (a run whose tasks need one and
+that configures none is refused at start, `gym.stack.load_suite_tasks`).
 
 - "tests": the task format's own grader (`GRADERS`: hidden tests, Harbor's test.sh).
 - "judge": the agent's diff, read from outside the sandbox after the harness ended, scored by an
@@ -36,6 +38,9 @@ class TestsReward(BaseModel, extra="forbid", use_attribute_docstrings=True):
     kind: Literal["tests"] = "tests"
     """This kind's name."""
 
+    def needs_judge(self) -> bool:
+        return False
+
     def grade(self, sandbox: Sandbox, task: Task, config: RewardConfig, out: RewardResult) -> None:
         grader(task)(sandbox, task, config, out)
 
@@ -47,6 +52,9 @@ class JudgeReward(BaseModel, extra="forbid", use_attribute_docstrings=True):
     """This kind's name."""
     rubric: str = Field(min_length=1)
     """What the judge checks the agent's change against (shown to the judge, never to the agent)."""
+
+    def needs_judge(self) -> bool:
+        return True
 
     def grade(self, sandbox: Sandbox, task: Task, config: RewardConfig, out: RewardResult) -> None:
         out.kind = self.kind
@@ -72,6 +80,9 @@ class CompositeReward(BaseModel, extra="forbid", use_attribute_docstrings=True):
         if self.tests_weight + self.judge_weight <= 0:
             raise ValueError("tests_weight + judge_weight must be > 0")
         return self
+
+    def needs_judge(self) -> bool:
+        return self.judge_weight > 0
 
     def grade(self, sandbox: Sandbox, task: Task, config: RewardConfig, out: RewardResult) -> None:
         out.kind = self.kind
