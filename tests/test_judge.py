@@ -206,9 +206,12 @@ def test_a_judge_task_needs_no_tests_and_keeps_its_rubric(tmp_path):
     ({"kind": "jury"}, "unknown reward kind 'jury'; known: composite, judge, tests"),
     ("judge", 'must be an object naming its "kind", one of: composite, judge, tests'),
     ({"kind": "judge", "rubric": "r", "model": "gpt"}, "reward.model: Extra inputs are not permitted"),
-    ({"kind": "composite", "rubric": "r", "tests_weight": 0, "judge_weight": 0}, "tests_weight + judge_weight must be > 0"),
-    ({"kind": "composite", "rubric": "r", "judge_weight": -1}, "reward.judge_weight: Input should be greater than or equal to 0"),
-    ({"kind": "composite", "rubric": "r", "judge_weight": "inf"}, "reward.judge_weight: Input should be a finite number"),
+    ({"kind": "composite", "rubric": "r", "tests_weight": 0, "judge_weight": 0},
+     "tests_weight + judge_weight must be > 0"),
+    ({"kind": "composite", "rubric": "r", "judge_weight": -1},
+     "reward.judge_weight: Input should be greater than or equal to 0"),
+    ({"kind": "composite", "rubric": "r", "judge_weight": "inf"},
+     "reward.judge_weight: Input should be a finite number"),
 ])
 def test_a_bad_reward_is_refused_when_the_file_is_loaded_naming_the_field(tmp_path, reward, message):
     with pytest.raises(TaskFileError) as e:

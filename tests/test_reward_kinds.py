@@ -90,7 +90,8 @@ def test_a_failed_or_missing_judge_masks_the_episode_never_scores_it(sb, judged)
     assert down.judge["failure"] == "http" and down.judge["response"]["body"] == "model loading"
     chatty = score(sb, task, judged(ScriptedJudge("raw", content="Looks great! 10/10")))
     assert (chatty.reward, chatty.status, chatty.judge["failure"]) == (None, "infra_error", "unparsable")
-    assert chatty.reason.startswith("judge unparsable: the judge's answer is unusable: the answer is not one JSON object")
+    assert chatty.reason.startswith(
+        "judge unparsable: the judge's answer is unusable: the answer is not one JSON object")
     none = score(sb, task, RewardConfig())
     assert (none.reward, none.status, none.cause) == (None, "infra_error", "infra")
     assert "no judge is configured (rollout.episode.reward.judge" in none.reason

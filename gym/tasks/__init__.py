@@ -35,8 +35,9 @@ SPECS: dict[str, str] = {
 #: Reward kinds a task names in its `reward` field ({"kind": name, ...its parameters}): kind ->
 #: the "module:Class" of its parameters, a pydantic model that validates them when the task is
 #: loaded, whose `grade(sandbox, task, config, out)` decides the episode's reward
-#: (`gym.grading.score.score` calls it) and whose `needs_judge()` says whether it asks the judge. A task naming none is rewarded by "tests": its format's
-#: grader (`gym.grading.score.GRADERS`).
+#: (`gym.grading.score.score` calls it) and whose `needs_judge()` says whether it asks the
+#: judge. A task naming none is rewarded by "tests": its format's grader
+#: (`gym.grading.score.GRADERS`).
 REWARDS: dict[str, str] = {
     "tests": "harnessrl.gym.grading.rewards:TestsReward",
     "judge": "harnessrl.gym.grading.rewards:JudgeReward",
