@@ -241,3 +241,11 @@ def test_a_run_whose_tasks_need_a_judge_is_refused_at_start_without_one(tmp_path
     ok = load_suite_tasks(RolloutConfig(suite=str(path), episode=EpisodeConfig(reward=RewardConfig(judge=judge))))
     assert [t.instance_id for t in ok] == ["judged-0", "judged-1", "judged-2"]
     assert load_suite_tasks(RolloutConfig(suite=str(path), tasks=["judged-1"]))[0].reward.judge_weight == 0
+
+
+def test_the_judge_counts_in_scorings_worst_case_that_the_backstop_must_cover():
+    from harnessrl.gym.grading.verdict import RewardConfig
+
+    plain = RewardConfig(test_timeout_s=120, command_timeout_s=60)
+    judged = RewardConfig(test_timeout_s=120, command_timeout_s=60, judge=JudgeConfig(base_url="http://h/v1", model="m"))
+    assert (plain.worst_case_s(), judged.worst_case_s()) == (600.0, 720.0)  # + 2 x the judge's 60 s

@@ -211,7 +211,7 @@ class TrainConfig(BaseModel):
                 f"scheduler.episode_timeout_s: {self.scheduler.episode_timeout_s:g} s would cut off episodes that are "
                 f"still running or being scored and mask them: it must be at least {need:g} s (rollout.episode."
                 f"wall_time_s {ep.wall_time_s:g} + scoring's worst case {ep.reward.worst_case_s():g} (2 x "
-                f"reward.test_timeout_s + 6 x reward.command_timeout_s [+ 4 x reward.judge.timeout_s]) + {EPISODE_OVERHEAD_S:g} s of overhead)")
+                f"reward.test_timeout_s + 6 x reward.command_timeout_s [+ 2 x reward.judge.timeout_s]) + {EPISODE_OVERHEAD_S:g} s of overhead)")
         return self
 
 

@@ -45,7 +45,7 @@ class JudgeConfig(BaseModel, extra="forbid", use_attribute_docstrings=True):
     api_key_env: str | None = None
     """Name of the environment variable holding the API key (sent as `Authorization: Bearer`);
     None: no key. The key is read when the judge is called and is never recorded."""
-    timeout_s: float = Field(120.0, gt=0)
+    timeout_s: float = Field(60.0, gt=0)
     """Timeout of each phase of the call (connect, send, each read of the answer); past it the
     episode is masked."""
     max_diff_chars: int = Field(30_000, ge=100)

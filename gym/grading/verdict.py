@@ -43,11 +43,12 @@ class RewardConfig(BaseModel, extra="forbid", use_attribute_docstrings=True):
     def worst_case_s(self) -> float:
         """About the longest scoring may take: two hidden-test runs (the agent's, and the
         pristine base's when the first left no report), the bookkeeping commands around them,
-        and a judge's call (its timeout bounds each phase: connect, send, reads). A backstop
-        timeout around an episode (the scheduler's `episode_timeout_s`) must leave this much
-        after the harness's wall time, or an agent whose code hangs the hidden tests would be
-        masked by the backstop instead of scored 0 by the grader."""
-        judge = 4 * self.judge.timeout_s if self.judge is not None else 0.0
+        and a judge's call (2 x its timeout, which bounds each phase: the connection, and the
+        wait for its short answer). A backstop timeout around an episode (the scheduler's
+        `episode_timeout_s`) must leave this much after the harness's wall time, or an agent
+        whose code hangs the hidden tests would be masked by the backstop instead of scored 0
+        by the grader."""
+        judge = 2 * self.judge.timeout_s if self.judge is not None else 0.0
         return 2 * self.test_timeout_s + 6 * self.command_timeout_s + judge
 
 
