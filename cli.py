@@ -118,6 +118,24 @@ def _harness_problem(harness: str) -> str | None:
     return None
 
 
+def _reward_config(args: argparse.Namespace):
+    """The rollout's RewardConfig: with --judge-url, the judge of judge-rewarded tasks."""
+    from harnessrl.gym.grading.judge import JudgeConfig
+    from harnessrl.gym.grading.verdict import RewardConfig
+
+    if args.judge_url is None:
+        return RewardConfig()
+    return RewardConfig(judge=JudgeConfig(base_url=args.judge_url, model=args.judge_model,
+                                          api_key_env=args.judge_key_env))
+
+
+def _judge_url(value: str) -> str:
+    """--judge-url: an http(s) URL (argparse names the flag when it is not)."""
+    if not value.startswith(("http://", "https://")):
+        raise argparse.ArgumentTypeError(f"must be an http:// or https:// URL, got {value!r}")
+    return value
+
+
 def _cmd_rollout(args: argparse.Namespace) -> int:
     import json
 
@@ -129,7 +147,8 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
     cfg = RolloutConfig(harness=args.harness, suite=args.suite, source_root=args.source_root, model=args.model, tasks=args.tasks,
                         sandbox=args.sandbox, max_new_tokens=args.max_new_tokens,
                         sampling_policy=args.sampling_policy, temperature=args.temperature, top_p=args.top_p,
-                        top_k=args.top_k, episode=EpisodeConfig(max_calls=args.max_calls, wall_time_s=args.wall_time))
+                        top_k=args.top_k, episode=EpisodeConfig(max_calls=args.max_calls, wall_time_s=args.wall_time,
+                                                                reward=_reward_config(args)))
     try:  # task-file problems are one line each, before any engine starts
         from harnessrl.gym.stack import load_suite_tasks
 
@@ -290,6 +309,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--wall-time", type=float, default=600.0)
     p.add_argument("--sandbox", default="auto", type=_sandbox, help="auto, a sandbox backend name or module:Class")
     p.add_argument("--engine-url", default=None, help="an SGLang-contract engine; default: start the local one")
+    p.add_argument("--judge-url", default=None, metavar="URL", type=_judge_url,
+                   help="OpenAI-compatible API root (…/v1) of the judge of tasks whose reward kind asks one")
+    p.add_argument("--judge-model", default="judge", help="the judge's model name")
+    p.add_argument("--judge-key-env", default=None, metavar="VAR", help="environment variable holding the judge's key")
     p.add_argument("--out", default="runs/rollout")
     p = sub.add_parser("train", help="the main job: rollouts -> trainer -> weight sync (default: embedded CPU run)")
     p.add_argument("--config", default=None, help="TOML or YAML config (see examples/train.toml); default: embedded")

@@ -45,6 +45,7 @@ T = TypeVar("T")
 def load_suite_tasks(cfg: "RolloutConfig") -> list:
     """The tasks a run of `cfg` draws from: its suite, narrowed to `tasks` and `difficulties`,
     every one with its sources; a ValueError names what matched nothing."""
+    from harnessrl.gym.tasks import TaskFileError
     from harnessrl.gym.tasks.loaders import load_suite, require_sources
 
     tasks = load_suite(cfg.suite, source_root=cfg.source_root)
@@ -61,7 +62,7 @@ def load_suite_tasks(cfg: "RolloutConfig") -> list:
     require_sources(tasks)
     judged = [t.instance_id for t in tasks if t.reward_kind().needs_judge()]
     if judged and cfg.episode.reward.judge is None:  # else every such episode would be masked
-        raise ValueError(f"rollout.episode.reward.judge: tasks {judged[:5]}{' ...' if len(judged) > 5 else ''} are "
+        raise TaskFileError(f"rollout.episode.reward.judge: tasks {judged[:5]}{' ...' if len(judged) > 5 else ''} are "
                          "rewarded by a judge, and no judge is configured (base_url, model, api_key_env)")
     return tasks
 

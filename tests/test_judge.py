@@ -249,3 +249,27 @@ def test_the_judge_counts_in_scorings_worst_case_that_the_backstop_must_cover():
     plain = RewardConfig(test_timeout_s=120, command_timeout_s=60)
     judged = RewardConfig(test_timeout_s=120, command_timeout_s=60, judge=JudgeConfig(base_url="http://h/v1", model="m"))
     assert (plain.worst_case_s(), judged.worst_case_s()) == (600.0, 720.0)  # + 2 x the judge's 60 s
+
+
+def test_the_rollout_command_refuses_judged_tasks_without_a_judge_in_one_line(tmp_path):
+    """Before any engine starts: the missing judge is named in one line (exit 2), and a bad
+    --judge-url is refused by argparse naming the flag."""
+    import os
+    import subprocess
+    import sys
+
+    from harnessrl.gym.tasks.loaders import load_suite
+
+    calc = next(t for t in load_suite("builtin") if t.instance_id.endswith("__calc-2"))
+    path = tmp_path / "judged.jsonl"
+    path.write_text(json.dumps({**calc.model_dump(exclude_none=True), "reward": {"kind": "judge", "rubric": "r"}}) + "\n")
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "harnessrl.cli", "rollout", "--suite", str(path), *args],
+                              capture_output=True, text=True, env=os.environ, timeout=120)
+    run = cli()
+    assert run.returncode == 2 and run.stdout == ""
+    assert run.stderr == (f"harnessrl rollout: rollout.episode.reward.judge: tasks ['{calc.instance_id}'] are rewarded "
+                          "by a judge, and no judge is configured (base_url, model, api_key_env)\n")
+    bad = cli("--judge-url", "localhost:8000")
+    assert bad.returncode == 2 and "argument --judge-url: must be an http:// or https:// URL, got 'localhost:8000'" in bad.stderr
