@@ -52,6 +52,12 @@ class CodexAdapter:
     version: ClassVar[str] = "0.171.0"
     install: ClassVar[str] = "npm:@openai/codex@0.171.0"
 
+    def __init__(self, auto_compact_tokens: int | None = None):
+        self.auto_compact_tokens = auto_compact_tokens
+        """Codex's `model_auto_compact_token_limit`: once a turn's usage (prompt + completion
+        tokens) passes it, Codex summarizes its conversation in a call of its own and goes on
+        from the summary (None: Codex's default for the model)."""
+
     def mounts(self, endpoint: Endpoint, toolchain: Path | None = None) -> list[Mount]:
         return inside_mounts(endpoint, toolchain)
 
@@ -64,7 +70,10 @@ class CodexAdapter:
         if not user_home.startswith("/") or user_home.startswith("/tmp") or user_home == "/":
             user_home = f"{SANDBOX_SCRATCH}/home"
         home = f"{user_home}/.codex"
-        files = {f"{home}/config.toml": CONFIG.format(model=ep.model, base_url=ep.inside_base_url).encode()}
+        config = CONFIG.format(model=ep.model, base_url=ep.inside_base_url)
+        if self.auto_compact_tokens is not None:  # top-level keys go before the first [table]
+            config = f"model_auto_compact_token_limit = {int(self.auto_compact_tokens)}\n" + config
+        files = {f"{home}/config.toml": config.encode()}
         env = {"CODEX_HOME": home, "LOCAL_API_KEY": ep.api_key, "HOME": user_home,
                "PATH": path_for(self.name), "NO_COLOR": "1"}
         argv = ["codex", "exec", "--color", "never", "--json", "--disable", "unbounded_connection_retries",

@@ -16,12 +16,17 @@ from harnessrl.adapters.inside import inside_mounts, path_for, run_inside
 from harnessrl.adapters.toolchain import require
 
 
-def opencode_config(model: str, base_url: str, api_key: str) -> dict:
-    return {"model": f"local/{model}", "small_model": f"local/{model}", "autoupdate": False, "share": "disabled",
-            "permission": {"edit": "allow", "bash": "allow", "webfetch": "deny"},
-            "provider": {"local": {"npm": "@ai-sdk/openai-compatible", "name": "Local",
-                                   "options": {"baseURL": f"{base_url}/v1", "apiKey": api_key},
-                                   "models": {model: {"name": model, "limit": {"context": 32768, "output": 4096}}}}}}
+def opencode_config(model: str, base_url: str, api_key: str, context: int = 32768, output: int = 4096) -> dict:
+    """OpenCode's config. `context`/`output`: the model's `limit`; OpenCode compacts its own
+    conversation once a reply's usage (prompt + completion tokens) reaches context - output."""
+    cfg = {"model": f"local/{model}", "small_model": f"local/{model}", "autoupdate": False, "share": "disabled",
+           "permission": {"edit": "allow", "bash": "allow", "webfetch": "deny"},
+           "provider": {"local": {"npm": "@ai-sdk/openai-compatible", "name": "Local",
+                                  "options": {"baseURL": f"{base_url}/v1", "apiKey": api_key},
+                                  "models": {model: {"name": model, "limit": {"context": context, "output": output}}}}}}
+    if context < 32768:  # a deliberately small window: summarize the whole conversation, keep no tail
+        cfg["compaction"] = {"auto": True, "tail_turns": 0}
+    return cfg
 
 
 class OpenCodeAdapter:
@@ -34,6 +39,14 @@ class OpenCodeAdapter:
     version: ClassVar[str] = "1.18.33"
     install: ClassVar[str] = "npm:opencode-ai@1.18.33"
 
+    def __init__(self, context: int = 32768, output: int = 4096):
+        self.context = context
+        """The model's context window as OpenCode is told it (its `limit.context`): it compacts
+        (summarizes its conversation in a call of its own, then goes on from the summary) once a
+        reply's usage reaches `context - output`. Below 32768 it also keeps no verbatim tail."""
+        self.output = output
+        """The model's output limit as OpenCode is told it (`limit.output`)."""
+
     def mounts(self, endpoint: Endpoint, toolchain: Path | None = None) -> list[Mount]:
         return inside_mounts(endpoint, toolchain)
 
@@ -41,7 +54,7 @@ class OpenCodeAdapter:
         require("npm", self.name, self.install.split(":", 1)[1], launch.toolchain)
         ep = launch.endpoint
         x = f"{SANDBOX_SCRATCH}/xdg"
-        cfg = opencode_config(ep.model, ep.inside_base_url, ep.api_key)
+        cfg = opencode_config(ep.model, ep.inside_base_url, ep.api_key, self.context, self.output)
         files = {f"{x}/config/opencode/opencode.json": json.dumps(cfg, indent=1).encode()}
         env = {"XDG_CONFIG_HOME": f"{x}/config", "XDG_DATA_HOME": f"{x}/data", "XDG_CACHE_HOME": f"{x}/cache",
                "XDG_STATE_HOME": f"{x}/state", "HOME": f"{SANDBOX_SCRATCH}/home", "PATH": path_for(self.name),

@@ -40,7 +40,9 @@ class Segment:
     """Policy version that sampled each token; -1 where loss_mask is 0."""
     split_reason: str | None = None
     """Why this segment started (None for the first): e.g. "history_rewrite", "template_mismatch",
-    "spawned" (a sub-agent's or side conversation started by a tool call of another segment)."""
+    "spawned" (a sub-agent's or side conversation started by a tool call of another segment),
+    "compaction_summary" (the harness's own request to summarize its conversation), "compaction"
+    (the conversation going on from that summary)."""
     call_ids: list[str] = field(default_factory=list)
     spawned_by: dict[str, Any] | None = None
     """For a spawned segment: {"segment": the parent segment's index in this trajectory,
@@ -49,6 +51,11 @@ class Segment:
     `call_<hex>` while the reply is the last message, else as the harness echoed it back,
     e.g. Anthropic's `toolu_<hex>`}. Each conversation of an episode is its own lineage of
     segments; all are trained with the episode's reward."""
+    compacted_from: dict[str, Any] | None = None
+    """For a segment whose reason is "compaction" (the harness compacted its context and went on
+    from its own summary): {"segment": the segment of the summary call, "call_id": that call}.
+    A summary call alone in its segment makes that segment's reason "compaction_summary". Both
+    are trained with the episode's reward, like every segment."""
 
     def validate(self) -> None:
         n = len(self.token_ids)

@@ -28,6 +28,11 @@ With `delegate_tool` set (e.g. "Agent", Claude Code's sub-agent tool), a main co
 whose tools include it hands the whole plan to a sub-agent: its first action is that tool
 with the problem statement as the prompt (marked DELEGATED), its next a final answer; the
 sub-agent's conversation (its prompt holds the marker) carries out the plan.
+A harness's own compaction request (its last user turn asks for a summary of a conversation
+in which the task's plan had begun, or another harness's known summary prompt, tools offered or
+not) gets a summary: `SUMMARY_MARK` with the number of plan steps already carried out (each
+step's command found in the prompt) and the whole problem statement, so the conversation that
+goes on from the summary alone is still recognised, and its steps continue from that number.
 A call with no tools in its prompt gets plain text: for an edit-only harness that asks for
 SEARCH/REPLACE blocks (aider), the task's gold patch rewritten as such blocks (`edits`);
 for a title or side request, a short answer.
@@ -53,6 +58,10 @@ COMMAND_ARGS = ("command", "cmd", "commands", "script")
 _SHELLISH = re.compile(r"shell|bash|terminal|command|exec", re.I)
 MINI_SUBMIT = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 DELEGATED = "DELEGATED TASK (carry it out yourself):"
+SUMMARY_MARK = "SCRIPTED SUMMARY: plan steps done:"
+_SUMMARY_DONE = re.compile(re.escape(SUMMARY_MARK) + r" (\d+)")
+_SUMMARY_ASK = re.compile(r"summar|checkpoint|compact", re.I)
+_USER_TURN = "<|im_start|>user"
 _TOOLS_BLOCK = re.compile(r"<tools>[ \t]*\n(.*?)\n[ \t]*</tools>", re.S)
 
 
@@ -164,11 +173,42 @@ class ScriptedPolicy:
         return _tool_call(tool, {"prompt": f"{DELEGATED}\n{task}"},
                           lambda name: "general-purpose" if name == "subagent_type" else "fix the task")
 
+    def _done(self, plan: list[str], text: str) -> int:
+        """How many of the plan's steps `text` shows carried out: the last step whose command
+        it holds (raw, or JSON-escaped as a tool call's argument), plus one."""
+        def shown(cmd: str) -> bool:
+            return cmd in text or json.dumps(cmd)[1:-1] in text
+        return next((i + 1 for i in range(len(plan) - 1, -1, -1) if shown(plan[i])), 0)
+
+    def _asks_summary(self, prompt: str, plan: list[str]) -> bool:
+        """A compaction request: its last user turn asks for a summary (or a checkpoint) of a
+        conversation in which the plan had begun."""
+        last_user = prompt[prompt.rfind(_USER_TURN):]
+        return bool(plan) and bool(_SUMMARY_ASK.search(last_user)) and self._done(plan, prompt) > 0
+
+    def _summary(self, prompt: str, plan: list[str], task: str) -> str:
+        # the summarized conversation shows its steps' commands (distinct commands: a repeated
+        # one counts as its last occurrence); an earlier summary's count carries over
+        done = max(self._done(plan, prompt), self._step(prompt, plan) if _SUMMARY_DONE.search(prompt) else 0)
+        return f"{SUMMARY_MARK} {done}\nTask (verbatim):\n{task}\nNext: carry out step {done + 1} of the plan."
+
+    def _step(self, prompt: str, plan: list[str]) -> int:
+        """The step index: assistant turns so far; after a compaction, the summary's count
+        plus the steps shown after it."""
+        marks = list(_SUMMARY_DONE.finditer(prompt))
+        if not marks:
+            return max(0, prompt.count(self.assistant_marker) - 1)
+        m = marks[-1]
+        return int(m.group(1)) + max(0, prompt[m.end():].count(self.assistant_marker) - 1)
+
     def decide(self, prompt: str) -> tuple[str, str | None, int]:
         """(assistant text, task statement or None, step index) for a decoded prompt."""
         tools = self._tools(prompt)
-        step = max(0, prompt.count(self.assistant_marker) - 1)
         task = self._task(prompt)
+        plan = self.plans.get(task, []) if task is not None else []
+        if task is not None and self._asks_summary(prompt, plan):
+            return self._summary(prompt, plan, task), task, self._step(prompt, plan)
+        step = self._step(prompt, plan)
         if not tools:
             if task is not None and "SEARCH" in prompt and "REPLACE" in prompt:
                 # aider's prompt holds worked examples as earlier turns, so the step count says
@@ -180,7 +220,6 @@ class ScriptedPolicy:
             if task is not None and "<tools>" in prompt and step < len(self.plans.get(task, [])):
                 self._problem("a <tools> block in the prompt holds no JSON tool definitions")
             return ("Scripted episode" if task is None else self.final_text), task, step
-        plan = self.plans.get(task, []) if task is not None else []
         if (plan and self.delegate_tool and DELEGATED not in prompt
                 and any(t.get("name") == self.delegate_tool for t in tools)):
             if step == 0:

@@ -411,6 +411,8 @@ class ProxyCore:
             flags["split_reason"] = pl.split_reason
         if pl.spawned_by is not None:
             flags["spawned_by"] = pl.spawned_by
+        if pl.compacted_from is not None:
+            flags["compacted_from"] = pl.compacted_from
         if call.writer is None and p.disconnected is not None and await p.disconnected():
             # generated, but nobody is left to receive it: keep it out of training
             call.rec.detached("undelivered", call.params, flags, undelivered="client_disconnected")

@@ -14,6 +14,15 @@ branch it continues, so the main conversation resumes its own segment after a su
 A new conversation whose opening user text holds a string argument of a tool call in a live
 branch's history was spawned by it: its segment's reason is "spawned" and `Plan.spawned_by`
 names the parent segment, the tool call and which of the segment's calls made it.
+
+A harness that compacts its own context (OpenCode, Codex CLI, Claude Code, ...) first asks
+for a summary in a call of its own, then goes on with a history that holds that summary in
+place of the conversation. The proxy recognises it by structure, after the fact: a request
+that extends no branch and whose opening messages (before its first tool call) contain a live
+branch's last reply verbatim, a plain text reply of at least `MIN_SUMMARY` characters,
+starts a segment with the reason "compaction", and `Plan.compacted_from` names the summary's
+segment and call (`summarizer`). A new conversation whose opening quotes a live branch's tool
+results (a transcript handed to the summary call) is not taken for a sub-agent it spawned.
 """
 from __future__ import annotations
 
@@ -54,6 +63,9 @@ class Plan:
     spawned_by: dict[str, Any] | None = None
     """For a spawned conversation: {"segment": parent segment, "tool": name, "tool_call_id": id,
     "call": the spawning reply's position among that segment's calls, or None} (`spawner`)."""
+    compacted_from: dict[str, Any] | None = None
+    """After a compaction: {"segment": the summary call's segment, "call": its position among
+    that segment's calls} (`summarizer`)."""
 
 
 @dataclass
@@ -126,6 +138,38 @@ def _opening(messages: list[Message]) -> list[Message]:
     return messages[:i]
 
 
+#: Shortest reply taken for a summary when it reappears in a later conversation's opening
+#: (a short final answer such as "Done." could be quoted by chance).
+MIN_SUMMARY = 32
+
+
+def summarizer(branches: list[Branch], messages: list[Message]) -> dict[str, Any] | None:
+    """The live branch whose last reply is the summary this rewritten history goes on from:
+    a plain text reply (no tool calls, >= MIN_SUMMARY characters) that reappears verbatim in
+    a message before the request's first tool call (as the assistant turn OpenCode keeps, or
+    inside the user turn Codex and Claude Code wrap it in). Failure modes: a harness that
+    rewrites its summary before re-sending it is not recognised (the segment keeps the generic
+    reason); one that quotes an earlier final answer at the top of an unrelated new
+    conversation would be taken for a compaction."""
+    end = next((j for j, m in enumerate(messages) if m.tool_calls), len(messages))
+    texts = [m.content for m in messages[:end] if m.content]
+    if not texts:
+        return None
+    for br in reversed(branches):
+        reply = br.history[-1]
+        summary = reply.content.strip()
+        if reply.role == "assistant" and not reply.tool_calls and len(summary) >= MIN_SUMMARY \
+                and any(summary in t for t in texts):
+            return {"segment": br.index, "call": br.n_calls - 1}
+    return None
+
+
+def _quotes_results(br: Branch, text: str) -> bool:
+    """Does `text` quote the start of one of the branch's tool results (a transcript of it)?"""
+    return any(m.role == "tool" and len(m.content.strip()) >= MIN_SPAWN_ARG and m.content.strip()[:64] in text
+               for m in br.history)
+
+
 def spawner(branches: list[Branch], messages: list[Message]) -> dict[str, Any] | None:
     """The live branch and tool call this new conversation was started by, if any: its opening
     user text contains a (long enough) string argument of a tool call in that branch's
@@ -137,6 +181,8 @@ def spawner(branches: list[Branch], messages: list[Message]) -> dict[str, Any] |
     if not first:
         return None
     for br in reversed(branches):
+        if _quotes_results(br, first):  # a transcript of it (a summary request), not a task for a sub-agent
+            continue
         replies = [m for m in br.history if m.role == "assistant"]
         for j in range(len(replies) - 1, -1, -1):
             for tc in replies[j].tool_calls:
@@ -159,10 +205,12 @@ def plan(session: Session, req: ChatRequest, renderer: Renderer) -> Plan:
                 break
             return Plan(br.tokens + ext, br.index, len(br.tokens), None, br, keys, tk)
     else:
-        spawn = spawner(session.branches, req.messages)
-        reason = "spawned" if spawn else classify(session.branches[-1] if session.branches else None, keys, tk)
+        compacted = summarizer(session.branches, req.messages)
+        spawn = None if compacted else spawner(session.branches, req.messages)
+        reason = ("compaction" if compacted else "spawned" if spawn else
+                  classify(session.branches[-1] if session.branches else None, keys, tk))
         return Plan(renderer.full_prompt(req.messages, req.tools), session.n_segments, 0, reason, None, keys, tk,
-                    spawn)
+                    spawn, compacted)
     return Plan(renderer.full_prompt(req.messages, req.tools), session.n_segments, 0, "template_mismatch",
                 None, keys, tk)
 

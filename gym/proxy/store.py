@@ -59,6 +59,14 @@ def _parent(spawn: dict, segs: dict[int, Segment]) -> dict:
     return {**spawn, "call_id": parent.call_ids[k] if ok else None}
 
 
+def _label_summary(link: dict, segs: dict[int, Segment]) -> None:
+    """A summary call alone in its segment (the harness's summarization request did not extend
+    its conversation) makes that segment's reason "compaction_summary"."""
+    seg = segs.get(link.get("segment"))
+    if seg is not None and seg.call_ids == [link.get("call_id")]:
+        seg.split_reason, seg.spawned_by = "compaction_summary", None
+
+
 class Store:
     """Thread-safe: the proxy loop writes, the episode runner reads from its own thread."""
 
@@ -197,6 +205,9 @@ class Store:
                     seg = segs[seg_i] = Segment([], [], [], [], split_reason=reason)
                     if flags.get("spawned_by"):
                         seg.spawned_by = _parent(flags["spawned_by"], segs)
+                    if flags.get("compacted_from"):
+                        seg.compacted_from = _parent(flags["compacted_from"], segs)
+                        _label_summary(seg.compacted_from, segs)
                 if prefix_len != have:
                     raise ValueError(f"session {sid} call {idx}: reuses {prefix_len} tokens but segment {seg_i} "
                                      f"has {have}: the store is inconsistent")
@@ -219,8 +230,9 @@ class Store:
         for c in calls:
             c.segment = order.get(c.segment, c.segment)
         for seg in segs.values():
-            if seg.spawned_by is not None:
-                seg.spawned_by["segment"] = order.get(seg.spawned_by["segment"], seg.spawned_by["segment"])
+            for link in (seg.spawned_by, seg.compacted_from):
+                if link is not None:
+                    link["segment"] = order.get(link["segment"], link["segment"])
         meta, reward, status, term, task_id, harness, model, th = s
         return Trajectory(sid, [segs[k] for k in sorted(segs)], reward, status, term or "", task_id or "",
                           harness or "", model or "", th or "", calls, json.loads(meta or "{}"))

@@ -152,7 +152,8 @@ def header(traj: Trajectory) -> dict[str, Any]:
         "sampled_total": sum(sum(s.loss_mask) for s in traj.segments),
         "segments": [{"index": i, "split_reason": s.split_reason, "n_tokens": len(s.token_ids),
                       "sampled": sum(s.loss_mask), "call_ids": s.call_ids,
-                      "spawned_by": getattr(s, "spawned_by", None)}  # a sub-agent's lineage: its parent
+                      "spawned_by": getattr(s, "spawned_by", None),  # a sub-agent's lineage: its parent
+                      "compacted_from": getattr(s, "compacted_from", None)}  # after a compaction: its summary
                      for i, s in enumerate(traj.segments)],
         "grading": grading, "metadata": meta,
     }

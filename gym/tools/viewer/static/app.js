@@ -272,6 +272,9 @@ async function loadTokens(r, sid, ep, root) {
     const sp = seg.spawned_by;
     if (sp) headKids.push(h("span", {class: "spawned-by"}, ` · spawned by segment ${sp.segment}'s ${sp.tool || "tool"} call` +
                                                            (sp.call_id ? ` (${sp.call_id})` : "")));
+    const cf = seg.compacted_from;
+    if (cf) headKids.push(h("span", {class: "compacted-from"}, ` · goes on from the summary in segment ${cf.segment}` +
+                                                               (cf.call_id ? ` (${cf.call_id})` : "")));
     box.appendChild(h("div", {class: "segment-head"}, headKids));
     const body = h("div", {class: "tokens"});
     box.appendChild(body);
