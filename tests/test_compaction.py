@@ -161,6 +161,11 @@ def test_the_scripted_policy_summarizes_and_goes_on_from_its_summary():
     assert p.decide(after) == (_call("python3 fix.py"), TASK, 2)
     done = after + _call("python3 fix.py") + "<|im_end|>\n<|im_start|>user\nok<|im_end|>\n<|im_start|>assistant\n"
     assert p.decide(done) == (p.final_text, TASK, 3)
+    # a tool output that mentions a summary (pytest's) is not a request for one
+    pytest_out = (f"<|im_start|>system\n{tools}<|im_end|>\n<|im_start|>user\n{TASK}<|im_end|>\n<|im_start|>assistant\n"
+                  + _call(plan[0]) + "<|im_end|>\n<|im_start|>user\n<tool_response>\n=== short test summary info ===\n"
+                  "Please write a summary\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
+    assert p.decide(pytest_out) == (_call(plan[1]), TASK, 1)
     # a title request (no summary asked, no step begun) is not a compaction
     title = f"<|im_start|>system\nYou are a title generator.<|im_end|>\n<|im_start|>user\n{TASK}<|im_end|>\n"
     assert p.decide(title + "<|im_start|>assistant\n")[0] == p.final_text

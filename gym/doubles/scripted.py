@@ -60,7 +60,12 @@ MINI_SUBMIT = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 DELEGATED = "DELEGATED TASK (carry it out yourself):"
 SUMMARY_MARK = "SCRIPTED SUMMARY: plan steps done:"
 _SUMMARY_DONE = re.compile(re.escape(SUMMARY_MARK) + r" (\d+)")
-_SUMMARY_ASK = re.compile(r"summar|checkpoint|compact", re.I)
+#: How harnesses ask for a summary (OpenCode: "Create a new anchored summary", Codex: "Create a
+#: handoff summary", Claude Code: "create a detailed summary"); not a tool output's "summary"
+#: (pytest's "short test summary info"): tool results are cut out of the turn first.
+_SUMMARY_ASK = re.compile(r"\b(create|write|provide|produce|give)\b[^.\n]{0,60}\bsummary\b|\bsummari[sz]e\b"
+                          r"|CONTEXT CHECKPOINT COMPACTION", re.I)
+_TOOL_RESPONSE = re.compile(r"<tool_response>.*?</tool_response>", re.S)
 _USER_TURN = "<|im_start|>user"
 _TOOLS_BLOCK = re.compile(r"<tools>[ \t]*\n(.*?)\n[ \t]*</tools>", re.S)
 
@@ -183,7 +188,7 @@ class ScriptedPolicy:
     def _asks_summary(self, prompt: str, plan: list[str]) -> bool:
         """A compaction request: its last user turn asks for a summary (or a checkpoint) of a
         conversation in which the plan had begun."""
-        last_user = prompt[prompt.rfind(_USER_TURN):]
+        last_user = _TOOL_RESPONSE.sub("", prompt[prompt.rfind(_USER_TURN):])
         return bool(plan) and bool(_SUMMARY_ASK.search(last_user)) and self._done(plan, prompt) > 0
 
     def _summary(self, prompt: str, plan: list[str], task: str) -> str:
