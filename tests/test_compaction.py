@@ -171,6 +171,37 @@ def test_the_scripted_policy_summarizes_and_goes_on_from_its_summary():
     assert p.decide(title + "<|im_start|>assistant\n")[0] == p.final_text
 
 
+@pytest.mark.browser
+def test_the_viewer_shows_the_compaction_where_its_segments_start(env):
+    """Headless Chromium on the viewer over this store: both reasons where the segments start
+    (call banner and segment head) and the link from the conversation to its summary."""
+    from test_viewer_browser import _browser, _open  # skips without chromium/selenium
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from harnessrl.gym.tools.viewer import RunIndex
+    from harnessrl.gym.tools.viewer.app import build_app
+
+    sid, _ = _run(env, "opencode")
+    env.proxy.set_reward(sid, 1.0, "ok", "submitted")
+    t = env.proxy.trajectory(sid)
+    driver = _browser()
+    try:
+        with ServedApp(build_app([RunIndex(env.db.parent, name="compaction")])) as served:
+            _open(driver, f"{served.url}/#/run/0/episode/{sid}")
+            WebDriverWait(driver, 120).until(
+                lambda d: d.find_element(By.ID, "token-view").get_attribute("data-loaded") == "true")
+            reasons = [e.text for e in driver.find_elements(By.CSS_SELECTOR, ".split-reason")]
+            assert sorted(reasons) == ["compaction", "compaction", "compaction_summary", "compaction_summary"]
+            assert len(driver.find_elements(By.CSS_SELECTOR, "#token-view .segment")) == 3
+            link = driver.find_element(By.CSS_SELECTOR, "#token-view .segment[data-segment='2'] .compacted-from")
+            assert link.text == f"· goes on from the summary in segment 1 ({t.calls[2].call_id})"
+            assert len(driver.find_elements(By.CSS_SELECTOR, "#token-view .tok.sampled")) == \
+                sum(sum(s.loss_mask) for s in t.segments)
+    finally:
+        driver.quit()
+
+
 # -- end to end: real harnesses compacting in Docker ----------------------------------------------
 def _compacting_episode(adapter, pads: list[str]):
     from adapter_helpers import builtin_task, scripted_stack
