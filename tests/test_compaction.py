@@ -171,6 +171,36 @@ def test_the_scripted_policy_summarizes_and_goes_on_from_its_summary():
     assert p.decide(title + "<|im_start|>assistant\n")[0] == p.final_text
 
 
+def test_the_store_labels_the_summary_and_atif_keeps_the_link(tmp_path):
+    """From the rows alone: the compaction row's flag names the summary's segment and position;
+    the record gives its call id, relabels a summary alone in its segment, renumbers segments
+    densely (a detached row's segment is skipped), and survives the ATIF round trip."""
+    from harnessrl.gym.proxy.store import Store
+    from harnessrl.gym.tools.formats.atif import from_atif, to_atif, validate
+
+    store = Store(tmp_path / "trajectories.db")
+    store.open_session("s", {}, "h", "tiny-llama")
+    base = dict(session_id="s", dialect="openai_chat", queue_s=0.0, gen_s=0.1, env_s=None, finish_reason="stop")
+    row = dict(logprobs=[-0.5], versions=[1])
+    store.add_call(call_id="m0", idx=0, segment=0, split_reason=None, prefix_len=0, new_prompt=[1, 2],
+                   completion=[7], flags={}, **row, **base)
+    store.add_call(call_id="x", idx=1, segment=1, split_reason="tools_changed", prefix_len=0, new_prompt=[5],
+                   completion=[], logprobs=[], versions=[], flags={"detached": "engine_error"}, **base)
+    store.add_call(call_id="s0", idx=2, segment=2, split_reason="tools_changed", prefix_len=0, new_prompt=[3],
+                   completion=[8], flags={}, **row, **base)
+    store.add_call(call_id="c0", idx=3, segment=3, split_reason="compaction", prefix_len=0, new_prompt=[4, 8],
+                   completion=[9], flags={"compacted_from": {"segment": 2, "call": 0}}, **row, **base)
+    store.set_reward("s", 1.0, "ok", "submitted")
+    traj = store.trajectory("s")
+    store.close()
+    assert [s.split_reason for s in traj.segments] == [None, "compaction_summary", "compaction"]
+    assert traj.segments[2].compacted_from == {"segment": 1, "call_id": "s0"}
+    assert [s.token_ids for s in traj.segments] == [[1, 2, 7], [3, 8], [4, 8, 9]]
+    doc = to_atif(traj, decode=lambda ids: " ".join(f"t{i}" for i in ids))
+    validate(doc)
+    assert from_atif(json.loads(json.dumps(doc))).to_dict() == traj.to_dict()
+
+
 @pytest.mark.browser
 def test_the_viewer_shows_the_compaction_where_its_segments_start(env):
     """Headless Chromium on the viewer over this store: both reasons where the segments start

@@ -135,7 +135,7 @@ def to_atif(traj: Trajectory, decode: Callable[[list[int]], str] | None = None,
             "harness": traj.harness, "model": traj.model, "chat_template_hash": traj.chat_template_hash,
             "metadata": traj.metadata,
             "segments": [{"split_reason": s.split_reason, "call_ids": s.call_ids, "n_tokens": len(s.token_ids),
-                          "spawned_by": s.spawned_by} for s in traj.segments]}},
+                          "spawned_by": s.spawned_by, "compacted_from": s.compacted_from} for s in traj.segments]}},
     })
 
 
@@ -162,8 +162,8 @@ def from_atif(doc: dict[str, Any]) -> Trajectory:
             versions=x["completion_versions"], finish_reason=x["finish_reason"], segment=x["segment"],
             queue_s=x["queue_s"], gen_s=x["gen_s"], env_s=x["env_s"], finished_at=x["finished_at"], flags=x["flags"]))
     seg_meta = root["segments"]
-    segs = [Segment([], [], [], [], split_reason=m["split_reason"], spawned_by=m.get("spawned_by"))
-            for m in seg_meta]
+    segs = [Segment([], [], [], [], split_reason=m["split_reason"], spawned_by=m.get("spawned_by"),
+                    compacted_from=m.get("compacted_from")) for m in seg_meta]
     for c in calls:
         if c.detached:
             continue
