@@ -14,6 +14,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from harnessrl.gym.models import load_tokenizer
 from harnessrl.gym.proxy import ProxyConfig, ProxyServer
@@ -278,6 +279,17 @@ def _assert_compacted(res, calls, tok):
     batch = build_samples([t], SampleConfig(baseline="none"))
     assert sorted(s.segment for s in batch.samples) == list(range(len(t.segments)))
     assert {s.advantage for s in batch.samples} == {1.0}
+    # and a real update on it: every sampled token of every segment (the summary's included)
+    # goes into one step of the built-in trainer on the model whose tokenizer rendered it
+    from harnessrl.trainers.torch_trainer import TorchTrainer, TorchTrainerConfig
+
+    trainer = TorchTrainer(TorchTrainerConfig(model="tiny-llama", device="cpu", lr=1e-3, seed=0,
+                                              samples=SampleConfig(baseline="none")))
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+    m = trainer.step([t])
+    assert m.updated and m.version == 1 and m.samples == len(t.segments)
+    assert m.tokens == sum(sum(s.loss_mask) for s in t.segments) and m.grad_norm > 0
+    assert any(not torch.equal(before[n], p) for n, p in trainer.model.named_parameters() if n in before)
     return t
 
 
