@@ -1,4 +1,4 @@
-"""Rollouts: many episodes of one harness on a suite, through one proxy, with a report.
+"""Rollouts: many episodes of a run's harnesses on a suite, through one proxy, with a report.
 
 Contract: `Rollout` owns a proxy (in front of an engine it is handed by URL), a sandbox
 backend and a harness adapter, built by the one stack builder (`gym.stack.EpisodeStack`);
@@ -19,9 +19,9 @@ import json
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from harnessrl.adapters import HarnessName
 from harnessrl.adapters.cancel import Cancel
@@ -29,6 +29,7 @@ from harnessrl.adapters.toolchain import HarnessNotInstalled
 from harnessrl.gym.backends import BackendName
 from harnessrl.gym.cheat import cheat_counts
 from harnessrl.gym.episode import EpisodeConfig, ProxyHandle
+from harnessrl.gym.harness_mix import HarnessMix, check_weights
 from harnessrl.gym.stack import EpisodeStack, cancellable
 from harnessrl.gym.trajectory import Trajectory
 from harnessrl.sandboxes import SandboxName
@@ -40,7 +41,21 @@ class RolloutConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     harness: HarnessName = "mini-swe-agent"
-    """Adapter name (`harnessrl.adapters.REGISTRY`), "module:Class", or a command-adapter config file."""
+    """Adapter name (`harnessrl.adapters.REGISTRY`), "module:Class", or a command-adapter config file.
+    With `harnesses` set it is the run's first harness (one-harness tools, e.g. `prepare`'s teacher, use it)."""
+    harnesses: dict[HarnessName, Annotated[float, Field(gt=0, allow_inf_nan=False)]] | None = None
+    """Several harnesses in one run: harness -> weight (a list: equal weights), each name as
+    `harness` accepts it. Each GRPO group runs through one harness, drawn by weight with `seed`
+    (`gym.harness_mix`), so a group's advantage compares like with like; figures are reported
+    per harness and evaluation runs every held-out task through each. None: `harness` alone."""
+    seed: int = 0
+    """Seeds the draw of each group's harness among `harnesses`: the same seed and weights give
+    the same harness for the k-th group of every run."""
+    context_length: int | None = Field(None, ge=1)
+    """The context of the serving engine in tokens (None: the model's max_position_embeddings).
+    `harnessrl train` runs one probe episode per harness first and refuses, naming it, a
+    harness whose first prompt (its system prompt, tools and the longest task statement,
+    rendered by the model's chat template) does not fit."""
     suite: str = "builtin"
     """Task suite name or a .jsonl/.parquet task file."""
     source_root: str | None = None
@@ -87,6 +102,35 @@ class RolloutConfig(BaseModel):
     the episode is masked as an engine failure: keep it well above the slowest legitimate reply
     (`max_new_tokens` at the engine's speed under load)."""
 
+    @field_validator("harnesses", mode="before")
+    @classmethod
+    def _harness_list(cls, hs: Any) -> Any:
+        """A list of harnesses is each at weight 1.0, none named twice."""
+        if isinstance(hs, (list, tuple)):
+            twice = sorted({h for h in hs if hs.count(h) > 1})
+            if twice:
+                raise ValueError(f"{twice} named twice; give each harness once (a mapping name -> weight weights them)")
+            return {h: 1.0 for h in hs}
+        return hs
+
+    @model_validator(mode="after")
+    def _harness_weights(self) -> "RolloutConfig":
+        """At least one harness in `harnesses`; `harness` its first unless set to one of them."""
+        if self.harnesses is None:
+            return self
+        check_weights(self.harnesses)
+        if "harness" in self.model_fields_set and self.harness not in self.harnesses:
+            raise ValueError(f"rollout.harness: {self.harness!r} is not among rollout.harnesses "
+                             f"{list(self.harnesses)}; set only harnesses for a mixed run")
+        if "harness" not in self.model_fields_set:
+            self.harness = next(iter(self.harnesses))
+        return self
+
+    @property
+    def harness_weights(self) -> dict[str, float]:
+        """Every harness of the run and its weight (one harness: `harness`, weight 1)."""
+        return dict(self.harnesses) if self.harnesses else {self.harness: 1.0}
+
 
 def prewarmed_sandboxes(cfg: RolloutConfig, task_ids: Any, tasks: list | None = None) -> Any:
     """The warm pool of a rollout of `cfg`, made before it (hand it to `Rollout(sandboxes=)`):
@@ -129,12 +173,13 @@ class Rollout:
 
     def __enter__(self) -> "Rollout":
         self.proxy.start()
-        warm = getattr(self.adapter, "warm", None)  # e.g. a beside harness's fork server
-        if warm is not None:
-            try:
-                warm()
-            except HarnessNotInstalled:
-                pass  # each episode records that, with the command that installs it
+        for adapter in self.stack.adapters.values():
+            warm = getattr(adapter, "warm", None)  # e.g. a beside harness's fork server
+            if warm is not None:
+                try:
+                    warm()
+                except HarnessNotInstalled:
+                    pass  # each episode records that, with the command that installs it
         self._file = open(self.out_dir / "trajectories.jsonl", "a")
         return self
 
@@ -144,18 +189,20 @@ class Rollout:
         self.stack.close()
         self.proxy.stop()
 
-    def prewarm(self, task_ids) -> None:
-        """Start the pool's sandboxes for these tasks' repositories in the background."""
-        self.stack.prewarm(task_ids)
+    def prewarm(self, task_ids, harnesses=None) -> None:
+        """Start the pool's sandboxes for these tasks' repositories in the background (each for
+        the harness beside it in `harnesses`; None: the run's first)."""
+        self.stack.prewarm(task_ids, harnesses)
 
     @property
     def handle(self) -> ProxyHandle:
         return ProxyHandle.of(self.proxy)
 
     def run_one(self, task_id: str, session_meta: dict[str, Any] | None = None,
-                cancel: Cancel | None = None) -> Trajectory:
-        """One episode, blocking; the trajectory is appended to trajectories.jsonl."""
-        result = self.stack.run(task_id, self.handle, session_meta=session_meta, cancel=cancel)
+                cancel: Cancel | None = None, harness: str | None = None) -> Trajectory:
+        """One episode through `harness` (None: the run's first), blocking; the trajectory is
+        appended to trajectories.jsonl."""
+        result = self.stack.run(task_id, self.handle, session_meta=session_meta, cancel=cancel, harness=harness)
         self.results.append(result)
         traj = result.trajectory
         assert self._file is not None
@@ -170,7 +217,8 @@ class Rollout:
 
     async def episode(self, slot: Any) -> Trajectory:
         """An episode function for `RolloutScheduler` (the slot names the task). Under the
-        `requeue` policy the proxy runs the per-turn staleness check; an episode it aborted
+        `requeue` policy the proxy runs the per-turn staleness check; the episode runs through its
+        group's harness (`slot.harness`, None: the run's first); an episode it aborted
         raises `StaleEpisode`, so the scheduler reruns the task. Cancelled (the scheduler's
         episode timeout, or its close), it kills the harness's process tree, closes the
         sandbox and waits (up to `release_wait_s`) for the episode thread to end before it
@@ -178,14 +226,16 @@ class Rollout:
         from harnessrl.gym.scheduler import raise_if_aborted_stale, session_meta
 
         start, limit = getattr(slot, "start_version", 0), getattr(slot, "staleness_limit", None)
-        traj = await self.run_cancellable(slot.task_id, session_meta(start, limit, getattr(slot, "group_id", None)))
+        traj = await self.run_cancellable(slot.task_id, session_meta(start, limit, getattr(slot, "group_id", None)),
+                                          getattr(slot, "harness", None))
         traj.metadata["start_version"] = start
         return raise_if_aborted_stale(traj, limit)
 
-    async def run_cancellable(self, task_id: str, session_meta: dict[str, Any] | None = None) -> Trajectory:
+    async def run_cancellable(self, task_id: str, session_meta: dict[str, Any] | None = None,
+                              harness: str | None = None) -> Trajectory:
         """`run_one` in a thread of its own; cancelled, it sets the episode's `Cancel` (harness
         tree killed, sandbox closed) and waits up to `release_wait_s` for the thread to end."""
-        return await cancellable(lambda cancel: self.run_one(task_id, session_meta, cancel),
+        return await cancellable(lambda cancel: self.run_one(task_id, session_meta, cancel, harness),
                                  "the episode was cancelled (timeout or shutdown)", self.release_wait_s)
 
 
@@ -290,22 +340,25 @@ def _mean(xs: list[float]) -> float | None:
 
 async def run_rollout(cfg: RolloutConfig, engine_url: str, out_dir: str | Path, *, episodes: int,
                       concurrency: int, progress: bool = True, tasks: list | None = None) -> dict[str, Any]:
-    """`episodes` episodes over the suite's tasks (cycled), `concurrency` at a time; the report
-    is also written to out_dir/report.json. `tasks`: the suite's tasks, loaded once by the
-    caller (None: loaded now)."""
+    """`episodes` episodes over the suite's tasks (cycled), `concurrency` at a time, each through a
+    harness drawn by weight (`gym.harness_mix`; one harness: always it); the report, with a
+    "harnesses" section of one report per harness when there are several, is also written to
+    out_dir/report.json. `tasks`: the suite's tasks, loaded once by the caller (None: loaded now)."""
     from tqdm import tqdm
 
     with Rollout(cfg, engine_url, out_dir, tasks=tasks) as ro:
         order = list(itertools.islice(itertools.cycle(ro.tasks), episodes))
-        ro.prewarm(order[:concurrency])
+        mix = HarnessMix(ro.stack.harness_weights, cfg.seed)
+        harnesses = [mix.draw() for _ in order]
+        ro.prewarm(order[:concurrency], harnesses[:concurrency])
         sem = asyncio.Semaphore(concurrency)
         done: list[Trajectory] = []
         bar = tqdm(total=episodes, disable=not progress, unit="ep", dynamic_ncols=True)
         t0 = time.monotonic()
 
-        async def one(task_id: str) -> None:
+        async def one(task_id: str, harness: str) -> None:
             async with sem:
-                traj = await ro.run_cancellable(task_id)
+                traj = await ro.run_cancellable(task_id, harness=harness)
             done.append(traj)
             scored = [t for t in done if t.reward is not None]
             toks = sum(len(c.completion_ids) for t in done for c in t.calls)
@@ -313,9 +366,12 @@ async def run_rollout(cfg: RolloutConfig, engine_url: str, out_dir: str | Path, 
                             tok_s=f"{toks / (time.monotonic() - t0):.1f}")
             bar.update(1)
 
-        await asyncio.gather(*(one(t) for t in order))
+        await asyncio.gather(*(one(t, h) for t, h in zip(order, harnesses)))
         bar.close()
         rep = report(done, time.monotonic() - t0)
         rep.update({"harness": cfg.harness, "suite": cfg.suite, "model": cfg.model, "concurrency": concurrency})
+        if len(mix.names) > 1:
+            rep["harnesses"] = {h: report([t for t in done if t.harness == h]) | {"weight": mix.weights[h]}
+                                for h in mix.names}
         (Path(out_dir) / "report.json").write_text(json.dumps(rep, indent=2))
         return rep

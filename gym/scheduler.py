@@ -42,6 +42,11 @@ included, except KeyboardInterrupt and SystemExit, which stop the run) a masked
 not a `Trajectory`. A launch loop that dies (e.g. the task iterator raised) makes
 `next_batch` raise instead of wait.
 
+Several harnesses: with a `harness_for` callable (`gym.harness_mix.HarnessMix`) each new group
+draws its harness once; every episode of the group gets it as `slot.harness`, a requeued
+group's rerun keeps it, and the records the scheduler writes itself (timeout, infra, stale)
+carry it as their `harness`.
+
 η = 0 with `wait` is the synchronous baseline: one version per step, the trainer waits for
 every episode of the step. The counts of each policy's interventions are in `stats`.
 """
@@ -124,6 +129,8 @@ class EpisodeSlot:
     start_version: int
     attempt: int
     _sched: "RolloutScheduler" = field(repr=False)
+    harness: str | None = None
+    """The harness of this episode's group (None: the run's one harness)."""
 
     @property
     def version(self) -> int:
@@ -172,6 +179,7 @@ class _Group:
     group_id: int
     task_id: str
     start_version: int
+    harness: str | None = None
     trajectories: dict[int, Trajectory] = field(default_factory=dict)
     running: int = 0
     done: asyncio.Event = field(default_factory=asyncio.Event)
@@ -211,8 +219,11 @@ def token_versions(traj: Trajectory) -> list[int]:
 class RolloutScheduler:
     """Runs episodes against a moving policy version; hands the trainer complete groups."""
 
-    def __init__(self, config: SchedulerConfig, episode_fn: EpisodeFn, tasks: Iterable[str]):
+    def __init__(self, config: SchedulerConfig, episode_fn: EpisodeFn, tasks: Iterable[str],
+                 harness_for: Callable[[], str] | None = None):
+        """`harness_for`: draws the harness of each new group (None: one harness, the episode's own)."""
         self.config = config
+        self._harness_for = harness_for
         self._episode_fn = episode_fn
         self._tasks = iter(tasks)  # pass itertools.cycle(...) for an endless run
         self.version = 0
@@ -270,7 +281,7 @@ class RolloutScheduler:
                 group, index, attempt = item
                 self._free -= 1
                 group.running += 1
-                slot = EpisodeSlot(group.task_id, group.group_id, index, self.version, attempt, self)
+                slot = EpisodeSlot(group.task_id, group.group_id, index, self.version, attempt, self, group.harness)
                 self.stats.started += 1
             task = asyncio.create_task(self._run_episode(slot))
             self._episodes.add(task)
@@ -291,7 +302,7 @@ class RolloutScheduler:
                 self._exhausted = True
                 return None
             gid = next(self._group_ids)
-            group = _Group(gid, task_id, self.version)
+            group = _Group(gid, task_id, self.version, self._harness_for() if self._harness_for else None)
             self._groups[gid] = group
             self._groups_started += 1
             self._pending.extend((group, i) for i in range(self.config.group_size))
@@ -352,11 +363,11 @@ class RolloutScheduler:
                 return None
             self.stats.dropped += 1
             return Trajectory(session_id=f"g{group.group_id}-{slot.index}", segments=[], status="infra_error",
-                              termination="stale", task_id=group.task_id)
+                              termination="stale", task_id=group.task_id, harness=group.harness or "")
         if isinstance(exc, (TimeoutError, asyncio.TimeoutError)):
             self.stats.timeouts += 1
             traj = Trajectory(session_id=f"g{group.group_id}-{slot.index}", segments=[], status="truncated",
-                              termination="timeout", task_id=group.task_id)
+                              termination="timeout", task_id=group.task_id, harness=group.harness or "")
             traj.metadata.update({"masked": True, "error": f"episode timeout ({self.config.episode_timeout_s:g} s)"})
             return traj
         raised = exc.__cause__ if isinstance(exc, _EpisodeRaised) else exc
@@ -366,7 +377,7 @@ class RolloutScheduler:
         """The record of an episode that raised: masked (`infra_error`), the exception named."""
         self.stats.errors += 1
         traj = Trajectory(session_id=f"g{group.group_id}-{slot.index}", segments=[], status="infra_error",
-                          termination="infra", task_id=group.task_id)
+                          termination="infra", task_id=group.task_id, harness=group.harness or "")
         traj.metadata.update({"masked": True, "error": error, "start_version": slot.start_version})
         return traj
 
@@ -447,6 +458,8 @@ class RolloutScheduler:
                     lag = V - v
                     self.stats.staleness_hist[lag] = self.stats.staleness_hist.get(lag, 0) + 1
                 traj.metadata["group_id"] = g.group_id
+                if g.harness is not None:
+                    traj.metadata["group_harness"] = g.harness
                 traj.metadata["consumed_at_version"] = V
                 out.append(traj)
         self.stats.consumed += len(out)
@@ -473,7 +486,7 @@ class RolloutScheduler:
         # `requeue` (or `wait` defeated by a version jump): drop the data, rerun the task.
         self.stats.requeued_group += 1
         del self._groups[group.group_id]
-        fresh = _Group(next(self._group_ids), group.task_id, V)
+        fresh = _Group(next(self._group_ids), group.task_id, V, group.harness)
         self._groups[fresh.group_id] = fresh
         self._pending.extendleft((fresh, i) for i in reversed(range(c.group_size)))
         self._cond.notify_all()

@@ -4,12 +4,14 @@ Contract:
 - `EpisodeStack(cfg)` is what every episode of a run shares, from one `RolloutConfig`: its tasks
   (`load_suite_tasks`, loaded on first use, or handed in so a run loads its suite once; tasks
   rewarded by a judge are refused there when the run configures no judge), the
-  harness adapter, the sandbox backend (or an external one handed in) and, with
+  harness adapters (one per harness of `harness_weights`, by the adapter's name; `adapter` is
+  `cfg.harness`'s), the sandbox backend (or an external one handed in) and, with
   `sandbox_pool_size` > 0 or a pool handed in, the warm pool episodes lease from.
   `stack.proxy(...)` builds (does not start) a proxy for these settings in front of an engine URL
   or an external `GenerationBackend` (a trainer's own generate call, the gym env's bridge, a
   bench's policy); `ProxyHandle.of(proxy)` is how an episode reaches it. `stack.run(task,
-  handle)` is one episode (`gym.episode.run_episode`) on these pieces. Nothing here starts an
+  handle, harness=)` is one episode (`gym.episode.run_episode`) on these pieces, through the
+  named harness (default: `cfg.harness`). Nothing here starts an
   engine: the composition root does.
 - `proxy_config(cfg, ...)` is the one mapping from a run's settings to the proxy's config (the
   sampling policy, the token limits, the engine-call timeouts); callers change only the fields
@@ -98,7 +100,21 @@ class EpisodeStack:
 
         self.cfg = cfg
         self._tasks = None if tasks is None else {t.instance_id: t for t in tasks}
-        self.adapter = adapter if adapter is not None else get_adapter(cfg.harness)
+        if adapter is not None:
+            self.adapter, weights = adapter, {adapter.name: 1.0}
+            self.adapters: dict[str, Any] = {adapter.name: adapter}
+        else:
+            made = {key: get_adapter(key) for key in cfg.harness_weights}
+            self.adapter = made[cfg.harness]
+            self.adapters = {}
+            for key, a in made.items():
+                if a.name in self.adapters:
+                    raise ValueError(f"rollout.harnesses: {key!r} is harness {a.name!r} again; a run's harnesses "
+                                     "must differ by name (their figures are kept by it)")
+                self.adapters[a.name] = a
+            weights = {made[k].name: w for k, w in cfg.harness_weights.items()}
+        self.harness_weights: dict[str, float] = weights
+        """Each harness's weight, by its adapter's name (the name its trajectories carry)."""
         if sandboxes is not None:
             self.backend = sandboxes.pool.backend
         elif sandbox_backend is not None:
@@ -133,24 +149,37 @@ class EpisodeStack:
         """A fresh sandbox on the stack's backend (for an episode that does not lease one)."""
         return self.backend.create(spec, mounts)
 
-    def prewarm(self, task_ids: Any) -> None:
-        """Start the pool's sandboxes for these tasks' repositories in the background."""
+    def prewarm(self, task_ids: Any, harnesses: Any = None) -> None:
+        """Start the pool's sandboxes for these tasks' repositories in the background, each for
+        the harness beside it in `harnesses` (None: `adapter` for every one)."""
         if self.sandboxes is None:
             return
-        for spec in dict.fromkeys(self.tasks[t].repo_spec() for t in task_ids):
-            self.sandboxes.prewarm(spec, self.adapter)
+        task_ids = list(task_ids)
+        names = list(harnesses) if harnesses is not None else [self.adapter.name] * len(task_ids)
+        for spec, name in dict.fromkeys((self.tasks[t].repo_spec(), n) for t, n in zip(task_ids, names)):
+            self.sandboxes.prewarm(spec, self.adapters[name])
+
+    def adapter_for(self, harness: str | None) -> Any:
+        """The adapter of a harness of this run by name (None: `adapter`); a KeyError lists them."""
+        if harness is None:
+            return self.adapter
+        try:
+            return self.adapters[harness]
+        except KeyError:
+            raise KeyError(f"harness {harness!r} is not one of this run's: {sorted(self.adapters)}") from None
 
     def run(self, task: "Task | str", handle: "ProxyHandle", *, episode: "EpisodeConfig | None" = None,
             session_meta: dict[str, Any] | None = None, cancel: Cancel | None = None,
-            sandboxes: Any = None) -> "EpisodeResult":
+            sandboxes: Any = None, harness: str | None = None) -> "EpisodeResult":
         """One episode of `task` (an object, or an id among `tasks`) through the proxy of `handle`,
         blocking. `episode`: limits other than the run's; `sandboxes`: a factory or source other
-        than the stack's (its pool, else a fresh sandbox each)."""
+        than the stack's (its pool, else a fresh sandbox each); `harness`: which of the run's
+        harnesses (None: `adapter`)."""
         from harnessrl.gym.episode import run_episode
 
         if isinstance(task, str):
             task = self.tasks[task]
-        return run_episode(task, self.adapter, sandboxes or self.sandboxes or self.make_sandbox, handle,
+        return run_episode(task, self.adapter_for(harness), sandboxes or self.sandboxes or self.make_sandbox, handle,
                            self.cfg.served_model_name, episode or self.cfg.episode, session_meta=session_meta,
                            cancel=cancel)
 
