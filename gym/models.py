@@ -58,6 +58,15 @@ def resolve_model(name_or_path: str) -> Path:
     return path
 
 
+def context_length(model: str) -> int:
+    """The context of a prepared model (its config's max_position_embeddings; 0 when unset)."""
+    import json
+
+    cfg = json.loads((resolve_model(model) / "config.json").read_text())
+    text = cfg.get("text_config", cfg)
+    return int(text.get("max_position_embeddings") or 0)
+
+
 def load_tokenizer(name_or_path: str):
     """The model's own tokenizer with its chat template (transformers, no torch needed).
 

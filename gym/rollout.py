@@ -137,14 +137,16 @@ def prewarmed_sandboxes(cfg: RolloutConfig, task_ids: Any, tasks: list | None = 
     the sandboxes of these tasks' repositories start in the background now, e.g. while the
     engine loads. `tasks`: the run's tasks, loaded once (None: the suite of `cfg`). None when
     `sandbox_pool_size` is 0. The rollout closes it; a pool that never reaches one is closed
-    when the process exits."""
+    when the process exits. Each task's sandbox is for the harness its group will draw (the
+    first draws of `HarnessMix` with the run's seed, as the run makes them)."""
     if not cfg.sandbox_pool_size:
         return None
     import atexit
 
     stack = EpisodeStack(cfg, tasks=tasks)
     atexit.register(stack.sandboxes.close)
-    stack.prewarm(task_ids)
+    task_ids = list(task_ids)
+    stack.prewarm(task_ids, HarnessMix(stack.harness_weights, cfg.seed).peek(len(task_ids)))
     return stack.sandboxes
 
 

@@ -7,6 +7,8 @@ returns that point's figures (`summarize`): n, successes, success rate with its 
 interval, mean reward, and why each episode that did not succeed failed (`outcome`, read
 from its record). Records go to `out_dir/eval/<point>/` and carry `metadata["eval"]`; no
 trainer takes them (`trainers.samples` refuses them; they are never handed to the scheduler).
+With several harnesses (`rollout.harnesses`) every held-out task runs through each of them, and
+the summary adds `by_harness`: each harness's own figures, one printed line each.
 
 `guard_disjoint(...)` refuses a run whose held-out tasks reach SFT or RL: by instance id, by
 gold patch, and by mutated function when the task files sit beside their `meta.jsonl`
@@ -104,27 +106,34 @@ async def evaluate(point: str, ev: EvalConfig, base: RolloutConfig, engine_url: 
     if tasks is None:
         tasks = load_suite_tasks(cfg)
     ids = eval_task_ids(ev, base, tasks)
-    order = [t for t in ids for _ in range(ev.episodes_per_task)]
     t0 = time.monotonic()
     picked = set(ids)
     with Rollout(cfg.model_copy(update={"tasks": ids, "difficulties": None}), engine_url, folder,
                  generation_backend=generation_backend, tasks=[t for t in tasks if t.instance_id in picked]) as ro:
-        ro.prewarm(order[:ev.concurrency])
+        harnesses = list(ro.stack.adapters)  # every held-out task through each harness of the run
+        order = [(t, h) for h in harnesses for t in ids for _ in range(ev.episodes_per_task)]
+        ro.prewarm([t for t, _ in order[:ev.concurrency]], [h for _, h in order[:ev.concurrency]])
         sem = asyncio.Semaphore(ev.concurrency)
 
-        async def one(task_id: str) -> Trajectory | None:
+        async def one(task_id: str, harness: str) -> Trajectory | None:
             async with sem:
                 try:
-                    traj = await asyncio.wait_for(ro.run_cancellable(task_id, {"eval": point}), episode_timeout_s)
+                    traj = await asyncio.wait_for(ro.run_cancellable(task_id, {"eval": point}, harness),
+                                                  episode_timeout_s)
                 except asyncio.TimeoutError:
                     return None
             traj.metadata["eval"] = point
             return traj
 
-        done = await asyncio.gather(*(one(t) for t in order))
+        done = await asyncio.gather(*(one(t, h) for t, h in order))
         made_tool_call = tool_call_reader(ro.proxy.core.renderer)
     trajs = [t for t in done if t is not None]
     summary = summarize(point, trajs, made_tool_call, timed_out=len(done) - len(trajs))
+    if len(harnesses) > 1:
+        summary["by_harness"] = {
+            h: summarize(point, [t for t in trajs if t.harness == h], made_tool_call,
+                         timed_out=sum(1 for t, (_, oh) in zip(done, order) if t is None and oh == h))
+            for h in harnesses}
     summary["wall_s"] = round(time.monotonic() - t0, 1)
     summary["tasks"] = len(ids)
     summary["records"] = str(folder / "trajectories.jsonl")
@@ -199,7 +208,15 @@ def summarize(point: str, trajs: Iterable[Trajectory], made_tool_call: Callable[
 
 
 def line(s: dict[str, Any]) -> str:
-    """One printed line per point: success k/n, rate, CI, mean reward, failure reasons."""
+    """One printed line per point: success k/n, rate, CI, mean reward, failure reasons; with
+    several harnesses one more line per harness, indented, the harness named."""
+    out = _one_line(s)
+    for h, sub in (s.get("by_harness") or {}).items():
+        out += "\n    " + _one_line(sub).replace(f"eval {s['point']:<8}", f"{h}:", 1)
+    return out
+
+
+def _one_line(s: dict[str, Any]) -> str:
     if not s["n"]:
         return f"eval {s['point']:<8} no scored episode ({s['episodes']} run): {s['outcomes']}"
     lo, hi = s["ci95"]

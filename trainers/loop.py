@@ -28,6 +28,10 @@ canary episodes' count and pass rate; in report.json its "cheat" section. With `
 > 0 that share of the groups comes from canary tasks (`gym.canary`), never rewarded.
 With `[live]`, each step also trains on rewarded live sessions (`trainers.live`: `harnessrl
 serve` recorded them, `harnessrl feedback` rewarded them); the step says which (`live_sessions`).
+With several harnesses (`rollout.harnesses`) each group runs through one, drawn by weight with
+`rollout.seed` (`gym.harness_mix`); the step line, metrics.jsonl and report.json then carry
+each harness's reward, success, tokens and failures (`trainers.harness_figures`), and every
+evaluation point each harness's figures.
 """
 from __future__ import annotations
 
@@ -42,12 +46,15 @@ from typing import Any
 
 from harnessrl.gym.canary import CanaryMix, run_canaries
 from harnessrl.gym.cheat import step_metrics as cheat_metrics
+from harnessrl.gym.harness_mix import HarnessMix
 from harnessrl.gym.rollout import Rollout, prewarmed_sandboxes, report
 from harnessrl.gym.scheduler import RolloutScheduler
 from harnessrl.gym.stack import Publisher
 from harnessrl.trainers import evaluate as ev
 from harnessrl.trainers.curriculum import Curriculum
 from harnessrl.trainers.dynamic_sampling import Selection, outcome, select
+from harnessrl.trainers.harness_figures import HarnessTally, step_figures
+from harnessrl.trainers.harness_figures import line as harness_line
 from harnessrl.trainers.live import LiveSource, step_metrics as live_metrics
 from harnessrl.trainers.plots import plot
 from harnessrl.trainers.prepare import RunTasks
@@ -74,6 +81,7 @@ def _line(m: dict[str, Any]) -> str:
             + (f"  zero-var {m['zero_var_groups']}/{m['groups']}" if m.get("groups") else "")
             + (f"  live {len(m['live_sessions'])} (reward {f(m['live_reward_mean'], '.2f')})" if m.get("live_sessions") else "")
             + ("  skipped: no group with a reward spread" if m.get("skipped") else "")
+            + (f"  [{harness_line(m['harnesses'])}]" if m.get("harnesses") else "")
             + f"  ({f(m['step_s'], '.1f')}s train, {m['wall_s']:.0f}s total)")
 
 
@@ -87,10 +95,16 @@ async def train(cfg: TrainConfig, tasks: list | None = None) -> list[dict[str, A
     t_start = time.monotonic()
     run_tasks = RunTasks(cfg, tasks)
     prepared = await _prepare(cfg, run_tasks)
+    context = None
+    if "rl" in cfg.stages or cfg.eval.enabled:  # a harness whose first prompt cannot fit is refused now
+        from harnessrl.trainers.prepare import check_context
+
+        context = await asyncio.to_thread(check_context, cfg, run_tasks, lambda line: print(line, flush=True))
     async with contextlib.AsyncExitStack() as held:  # closed on every way out, a cancellation in start-up too
         history, run, evals = await _stages(cfg, out, t_start, held, run_tasks)
     if run or evals:
-        run = run | ({"eval": evals} if evals else {}) | ({"prepare": prepared} if prepared else {})
+        run = run | ({"eval": evals} if evals else {}) | ({"prepare": prepared} if prepared else {}) | (
+            {"context": context} if context else {})
         (out / "report.json").write_text(json.dumps(run, indent=2))
     plot(history if "rl" in cfg.stages else [], out / "plots.png", evals)
     if evals:
@@ -201,17 +215,20 @@ async def _rl_stage(cfg: TrainConfig, trainer, sync, engine_url: str, rollout_cf
                                 log=lambda line: print(line, flush=True))
         draws = CanaryMix(curriculum, [c.instance_id for c in canaries], cfg.canary.rate)
         ro.tasks.update({c.instance_id: c for c in canaries})  # the rollout runs them like any task
-        sched = RolloutScheduler(cfg.scheduler, ro.episode, draws)
+        mix = HarnessMix(ro.stack.harness_weights, cfg.rollout.seed)  # one harness per group
+        mixed = len(mix.names) > 1
+        sched = RolloutScheduler(cfg.scheduler, ro.episode, draws, harness_for=mix)
         publisher = Publisher(sched, ro.proxy, sync)  # weight updates pause proxy admission too
         await publisher.publish(trainer.version)  # 0, the SFT policy's, or the resumed checkpoint's
         await sched.start()
         bar = tqdm(total=cfg.steps, unit="step", disable=not cfg.progress, dynamic_ncols=True)
-        figures = RunFigures()
+        figures, per_harness = RunFigures(), HarnessTally(mix.names, samples)
         live = _live_source(cfg, bar.write)
         try:
             for _ in range(cfg.steps):
                 sel = await select(sched.next_batch, cfg.sampling, samples, cfg.scheduler.groups_per_step)
                 figures.add(sel.seen)
+                per_harness.add(sel.seen)
                 curriculum.observe(sel.seen)
                 taken = live.take(trainer.version) if live is not None else []
                 sel.train.extend(taken)  # beside the groups, after dynamic sampling: they have none
@@ -221,6 +238,8 @@ async def _rl_stage(cfg: TrainConfig, trainer, sync, engine_url: str, rollout_cf
                     "env_latency_p95_s": batch_report["env_latency_s"]["p95"], "sync_s": round(sync.last_sync_s, 3),
                     "wall_s": time.monotonic() - t_start, "scheduler": sched.stats.as_dict(),
                     "batch_report": batch_report}
+                if mixed:
+                    m["harnesses"] = step_figures(sel.seen, samples, mix.names)
                 history.append(m)
                 _record(out, m, writer)
                 bar.write(_line(m))
@@ -234,6 +253,9 @@ async def _rl_stage(cfg: TrainConfig, trainer, sync, engine_url: str, rollout_cf
                     "curriculum": curriculum.report()}
             if live is not None:
                 run["live"] = {"trained": live.used, "refused": live.refused}
+            if mixed:
+                run["harnesses"] = {h: x | {"weight": mix.weights[h], "groups_drawn": mix.drawn[h]}
+                                    for h, x in per_harness.totals().items()}
             bar.write(summary_line(run))
             bar.write(curriculum.line())
         finally:

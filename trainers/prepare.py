@@ -97,6 +97,22 @@ class RunTasks:
         return self._held
 
 
+def check_context(cfg: Any, tasks: RunTasks, log=print) -> dict[str, Any]:
+    """Before anything starts: every harness of the run (`rollout.harnesses`, else `harness`) has
+    its first prompt measured by a probe episode (`gym.context_probe`) on the longest of the
+    tasks the run rolls out (RL and held-out), and a harness whose prompt does not fit the context
+    (`rollout.context_length`, else the model's) is refused, named (`ContextTooLong`).
+    Returns the context and each harness's first prompt in tokens (report.json "context")."""
+    from harnessrl.gym.context_probe import check_context as probe
+    from harnessrl.gym.models import context_length
+
+    context = cfg.rollout.context_length or context_length(cfg.model)
+    pool = (tasks.rl if "rl" in cfg.stages else []) + tasks.held
+    sizes = probe(cfg.rollout.model_copy(update={"model": cfg.model}), pool, context)
+    log("context: first prompt " + ", ".join(f"{h} {n}" for h, n in sizes.items()) + f" tokens of {context}")
+    return {"length": context, "first_prompt_tokens": sizes}
+
+
 async def prepare_data(cfg: Any, log=print, tasks: RunTasks | None = None) -> dict[str, Any]:
     """Steps 1 and 2 of the module doc for a TrainConfig; returns what was made and its seconds.
     `tasks`: the run's tasks (the teacher runs on its RL tasks)."""

@@ -26,6 +26,7 @@ from typing import Any
 
 from harnessrl.adapters import get_adapter
 from harnessrl.adapters.toolchain import installed_spec
+from harnessrl.gym.models import context_length
 from harnessrl.registry import DIALECTS
 
 
@@ -116,15 +117,6 @@ def _installed(report: CheckReport, adapter: Any) -> bool:
     got = installed_spec("npm" if kind == "npm" else "venvs", name)
     return report.add("installed", got == spec, f"toolchain has {got!r}, want {spec!r}"
                       + ("" if got == spec else f": run scripts/install_harnesses.sh {name}"))
-
-
-def context_length(model: str) -> int:
-    """The context of a prepared model (its config's max_position_embeddings)."""
-    from harnessrl.gym.models import resolve_model
-
-    cfg = json.loads((resolve_model(model) / "config.json").read_text())
-    text = cfg.get("text_config", cfg)
-    return int(text.get("max_position_embeddings") or 0)
 
 
 def _fits(report: CheckReport, traj: Any, context: int, model: str) -> bool:
