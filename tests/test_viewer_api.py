@@ -372,3 +372,21 @@ def test_not_a_run_folder_is_one_clear_line(tmp_path):
     (bad / "trajectories.jsonl").write_text('{"session_id": "x", "segments": "nope"}\n')
     with pytest.raises(RunFolderError, match="trajectories.jsonl:1: not a trajectory record"):
         RunIndex(bad)
+
+
+def test_the_summary_has_each_harness_s_figures(many):
+    """A run of two harnesses: each one's episodes, scored, successes, mean reward, sampled tokens
+    and failures, from the test's own arithmetic; the episodes filter takes the harness."""
+    client, expected = many
+    rows = {x["harness"]: x for x in client.get("/api/runs/0/summary").json()["by_harness"]}
+    assert sorted(rows) == ["codex", "mini-swe-agent"]
+    for name, row in rows.items():
+        mine = [e for e in expected.values() if e["harness"] == name]
+        scored = [e["reward"] for e in mine if e["reward"] is not None]
+        assert row["episodes"] == len(mine) and row["scored"] == len(scored)
+        assert row["success_rate"] == pytest.approx(sum(r >= 1 for r in scored) / len(scored))
+        assert row["reward_mean"] == pytest.approx(sum(scored) / len(scored))
+        assert row["sampled_tokens"] == sum(e["sampled"] for e in mine)
+        assert row["infra_errors"] == sum(e["status"] == "infra_error" for e in mine) and row["harness_crashed"] == 0
+        page = client.get(f"/api/runs/0/episodes?harness={name}&limit=500").json()
+        assert page["total"] == len(mine) and {x["harness"] for x in page["rows"]} == {name}

@@ -102,6 +102,18 @@ def cheat(index: RunIndex, report: dict[str, Any] | None, max_points: int = 500)
     return {"points": _thin(pts, max_points), "totals": totals}
 
 
+def by_harness(index: RunIndex) -> list[dict[str, Any]]:
+    """Each harness's episodes, scored episodes, success rate and mean reward over the scored
+    (reward set), sampled tokens, infrastructure failures (masked) and harness crashes."""
+    rows = index.query(
+        "SELECT harness, COUNT(*), COUNT(reward), SUM(reward >= 1.0), AVG(reward), SUM(sampled), "
+        "SUM(status = 'infra_error'), SUM(termination = 'harness_crashed') FROM episodes GROUP BY harness "
+        "ORDER BY harness")
+    return [{"harness": h, "episodes": n, "scored": k, "success_rate": (ok or 0) / k if k else None,
+             "reward_mean": mean, "sampled_tokens": tok or 0, "infra_errors": infra or 0, "harness_crashed": crashed or 0}
+            for h, n, k, ok, mean, tok, infra, crashed in rows]
+
+
 def summary(index: RunIndex, max_points: int = 500) -> dict[str, Any]:
     report = None
     if index.files.report is not None:
@@ -115,6 +127,7 @@ def summary(index: RunIndex, max_points: int = 500) -> dict[str, Any]:
         "name": index.name, "root": str(index.files.root), "kind": "train" if index.files.metrics else "rollout",
         "episodes": sum(counts.values()), "by_status": counts, "scored": scored[0],
         "success_rate": (scored[1] / scored[0]) if scored[0] else None, "reward_mean": scored[2],
+        "by_harness": by_harness(index),
         "curve": reward_curve(index, max_points),
         "staleness_hist": staleness(index, report),
         "env_latency_s": histogram(index, "env_s", "env_s IS NOT NULL"),

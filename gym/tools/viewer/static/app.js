@@ -71,7 +71,8 @@ async function runPage(r) {
     ...Object.entries(s.by_status).map(([k, v]) => card(k, v)));
   const table = h("section", {id: "episodes-section"});
   $main.replaceChildren(h("h1", {}, `run: ${s.name}`), h("p", {class: "muted"}, `${s.kind} run at ${s.root}`),
-                        cards, charts, h("h2", {}, "cheat rate"), cheatTable(cheat.totals),
+                        cards, charts, h("h2", {}, "harnesses"), harnessTable(s.by_harness, r),
+                        h("h2", {}, "cheat rate"), cheatTable(cheat.totals),
                         h("h2", {}, "episodes"), table, h("h2", {}, "run report"),
                         reportTable(s.report));
   await episodesTable(r, table);
@@ -88,6 +89,23 @@ function flatten(obj, prefix, out) {
     else out.push([key, Array.isArray(v) ? JSON.stringify(v) : v]);
   }
   return out;
+}
+
+// One row per harness of the run (several in a mixed run); its name filters the episodes table to it.
+function harnessTable(rows, r) {
+  const head = ["harness", "episodes", "scored", "success rate", "reward mean", "sampled tokens", "infra errors",
+                "harness crashed"];
+  return h("table", {id: "harnesses"}, h("thead", {}, h("tr", {}, head.map(x => h("th", {}, x)))),
+    h("tbody", {}, (rows || []).map(x => h("tr", {"data-harness": x.harness},
+      h("td", {}, h("a", {href: "#episodes-section", class: "harness-filter", onclick: ev => {
+        ev.preventDefault();  // the episodes table below, filtered to this harness
+        const st = TABLE_STATE[r];
+        if (st) { st.f = {...st.f, harness: x.harness}; st.offset = 0; }
+        episodesTable(r, document.getElementById("episodes-section"));
+      }}, x.harness || "-")),
+      h("td", {class: "num"}, x.episodes), h("td", {class: "num"}, x.scored), h("td", {class: "num"}, fmt(x.success_rate)),
+      h("td", {class: "num"}, fmt(x.reward_mean)), h("td", {class: "num"}, x.sampled_tokens),
+      h("td", {class: "num"}, x.infra_errors), h("td", {class: "num"}, x.harness_crashed)))));
 }
 
 // The cheat rate's totals: tampered episodes (all, then by kind, zeros included) and canaries passed k/n.
