@@ -206,16 +206,18 @@ def _cmd_train(args: argparse.Namespace) -> int:
     except TaskFileError as e:
         print("\n".join(f"harnessrl train: {line}" for line in str(e).splitlines()), file=sys.stderr)
         return 2
-    problem = _harness_problem(cfg.rollout.harness)
-    if problem:
-        print(f"harnessrl train: {problem}", file=sys.stderr)
-        return 2
+    for harness in cfg.rollout.harness_weights:  # every harness of the run
+        problem = _harness_problem(harness)
+        if problem:
+            print(f"harnessrl train: {problem}", file=sys.stderr)
+            return 2
+    from harnessrl.gym.context_probe import ContextProbeError, ContextTooLong
     from harnessrl.trainers.evaluate import LeakError
     from harnessrl.trainers.prepare import PrepareError
 
     try:
         history = _run(train(cfg, tasks))
-    except (LeakError, PrepareError, TaskFileError) as e:
+    except (LeakError, PrepareError, TaskFileError, ContextTooLong, ContextProbeError) as e:
         print("\n".join(f"harnessrl train: {line}" for line in str(e).splitlines()), file=sys.stderr)
         return 2
     print(f"done: {len(history)} steps; metrics in {cfg.out_dir}/metrics.jsonl, run report in "
