@@ -9,7 +9,7 @@ and refuses the call. No engine is needed and nothing is generated. It returns t
 a harness that made no model call raises `ContextProbeError` with the episode's ending (e.g.
 not installed, and the command that installs it).
 
-`check_context(cfg, tasks, context)`: the probe for every harness of `cfg` on the task with the
+`await check_context(cfg, tasks, context)`: the probe for every harness of `cfg` on the task with the
 longest statement among `tasks`; the first prompts by harness, or `ContextTooLong` naming
 every harness whose first prompt does not fit (n >= context: no room for one sampled token),
 with its count and the context. `harnessrl train` runs it before anything starts.
@@ -23,7 +23,7 @@ from harnessrl.adapters.cancel import Cancel
 from harnessrl.adapters.toolchain import HarnessNotInstalled
 from harnessrl.gym.backends.engine_client import EngineError
 from harnessrl.gym.backends.inprocess import CallableBackend, TokenReply
-from harnessrl.gym.stack import EpisodeStack
+from harnessrl.gym.stack import EpisodeStack, cancellable
 
 if TYPE_CHECKING:
     from harnessrl.gym.rollout import RolloutConfig
@@ -55,9 +55,10 @@ class _Probe:
         raise EngineError(f"{PROBED} ({len(input_ids)} tokens); the probe never generates", status_code=400)
 
 
-def first_prompt_tokens(stack: EpisodeStack, harness: str, task: "Task") -> int:
-    """The token count of `harness`'s first prompt on `task` (module doc)."""
-    cancel = Cancel()
+def first_prompt_tokens(stack: EpisodeStack, harness: str, task: "Task", cancel: Cancel | None = None) -> int:
+    """The token count of `harness`'s first prompt on `task` (module doc); `cancel`: the
+    episode's, for a caller that may abandon the probe (the probe sets it itself when done)."""
+    cancel = cancel or Cancel()
     probe = _Probe(cancel)
     backend = CallableBackend(probe, name="context-probe")
     with stack.proxy(generation_backend=backend) as proxy:
@@ -72,8 +73,10 @@ def first_prompt_tokens(stack: EpisodeStack, harness: str, task: "Task") -> int:
     return probe.tokens
 
 
-def check_context(cfg: "RolloutConfig", tasks: list["Task"], context: int) -> dict[str, int]:
-    """Every harness's first prompt on the longest task, or `ContextTooLong` (module doc)."""
+async def check_context(cfg: "RolloutConfig", tasks: list["Task"], context: int) -> dict[str, int]:
+    """Every harness's first prompt on the longest task, or `ContextTooLong` (module doc). Each
+    probe runs in a thread of its own; cancelled (the run was stopped), the probe episode is
+    cancelled too and its sandbox closed before the cancellation goes on."""
     task = max(tasks, key=lambda t: (len(t.problem_statement), t.instance_id))
     stack = EpisodeStack(cfg.model_copy(update={"sandbox_pool_size": 0}), tasks=[task])
     for adapter in stack.adapters.values():  # a beside Python harness's fork server (the run reuses it)
@@ -84,7 +87,10 @@ def check_context(cfg: "RolloutConfig", tasks: list["Task"], context: int) -> di
             except HarnessNotInstalled:
                 pass  # its probe says so, with the command that installs it
     try:
-        sizes = {h: first_prompt_tokens(stack, h, task) for h in stack.adapters}
+        sizes = {}
+        for h in stack.adapters:
+            sizes[h] = await cancellable(lambda cancel, h=h: first_prompt_tokens(stack, h, task, cancel),
+                                         "the run was stopped while its context was probed")
     finally:
         stack.close()
     over = {h: n for h, n in sizes.items() if n >= context}

@@ -259,4 +259,6 @@ async def cancellable(run: Callable[[Cancel], T], reason: str, wait_s: float = 1
     except asyncio.CancelledError:
         await asyncio.shield(in_thread(cancel.set, reason))
         await asyncio.wait({thread}, timeout=wait_s)
+        if thread.done() and not thread.cancelled():
+            thread.exception()  # what the abandoned run raised is moot: taken, so asyncio logs no traceback
         raise

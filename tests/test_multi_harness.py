@@ -279,7 +279,7 @@ def test_a_harness_whose_first_prompt_does_not_fit_is_refused_before_the_run_nam
 
     cfg = _train_cfg(tmp_path / "probe")
     rollout = cfg.rollout.model_copy(update={"model": "tiny-llama"})
-    sizes = check_context(rollout, load_suite_tasks(rollout), 10**6)
+    sizes = asyncio.run(check_context(rollout, load_suite_tasks(rollout), 10**6))
     assert sorted(sizes) == ["mini-swe-agent", "tiny-agent"] and sizes["tiny-agent"] < sizes["mini-swe-agent"]
     context = sizes["tiny-agent"] + 1  # tiny-agent fits with room for one token; mini-swe-agent does not
     out = tmp_path / "run"

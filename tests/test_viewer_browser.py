@@ -188,6 +188,22 @@ def test_viewer_renders_a_real_run_in_headless_chromium(recorded, tmp_path):
             by_sampled = sorted((solved, split, sampled), key=lambda t: -sum(sum(s.loss_mask) for s in t.segments))
             assert order["desc"] == [t.session_id for t in by_sampled] == order["asc"][::-1]
             _shot(driver, tmp_path, "run")
+            # the per-harness table: each harness's episodes; a harness's name filters the table to it
+            per = {r.get_attribute("data-harness"): [td.text for td in r.find_elements(By.CSS_SELECTOR, "td")]
+                   for r in driver.find_elements(By.CSS_SELECTOR, "#harnesses tbody tr")}
+            assert sorted(per) == ["mini-swe-agent", "openai-client"]
+            assert (per["mini-swe-agent"][1], per["openai-client"][1]) == ("2", "1")  # episodes
+            assert per["mini-swe-agent"][6] == "0" and per["openai-client"][2] == "1"  # infra errors; scored
+            driver.find_element(By.CSS_SELECTOR, "#harnesses tr[data-harness=openai-client] a.harness-filter").click()
+            WebDriverWait(driver, 60).until(lambda d: [r.get_attribute("data-sid") for r in d.find_elements(
+                By.CSS_SELECTOR, "#episodes tbody tr")] == [split.session_id])
+            from selenium.webdriver.support.ui import Select
+
+            picked = Select(driver.find_element(By.CSS_SELECTOR, "#episode-filters select[name=harness]"))
+            assert picked.first_selected_option.get_attribute("value") == "openai-client"
+            picked.select_by_value("")
+            driver.find_element(By.CSS_SELECTOR, "#episode-filters button").click()
+            WebDriverWait(driver, 60).until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#episodes tbody tr")) == 3)
 
             # click through from the table to the solved episode
             driver.execute_script("document.body.dataset.ready = ''")

@@ -99,7 +99,7 @@ async def train(cfg: TrainConfig, tasks: list | None = None) -> list[dict[str, A
     if "rl" in cfg.stages or cfg.eval.enabled:  # a harness whose first prompt cannot fit is refused now
         from harnessrl.trainers.prepare import check_context
 
-        context = await asyncio.to_thread(check_context, cfg, run_tasks, lambda line: print(line, flush=True))
+        context = await check_context(cfg, run_tasks, lambda line: print(line, flush=True))
     async with contextlib.AsyncExitStack() as held:  # closed on every way out, a cancellation in start-up too
         history, run, evals = await _stages(cfg, out, t_start, held, run_tasks)
     if run or evals:

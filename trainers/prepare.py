@@ -97,7 +97,7 @@ class RunTasks:
         return self._held
 
 
-def check_context(cfg: Any, tasks: RunTasks, log=print) -> dict[str, Any]:
+async def check_context(cfg: Any, tasks: RunTasks, log=print) -> dict[str, Any]:
     """Before anything starts: every harness of the run (`rollout.harnesses`, else `harness`) has
     its first prompt measured by a probe episode (`gym.context_probe`) on the longest of the
     tasks the run rolls out (RL and held-out), and a harness whose prompt does not fit the context
@@ -108,7 +108,7 @@ def check_context(cfg: Any, tasks: RunTasks, log=print) -> dict[str, Any]:
 
     context = cfg.rollout.context_length or context_length(cfg.model)
     pool = (tasks.rl if "rl" in cfg.stages else []) + tasks.held
-    sizes = probe(cfg.rollout.model_copy(update={"model": cfg.model}), pool, context)
+    sizes = await probe(cfg.rollout.model_copy(update={"model": cfg.model}), pool, context)
     log("context: first prompt " + ", ".join(f"{h} {n}" for h, n in sizes.items()) + f" tokens of {context}")
     return {"length": context, "first_prompt_tokens": sizes}
 
