@@ -218,10 +218,10 @@ class Rollout:
         self.proxy.core.set_policy_version(version)
 
     async def episode(self, slot: Any) -> Trajectory:
-        """An episode function for `RolloutScheduler` (the slot names the task). Under the
-        `requeue` policy the proxy runs the per-turn staleness check; the episode runs through its
-        group's harness (`slot.harness`, None: the run's first); an episode it aborted
-        raises `StaleEpisode`, so the scheduler reruns the task. Cancelled (the scheduler's
+        """An episode function for `RolloutScheduler` (the slot names the task, and the harness of
+        its group: `slot.harness`, None: the run's first). Under the `requeue` policy the proxy
+        runs the per-turn staleness check; an episode it aborted raises `StaleEpisode`, so the
+        scheduler reruns the task. Cancelled (the scheduler's
         episode timeout, or its close), it kills the harness's process tree, closes the
         sandbox and waits (up to `release_wait_s`) for the episode thread to end before it
         lets the cancellation through: an abandoned episode holds nothing afterwards."""
