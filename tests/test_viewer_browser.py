@@ -195,8 +195,8 @@ def test_viewer_renders_a_real_run_in_headless_chromium(recorded, tmp_path):
             assert (per["mini-swe-agent"][1], per["openai-client"][1]) == ("2", "1")  # episodes
             assert per["mini-swe-agent"][6] == "0" and per["openai-client"][2] == "1"  # infra errors; scored
             driver.find_element(By.CSS_SELECTOR, "#harnesses tr[data-harness=openai-client] a.harness-filter").click()
-            WebDriverWait(driver, 60).until(lambda d: [r.get_attribute("data-sid") for r in d.find_elements(
-                By.CSS_SELECTOR, "#episodes tbody tr")] == [split.session_id])
+            rows_now = "return [...document.querySelectorAll('#episodes tbody tr')].map(r => r.dataset.sid)"
+            WebDriverWait(driver, 60).until(lambda d: d.execute_script(rows_now) == [split.session_id])  # one read
             from selenium.webdriver.support.ui import Select
 
             picked = Select(driver.find_element(By.CSS_SELECTOR, "#episode-filters select[name=harness]"))
