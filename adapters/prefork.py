@@ -39,6 +39,7 @@ from pathlib import Path
 
 import psutil
 
+from harnessrl.adapters import netns
 from harnessrl.sandboxes.limits import env_nice, yield_cpu
 
 SERVER = Path(__file__).with_name("prefork_server.py")
@@ -88,15 +89,19 @@ def interpreter_of(script: str) -> str:
 
 
 class ForkServer:
-    """One server process: started with `env` (late keys removed), then serves forks."""
+    """One server process: started with `env` (late keys removed), then serves forks. With
+    `offline` it runs in a network namespace of its own (adapters/netns.py), and so does every
+    harness it forks; each launch names the proxy it may reach, which the server relays."""
 
-    def __init__(self, python: str, prefork: Prefork, env: dict[str, str]) -> None:
+    def __init__(self, python: str, prefork: Prefork, env: dict[str, str], offline: bool = False) -> None:
         self._dir = tempfile.mkdtemp(prefix="harnessrl-prefork-")
         self.socket_path = os.path.join(self._dir, "s")
         self._log = open(os.path.join(self._dir, "server.log"), "wb")
         spec = {"socket": self.socket_path, "preload": list(prefork.preload), "late": list(prefork.late),
                 "optional": list(prefork.optional), "complete_models": list(prefork.complete_models)}
-        self._proc = subprocess.Popen([python, str(SERVER), json.dumps(spec)], env=env, cwd=self._dir,
+        argv = [python, str(SERVER), json.dumps(spec)]
+        self.offline = offline
+        self._proc = subprocess.Popen(netns.isolate(argv) if offline else argv, env=env, cwd=self._dir,
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
                                       start_new_session=True)
         yield_cpu(self._proc.pid)  # its import (seconds of CPU) yields to the engine too
@@ -132,12 +137,14 @@ class ForkServer:
             raise PreforkUnavailable(self.refusal)
 
     def spawn(self, argv: list[str], env: dict[str, str], cwd: str, stdout: int, stderr: int,
-              ready_timeout: float = START_TIMEOUT_S) -> ForkedProc:
+              ready_timeout: float = START_TIMEOUT_S, proxy_url: str | None = None) -> ForkedProc:
+        """Fork one harness; `proxy_url`: the proxy an offline server's child may reach."""
         self.wait_ready(ready_timeout)
         nice = env_nice()  # the child leads a new session: it sets its own priority (limits.yield_cpu)
         mine = os.getpriority(os.PRIO_PROCESS, 0)
         payload = json.dumps({"argv": argv, "env": env, "cwd": cwd,
-                              "nice": min(19, mine + nice), "group_nice": nice}).encode()
+                              "nice": min(19, mine + nice), "group_nice": nice,
+                              "relay": netns.relay_spec(proxy_url) if self.offline else None}).encode()
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         devnull = os.open(os.devnull, os.O_RDONLY)
         lines = _Lines(conn)
@@ -231,26 +238,28 @@ _lock = threading.Lock()
 _servers: dict[tuple, ForkServer] = {}
 
 
-def server_for(python: str, prefork: Prefork, env: dict[str, str]) -> ForkServer:
+def server_for(python: str, prefork: Prefork, env: dict[str, str], offline: bool = False) -> ForkServer:
+    """The server for this launch; `offline`: one in its own network namespace (for
+    proxy-only launches), else one in the host's network."""
     base = {k: v for k, v in env.items() if k not in prefork.late}
-    key = (python, prefork, tuple(sorted(base.items())))
+    key = (python, prefork, tuple(sorted(base.items())), offline)
     with _lock:
         server = _servers.get(key)
         if server is not None and server.refusal is None and server._proc.poll() is not None:
             server.close()  # it died (killed, out of memory): start another
             server = None
         if server is None:
-            server = _servers[key] = ForkServer(python, prefork, base)
+            server = _servers[key] = ForkServer(python, prefork, base, offline)
     return server
 
 
-def warm(script: str, prefork: Prefork, env: dict[str, str]) -> ForkServer | None:
+def warm(script: str, prefork: Prefork, env: dict[str, str], offline: bool = False) -> ForkServer | None:
     """Start the server a launch of `script` with `env` would use, without waiting for it (a
     server that will refuse, or prefork turned off, costs nothing more here)."""
     if enabled():
         try:
-            return server_for(interpreter_of(script), prefork, env)
-        except PreforkUnavailable:
+            return server_for(interpreter_of(script), prefork, env, offline)
+        except (PreforkUnavailable, netns.NetnsUnavailable):
             pass
     return None
 

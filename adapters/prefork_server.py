@@ -12,7 +12,10 @@ outside `ALLOWED_READERS`, a thread was started or an import failed; else freeze
 listen and say `{"ok": true, "pid": N, "skipped": [the optional modules not installed]}`.
 
 Each connection sends an 8-byte length with three fds (stdin, stdout, stderr), then a JSON
-`{"argv", "env", "cwd", "nice", "group_nice"}`; argv[0] is the console script; the child takes
+`{"argv", "env", "cwd", "nice", "group_nice", "relay"}`; argv[0] is the console script; `relay`
+(optional, `[LISTEN, TARGET]`: a server run in a beside harness's network namespace, see
+harnessrl's adapters/netns.py) makes the server keep a relay (adapters/relay.py, a process of
+its own that dies with it) listening on LISTEN before the child starts; the child takes
 the nice value and sets its session group's to `group_nice` (see harnessrl's
 `sandboxes.limits.yield_cpu`). The server forks; the child leads a
 new session, takes the fds, the whole environment, the cwd and `sys.path` a plain
@@ -151,6 +154,7 @@ def _serve(spec, zygote_pp, skipped):
     sel.register(sys.stdin, selectors.EVENT_READ, "owner")
     sel.register(wake_r, selectors.EVENT_READ, "child")
     live = {}  # pid -> conn
+    relays = {}  # listen address -> relay pid
     print(json.dumps({"ok": True, "pid": os.getpid(), "skipped": skipped}), flush=True)
     while True:
         for key, _ in sel.select():
@@ -178,6 +182,14 @@ def _serve(spec, zygote_pp, skipped):
                 for fd in fds:
                     os.close(fd)
                 continue
+            if request.get("relay"):
+                error = _ensure_relay(relays, *request["relay"])
+                if error:
+                    _quiet(conn.sendall, (json.dumps({"error": error}) + "\n").encode())
+                    conn.close()
+                    for fd in fds:
+                        os.close(fd)
+                    continue
             ready_r, ready_w = os.pipe()
             pid = os.fork()
             if pid == 0:
@@ -202,6 +214,41 @@ def _serve(spec, zygote_pp, skipped):
             # a launcher gone already still gets its child reaped; its broken pipe must not end the server
             _quiet(conn.sendall, (json.dumps({"pid": pid}) + "\n").encode())
             live[pid] = conn
+
+
+def _ensure_relay(relays, listen, target):
+    """A relay process listening on `listen` (bound before this returns), forwarding to
+    `target`; started once per address, again if it died. Returns an error text or None."""
+    pid = relays.get(listen)
+    if pid is not None:
+        try:
+            os.kill(pid, 0)
+            return None
+        except OSError:  # reaped already: start another
+            pass
+    import importlib.util
+    import ctypes
+    try:
+        spec = importlib.util.spec_from_file_location("_harnessrl_relay", os.path.join(os.path.dirname(
+            os.path.abspath(__file__)), "relay.py"))
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        relay = mod.Relay(listen, target)
+    except (OSError, ValueError) as e:
+        return f"relay {listen} -> {target}: {type(e).__name__}: {e}"
+    server = os.getpid()
+    pid = os.fork()
+    if pid == 0:
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: it dies with the server
+        if os.getppid() != server:
+            os._exit(0)
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        relay.serve_forever()
+        os._exit(0)
+    relay.server.close()
+    relays[listen] = pid
+    return None
 
 
 def _reap(live):

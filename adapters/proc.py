@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import psutil
 
+from harnessrl.adapters import netns
 from harnessrl.adapters.cancel import Cancel
 from harnessrl.adapters.prefork import START_TIMEOUT_S, Prefork, PreforkUnavailable, enabled, interpreter_of, server_for
 from harnessrl.sandboxes.limits import yield_cpu
@@ -34,6 +35,9 @@ class HostRun:
     launch: str = "plain"
     """"forked" (from a warm interpreter, see adapters/prefork.py), "plain", or "plain (why)"
     when a pre-forked launch was asked for and could not be had."""
+    network: str = "host"
+    """"proxy-only" (its own network namespace, only the proxy reachable: adapters/netns.py)
+    or "host" (the host's network)."""
 
 
 def kill_tree(pid: int, wait_s: float = 10.0) -> list[int]:
@@ -79,15 +83,26 @@ def _quietly(fn) -> None:
 
 
 def run_host(argv: list[str], env: dict[str, str], cwd: str, timeout: float, cancel: Cancel | None = None,
-             prefork: Prefork | None = None) -> HostRun:
+             prefork: Prefork | None = None, network: netns.Network = "host",
+             proxy_url: str | None = None) -> HostRun:
     """Run argv to its end (or `timeout`, or `cancel`); then whatever it left running in its
     process group is killed too. Its streams go to files, not pipes, so a descendant that
     keeps them open cannot hold the run past its end. `prefork`: argv[0] is a Python console
     script that may start from a warm fork server (adapters/prefork.py); else, or when none
-    can serve, a plain process."""
+    can serve, a plain process. `network`: "proxy-only" runs it (plain or forked) in a network
+    namespace where only the proxy at `proxy_url` is reachable (adapters/netns.py; raises
+    `NetnsUnavailable` when this machine cannot), "host" in the host's network. Adapters pass
+    their `network` capability (default "proxy-only"); "host" here is for tests of the launch."""
+    if network not in netns.NETWORKS:
+        raise ValueError(f"network must be one of {netns.NETWORKS}, got {network!r}")
+    if network == "proxy-only" and not proxy_url:
+        raise ValueError("network \"proxy-only\" needs proxy_url (the proxy the harness may reach)")
+    offline = proxy_url if network == "proxy-only" else None
+    if offline:
+        netns.check()
     t0 = time.monotonic()
     with tempfile.TemporaryFile() as out_f, tempfile.TemporaryFile() as err_f:
-        proc, how = _start(argv, env, cwd, out_f, err_f, prefork, timeout)
+        proc, how = _start(argv, env, cwd, out_f, err_f, prefork, timeout, offline)
 
         def release() -> None:
             if proc.poll() is None:  # not reaped yet, so its pid is still its own
@@ -114,18 +129,21 @@ def run_host(argv: list[str], env: dict[str, str], cwd: str, timeout: float, can
         out, err = _read(out_f), _read(err_f)
     cancelled = cancel is not None and cancel.is_set() and not timed_out
     return HostRun(None if (timed_out or cancelled) else proc.returncode, out, err, timed_out,
-                   time.monotonic() - t0, cancelled, how)
+                   time.monotonic() - t0, cancelled, how, network)
 
 
-def _start(argv, env, cwd, out_f, err_f, prefork: Prefork | None, timeout: float):
+def _start(argv, env, cwd, out_f, err_f, prefork: Prefork | None, timeout: float, offline: str | None):
     if prefork is not None and enabled():
         try:
-            server = server_for(interpreter_of(argv[0]), prefork, env)
-            return server.spawn(argv, env, cwd, out_f.fileno(), err_f.fileno(), min(timeout, START_TIMEOUT_S)), "forked"
+            server = server_for(interpreter_of(argv[0]), prefork, env, offline is not None)
+            return server.spawn(argv, env, cwd, out_f.fileno(), err_f.fileno(), min(timeout, START_TIMEOUT_S),
+                                offline), "forked"
         except PreforkUnavailable as e:
             how = f"plain ({e})"
     else:
         how = "plain"
+    if offline:
+        argv = netns.wrap(argv, offline)
     proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out_f, stderr=err_f,
                             start_new_session=True)
     yield_cpu(proc.pid)  # Popen returns after the exec, so the child leads its session by now
