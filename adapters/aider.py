@@ -40,6 +40,9 @@ class AiderAdapter:
     completion: ClassVar[str] = "one shot (--message): applies the edits in its reply and exits 0"
     version: ClassVar[str] = "0.86.2"
     install: ClassVar[str] = "pip:aider-chat==0.86.2"
+    network: str = "proxy-only"
+    """Beside, in a network namespace where only the proxy is reachable (adapters/netns.py);
+    "host" (set on an instance) opts out. Recorded as the trajectory's `harness_network`."""
 
     def mounts(self, endpoint: Endpoint, toolchain: Path | None = None) -> list[Mount]:
         return []
@@ -47,7 +50,7 @@ class AiderAdapter:
     def warm(self, toolchain: Path | None = None) -> ForkServer | None:
         """Start the fork server now, in the background (see adapters/prefork.py)."""
         venv = require("venvs", self.name, self.install.split(":", 1)[1], toolchain)
-        return warm(str(venv / "bin" / "aider"), PREFORK, clean_env(BASE_ENV))
+        return warm(str(venv / "bin" / "aider"), PREFORK, clean_env(BASE_ENV), self.network == "proxy-only")
 
     def launch(self, launch: Launch) -> HarnessResult:
         venv = require("venvs", self.name, self.install.split(":", 1)[1], launch.toolchain)
@@ -63,7 +66,7 @@ class AiderAdapter:
                 "--message", launch.problem_statement, "--yes-always", "--no-check-update", "--no-analytics",
                 "--no-show-model-warnings", "--no-gitignore", "--no-pretty", "--no-fancy-input",
                 "--no-show-release-notes", "--no-auto-commits", "--map-tokens", "0", *files]
-        run = run_host(argv, env, str(repo), launch.limits.wall_time_s, launch.cancel, PREFORK)
+        run = run_host(argv, env, str(repo), launch.limits.wall_time_s, launch.cancel, PREFORK, self.network, ep.base_url)
         patch = _host_patch(repo)
         if patch:
             launch.sandbox.write_file("/tmp/harnessrl/aider.patch", patch.encode())
@@ -72,7 +75,7 @@ class AiderAdapter:
                 raise RuntimeError(f"aider's patch did not apply in the sandbox: {res.output[-500:]}")
         return HarnessResult(classify_exit(run.exit_code, run.timed_out), run.exit_code, None,
                              tail(run.stdout), tail(run.stderr), run.duration_s,
-                             {"patch_bytes": len(patch), "launch": run.launch})
+                             {"patch_bytes": len(patch), "launch": run.launch, "network": run.network})
 
 
 def _git(repo: Path, *args: str) -> str:

@@ -10,7 +10,10 @@ placement and how completion is read. Variables:
     wall_time_s, toolchain (toolchain root as the harness sees it), bin (the bin dir of the
     config's own `install` as the harness sees it: the npm prefix's or the venv's; else ""),
     exec_socket + bridge_dir (beside only: run commands in the sandbox through the exec
-    bridge; bridge_dir holds harnessrl_mini_env.py, a mini-swe-agent environment class)
+    bridge; bridge_dir holds harnessrl_mini_env.py, a mini-swe-agent environment class),
+    exec_client (beside only: `harnessrl-exec` in bridge_dir, a shell for the harness that
+    runs each command in the sandbox: adapters/exec_client.py; its env HARNESSRL_EXEC_SOCKET
+    and HARNESSRL_EXEC_CWD are set unless the config sets them)
 
 Inside harnesses run in the sandbox through the relay (adapters/inside.py) with the npm
 prefix named by `npm_prefix` on PATH; beside ones run on the host in `scratch`.
@@ -43,6 +46,7 @@ from harnessrl.adapters.toolchain import (InstallSpec, check_node, node_version,
 from harnessrl.registry import Dialect
 
 MINI_ENV = Path(__file__).with_name("mini_env.py")
+EXEC_CLIENT = Path(__file__).with_name("exec_client.py")
 
 
 class CompletionConfig(BaseModel):
@@ -88,6 +92,10 @@ class CommandConfig(BaseModel):
     """Run in the sandbox (through the relay) or on the host beside it."""
     streams: bool = False
     """Whether it streams by default (informational)."""
+    network: Literal["proxy-only", "host"] = "proxy-only"
+    """Beside only: "proxy-only" runs the harness in a network namespace where only the proxy
+    is reachable (adapters/netns.py); "host" opts out (the host's network). Recorded as the
+    trajectory's `harness_network`."""
     command: list[str] = Field(min_length=1)
     """argv templates."""
     env: dict[str, str] = Field(default_factory=dict)
@@ -242,17 +250,22 @@ class CommandAdapter:
         scratch = Path(launch.scratch_dir)
         scratch.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(MINI_ENV, scratch / "harnessrl_mini_env.py")
+        client = scratch / "harnessrl-exec"
+        shutil.copyfile(EXEC_CLIENT, client)
+        client.chmod(0o755)
         sock = str(scratch / "exec.sock")
-        v = self._vars(launch, False, str(scratch), exec_socket=sock, bridge_dir=str(scratch))
+        v = self._vars(launch, False, str(scratch), exec_socket=sock, bridge_dir=str(scratch), exec_client=str(client))
         for p, t in c.files.items():
             path = Path(self._fill(p, v))
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(self._fill(t, v))
-        env = clean_env({k: self._fill(t, v) for k, t in c.env.items()})
+        env = clean_env({"HARNESSRL_EXEC_SOCKET": sock, "HARNESSRL_EXEC_CWD": launch.sandbox.workdir,
+                         **{k: self._fill(t, v) for k, t in c.env.items()}})
         argv = [self._fill(a, v) for a in c.command]
         with ExecBridge(launch.sandbox, sock):
             try:
-                run = run_host(argv, env, str(scratch), launch.limits.wall_time_s, launch.cancel)
+                run = run_host(argv, env, str(scratch), launch.limits.wall_time_s, launch.cancel,
+                               network=c.network, proxy_url=launch.endpoint.base_url)
             except (FileNotFoundError, PermissionError) as e:  # what a shell reports as 127 / 126
                 code = 127 if isinstance(e, FileNotFoundError) else 126
                 return HarnessResult("harness_exited", code, None, "", f"{argv[0]}: {e.strerror} "
@@ -261,7 +274,9 @@ class CommandAdapter:
         if c.completion.status_file:
             sf = Path(self._fill(c.completion.status_file, v))
             status_text = sf.read_text() if sf.is_file() else None
-        return self._result(run.exit_code, run.timed_out, run.stdout, run.stderr, run.duration_s, status_text)
+        result = self._result(run.exit_code, run.timed_out, run.stdout, run.stderr, run.duration_s, status_text)
+        result.details["network"] = run.network
+        return result
 
     def _result(self, exit_code, timed_out, stdout, stderr, duration, status_text) -> HarnessResult:
         comp = self.config.completion

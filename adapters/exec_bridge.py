@@ -5,10 +5,16 @@ episode's `Sandbox` object lives in harnessrl's process. The harness's environme
 (adapters/mini_env.py) sends each command here, and it runs in the sandbox through the
 Sandbox protocol, so the same harness works with every sandbox backend.
 
-Wire format, one exchange per connection: the client sends one JSON line
-`{"command": str, "cwd": str|null, "timeout": float, "env": {str: str}}` and reads one JSON
-line `{"output": str, "returncode": int, "timed_out": bool}` or `{"error": str}` when the
-sandbox itself failed (the harness then stops with a crash, and the runner checks the sandbox).
+Wire format, one exchange per connection: the client sends one JSON line (at most
+MAX_REQUEST bytes) `{"command": str, "cwd": str|null, "timeout": number, "env": {str: str}}`
+(only `command` is required; `cwd` absolute, in the sandbox; `timeout` seconds > 0, capped at
+the bridge's `max_timeout`, default 60) and reads one JSON line
+`{"output": str, "returncode": int, "timed_out": bool}` (`output`: stdout and stderr
+interleaved, as `Sandbox.exec` gives them; `returncode` -1 when killed for its timeout), or
+`{"error": str, "bad_request": true}` for a malformed request (the message names the field),
+or `{"error": str}` when the sandbox itself failed (the harness then stops with a crash, and
+the runner checks the sandbox). adapters/exec_client.py is a client any beside harness can
+call as its shell.
 """
 from __future__ import annotations
 
@@ -18,6 +24,40 @@ import socketserver
 import threading
 
 from harnessrl.sandboxes.base import Sandbox, SandboxError
+
+MAX_REQUEST = 16 << 20
+FIELDS = ("command", "cwd", "timeout", "env")
+
+
+class BadRequest(ValueError):
+    """A malformed exec request; the message names the field."""
+
+
+def parse_request(line: bytes) -> dict:
+    """The request of one JSON line, checked field by field (BadRequest names what is wrong)."""
+    if not line.endswith(b"\n"):
+        raise BadRequest(f"want one JSON object on one line ending in a newline, at most {MAX_REQUEST} bytes")
+    try:
+        req = json.loads(line)
+    except ValueError as e:
+        raise BadRequest(f"not JSON: {e}") from None
+    if not isinstance(req, dict):
+        raise BadRequest(f"want a JSON object, got {type(req).__name__}")
+    unknown = sorted(set(req) - set(FIELDS))
+    if unknown:
+        raise BadRequest(f"unknown field(s) {unknown}; known: {list(FIELDS)}")
+    command, cwd, timeout, env = req.get("command"), req.get("cwd"), req.get("timeout"), req.get("env")
+    if not isinstance(command, str) or not command.strip():
+        raise BadRequest("field 'command' must be a non-empty string")
+    if cwd is not None and (not isinstance(cwd, str) or not cwd.startswith("/")):
+        raise BadRequest("field 'cwd' must be an absolute path or null")
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                                or not 0 < timeout < float("inf")):
+        raise BadRequest("field 'timeout' must be a number of seconds > 0 or null")
+    if env is not None and (not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                                 for k, v in env.items())):
+        raise BadRequest("field 'env' must be an object of string values or null")
+    return {"command": command, "cwd": cwd, "timeout": timeout, "env": env or {}}
 
 
 class ExecBridge:
@@ -34,10 +74,9 @@ class ExecBridge:
         class Handler(socketserver.StreamRequestHandler):
             def handle(self) -> None:
                 try:
-                    req = json.loads(self.rfile.readline())
-                    reply = bridge._run(req)
-                except (ValueError, KeyError, TypeError) as e:
-                    reply = {"error": f"bad exec request: {e}"}
+                    reply = bridge._run(parse_request(self.rfile.readline(MAX_REQUEST)))
+                except BadRequest as e:
+                    reply = {"error": f"bad exec request: {e}", "bad_request": True}
                 try:
                     self.wfile.write(json.dumps(reply).encode() + b"\n")
                 except (BrokenPipeError, ConnectionResetError):
@@ -52,11 +91,10 @@ class ExecBridge:
 
     def _run(self, req: dict) -> dict:
         self.calls += 1
-        timeout = min(float(req.get("timeout") or 60), self.max_timeout)
-        env = {str(k): str(v) for k, v in (req.get("env") or {}).items()}
+        timeout = min(float(req["timeout"] or 60), self.max_timeout)
         try:
-            res = self.sandbox.exec(str(req["command"]), timeout=timeout, env=env or None,
-                                    workdir=req.get("cwd") or None)
+            res = self.sandbox.exec(req["command"], timeout=timeout, env=req["env"] or None,
+                                    workdir=req["cwd"] or None)
         except SandboxError as e:
             self.sandbox_error = f"{type(e).__name__}: {e}"
             return {"error": self.sandbox_error}

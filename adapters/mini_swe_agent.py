@@ -55,6 +55,9 @@ class MiniSweAgentAdapter:
                                  "end read from trajectory info.exit_status (Submitted, LimitsExceeded, <Error>)")
     version: ClassVar[str] = "2.4.6"
     install: ClassVar[str] = "pip:mini-swe-agent==2.4.6"
+    network: str = "proxy-only"
+    """Beside, in a network namespace where only the proxy is reachable (adapters/netns.py);
+    "host" (set on an instance) opts out. Recorded as the trajectory's `harness_network`."""
 
     def mounts(self, endpoint: Endpoint, toolchain: Path | None = None) -> list[Mount]:
         return []
@@ -64,7 +67,7 @@ class MiniSweAgentAdapter:
         need not wait for it; the launch uses the same server (same environment but the
         per-episode keys)."""
         venv = require("venvs", self.name, self.install.split(":", 1)[1], toolchain)
-        return warm(str(venv / "bin" / "mini"), PREFORK, _env(Path("/nonexistent"), ""))
+        return warm(str(venv / "bin" / "mini"), PREFORK, _env(Path("/nonexistent"), ""), self.network == "proxy-only")
 
     def launch(self, launch: Launch) -> HarnessResult:
         venv = require("venvs", self.name, self.install.split(":", 1)[1], launch.toolchain)
@@ -83,9 +86,10 @@ class MiniSweAgentAdapter:
                 "-c", f"agent.step_limit={launch.limits.max_calls}", "-c", "agent.cost_limit=0",
                 "-c", f"environment.exec_socket={sock}", "-c", f"environment.cwd={launch.sandbox.workdir}"]
         with ExecBridge(launch.sandbox, sock) as bridge:
-            run = run_host(argv, env, str(scratch), launch.limits.wall_time_s, launch.cancel, PREFORK)
+            run = run_host(argv, env, str(scratch), launch.limits.wall_time_s, launch.cancel, PREFORK,
+                           self.network, ep.base_url)
         status = _exit_status(traj)
-        details = {"commands": bridge.calls, "trajectory_file": str(traj), "launch": run.launch}
+        details = {"commands": bridge.calls, "trajectory_file": str(traj), "launch": run.launch, "network": run.network}
         if bridge.sandbox_error:
             details["sandbox_error"] = bridge.sandbox_error
         if run.timed_out:

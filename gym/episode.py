@@ -411,6 +411,8 @@ def _annotate(traj: Trajectory, run: _Run, task: Task, reward: RewardResult | No
     traj.metadata.update({"harness_status": h.harness_status if h else None,
                           "harness_exit_code": h.exit_code if h else None, "timings": run.timings, "error": error,
                           "sandbox_id": getattr(run.sandbox, "id", None),
+                          # beside: "proxy-only" or "host" (adapters/netns.py); inside: the sandbox's
+                          "harness_network": (h.details.get("network", "sandbox") if h else None),
                           # the harness's own account (adapters keep the last few KB of each stream)
                           "harness_stdout_tail": h.stdout_tail if h else "",
                           "harness_stderr_tail": h.stderr_tail if h else "", "ending": ending_text})
