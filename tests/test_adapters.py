@@ -165,6 +165,9 @@ def test_gold_plan_scores_one_and_is_token_exact(stack, harness):
     assert res.harness.harness_status == own_status[Path(harness).name]
     if harness in ("mini-swe-agent", "aider"):  # from a warm interpreter (adapters/prefork.py), not a refusal
         assert res.harness.details["launch"] == "forked"
+    beside = harness in ("mini-swe-agent", "aider") or harness.endswith(".toml")
+    # beside harnesses ran in a network namespace of their own, only the proxy reachable (adapters/netns.py)
+    assert res.trajectory.metadata["harness_network"] == ("proxy-only" if beside else "sandbox")
     assert_token_exact(res.trajectory, calls)
 
 
