@@ -431,7 +431,9 @@ def test_real_harnesses_warm_the_server_their_launches_use_and_it_accepts_their_
         assert len(prefork._servers) == 1
         warmed = next(iter(prefork._servers.values()))
         own = (mini_swe_agent if name == "mini-swe-agent" else aider).PREFORK
-        assert prefork.server_for(prefork.interpreter_of(script), own, launch_env) is warmed
+        # the launch's key: also whether it runs off the network (adapters/netns.py; the default)
+        assert adapter.network == "proxy-only"
+        assert prefork.server_for(prefork.interpreter_of(script), own, launch_env, True) is warmed
         warmed.wait_ready()
         assert warmed.refusal is None
         assert warmed.skipped == []  # every optional module still exists in the pinned release
