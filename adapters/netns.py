@@ -2,7 +2,8 @@
 way out is the proxy.
 
 Contract. A beside harness (a host process: adapters/proc.py `run_host`, plain or forked) is
-started under `bwrap --unshare-net`: its namespace has a loopback and nothing else, so a TCP
+started under `bwrap --unshare-net --cap-drop ALL` (no capabilities, so no `setns` back into
+the host's namespace even when run as root): its namespace has a loopback and nothing else, so a TCP
 or UDP connection to any host address, DNS included, fails; abstract unix sockets are per
 namespace, so the host's are out of reach too; and the host's /run (/var/run: the Docker
 socket, D-Bus, nscd, systemd-resolved) is an empty tmpfs. The proxy stays reachable at the very
@@ -105,8 +106,10 @@ def isolate(argv: list[str]) -> list[str]:
     yet (the fork server relays per launch: adapters/prefork_server.py)."""
     check()
     hide = [a for d in HIDDEN if not Path(d).is_symlink() and Path(d).is_dir() for a in ("--tmpfs", d)]
-    return [shutil.which("bwrap") or "bwrap", "--unshare-net", "--die-with-parent", "--dev-bind", "/", "/",
-            *hide, "--", *argv]
+    # no capabilities (bounding set too): run as root, it keeps CAP_SYS_ADMIN otherwise and can
+    # setns() back into any host process's network namespace
+    return [shutil.which("bwrap") or "bwrap", "--unshare-net", "--die-with-parent", "--cap-drop", "ALL",
+            "--dev-bind", "/", "/", *hide, "--", *argv]
 
 
 def wrap(argv: list[str], base_url: str) -> list[str]:

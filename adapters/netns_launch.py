@@ -22,7 +22,11 @@ def main(argv: list[str]) -> int:
     if len(argv) < 6 or argv[0] != "--listen" or argv[2] != "--target" or argv[4] != "--":
         sys.stderr.write("usage: netns_launch.py --listen tcp:HOST:PORT --target unix:PATH -- ARGV...\n")
         return 2
-    relay = Relay(argv[1], argv[3])
+    try:
+        relay = Relay(argv[1], argv[3])
+    except OSError as e:  # e.g. a proxy port below 1024: the namespace has no capabilities
+        sys.stderr.write(f"harnessrl netns: cannot listen on {argv[1]} for the proxy: {e}\n")
+        return 126
     parent = os.getpid()
     if os.fork() == 0:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)

@@ -60,6 +60,19 @@ for name, addr in a["tcp"].items():
 out["unix"] = attempt(lambda: unix(a["unix"]))
 out["dns_server"] = attempt(lambda: udp(a["udp"]))
 out["resolve"] = attempt(lambda: str(socket.getaddrinfo("harnessrl-test.example.com", 80)[0][4]))
+def escape():  # setns() into the network namespace of a host process (the test's own)
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = os.open(f"/proc/{a['host_pid']}/ns/net", os.O_RDONLY)
+    if os.readlink(f"/proc/{a['host_pid']}/ns/net") == os.readlink("/proc/self/ns/net"):
+        return "already there"
+    if libc.setns(fd, 0x40000000) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    return "escaped"
+if a["escape"]:
+    out["setns"] = attempt(escape)
+    out["caps"] = [l.split()[1] for l in open("/proc/self/status") if l.startswith("CapEff")][0]
 print(json.dumps(out))
 '''
 
@@ -145,7 +158,8 @@ def _run(w, network: str, forked: bool):
     sid, key = w.proxy.open_session({})
     w.script.say(f"reply-{sid[:6]}")
     args = {"proxy": w.proxy.openai_base_url(sid), "key": key, "unix": w.unix, "udp": list(w.outside.udp.getsockname()),
-            "tcp": {"outside": list(w.outside.tcp), "loopback": list(w.local.tcp)}}
+            "tcp": {"outside": list(w.outside.tcp), "loopback": list(w.local.tcp)},
+            "escape": network == "proxy-only", "host_pid": os.getpid()}
     n0 = len(w.eng.calls)
     env = clean_env({"HOME": str(w.tmp)})
     run = run_host([str(w.probe), json.dumps(args)], env, str(w.tmp), 120,
@@ -168,6 +182,8 @@ def test_proxy_only_reaches_the_proxy_and_nothing_else(world, forked, monkeypatc
     assert out["unix"] == "FileNotFoundError", out  # /run is an empty tmpfs
     assert out["dns_server"] in ("OSError", "TimeoutError", "ConnectionRefusedError"), out
     assert out["resolve"] == "gaierror", out
+    assert out["setns"] == "PermissionError", out  # no way back into the host's namespace
+    assert int(out["caps"], 16) == 0, out  # no capabilities at all, even when this runs as root
 
 
 @pytest.mark.parametrize("forked", [False, True], ids=["plain", "forked"])

@@ -72,8 +72,12 @@ def test_a_beside_harness_in_its_network_namespace_still_reaches_the_bridge(brid
     _, sock, _, tmp = bridge
     run = run_host([sys.executable, str(CLIENT), "-c", "echo from-inside; exit 7"],
                    clean_env({"HARNESSRL_EXEC_SOCKET": sock}), str(tmp), 120,
-                   network="proxy-only", proxy_url="http://127.0.0.1:9/s/x")
+                   network="proxy-only", proxy_url="http://127.0.0.1:59999/s/x")
     assert (run.network, run.exit_code, run.stdout) == ("proxy-only", 7, "from-inside\n")
+    low = run_host([sys.executable, str(CLIENT), "-c", "true"], clean_env({"HARNESSRL_EXEC_SOCKET": sock}),
+                   str(tmp), 120, network="proxy-only", proxy_url="http://127.0.0.1:9/s/x")
+    # no capabilities in the namespace, so no port below 1024: said, and the harness never runs
+    assert low.exit_code == 126 and "cannot listen on tcp:127.0.0.1:9 for the proxy" in low.stderr
 
 
 @pytest.mark.parametrize("raw, needle", [
