@@ -16,10 +16,12 @@ placement and how completion is read. Variables:
     and HARNESSRL_EXEC_CWD are set unless the config sets them)
 
 Inside harnesses run in the sandbox through the relay (adapters/inside.py) with the npm
-prefix named by `npm_prefix` on PATH; beside ones run on the host in `scratch`.
+prefix named by `npm_prefix` (or an inside pip install's bin/) on PATH; beside ones run on the
+host in `scratch`.
 `install = "npm:<pkg>@<x.y.z>"` / `"pip:<pkg>==<v>"` is installed by `harnessrl harness
 install CONFIG` (adapters/install.py) into <toolchain>/npm/<npm_prefix or name> or
-<toolchain>/venvs/<venv or name>; until it is, `launch` raises HarnessNotInstalled naming that
+<toolchain>/venvs/<venv or name> (beside) or, built for the sandbox's python3 by
+adapters/pip_inside.py, <toolchain>/pip/<venv or name> (inside); until it is, `launch` raises HarnessNotInstalled naming that
 command (nothing installs on first use: episodes run in parallel). `node` is a requirement
 on the toolchain's node, `mounts` extra read-only host paths in the sandbox
 (adapters/host_mounts.py). See examples/harnesses/*.toml.
@@ -41,8 +43,8 @@ from harnessrl.adapters.exec_bridge import ExecBridge
 from harnessrl.adapters.host_mounts import parse_mounts
 from harnessrl.adapters.inside import inside_mounts, run_inside
 from harnessrl.adapters.proc import clean_env, run_host
-from harnessrl.adapters.toolchain import (InstallSpec, check_node, node_version, parse_install, require,
-                                          stamp_for, toolchain_root)
+from harnessrl.adapters.toolchain import (HarnessNotInstalled, InstallSpec, check_node, installed_spec, node_version,
+                                          parse_install, require, stamp_for, toolchain_root)
 from harnessrl.registry import Dialect
 
 MINI_ENV = Path(__file__).with_name("mini_env.py")
@@ -81,7 +83,11 @@ class CommandConfig(BaseModel):
     """npm install only: an exact node version ("22.23.5") npm installs into the harness's own
     prefix (first on its PATH) when the toolchain's node is too old for it."""
     venv: str | None = None
-    """pip install only: the venv's folder under <toolchain>/venvs (default: name)."""
+    """pip install only: the install's folder under <toolchain>/venvs (beside) or <toolchain>/pip
+    (inside) (default: name)."""
+    python: str | None = None
+    """Inside pip install only: the Python versions the harness runs on, a PEP 440 specifier set
+    (">=3.12"), checked against the sandbox image's python3 at install and at launch."""
     mounts: list[str] = Field(default_factory=list)
     """Extra host paths mounted read-only into the sandbox: "HOST" (same path) or "HOST:TARGET"."""
     dialect: Dialect
@@ -123,6 +129,16 @@ class CommandConfig(BaseModel):
         except InvalidSpecifier:
             raise ValueError(f"node {v!r} is not a version requirement like \">=20\" or \">=18.17,<23\"") from None
 
+    @field_validator("python")
+    @classmethod
+    def _python_spec(cls, v: str | None) -> str | None:
+        from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+        try:
+            return v if v is None else str(SpecifierSet(v)) and v
+        except InvalidSpecifier:
+            raise ValueError(f"python {v!r} is not a version requirement like \">=3.12\"") from None
+
     @field_validator("node_runtime")
     @classmethod
     def _exact_node(cls, v: str | None) -> str | None:
@@ -148,9 +164,11 @@ class CommandAdapter:
         """The config file it came from (named in the install hint)."""
         c = self.config
         self.spec: InstallSpec | None = parse_install(c.install)
-        if self.spec is not None and self.spec.kind == "pip" and c.placement == "inside":
-            raise ValueError(f"command adapter {c.name!r}: a pip install runs beside the sandbox (its venv is "
-                             "built for the host); set placement = \"beside\"")
+        self.pip_inside = self.spec is not None and self.spec.kind == "pip" and c.placement == "inside"
+        """A pip harness built for the sandbox's python3 (adapters/pip_inside.py)."""
+        if c.python is not None and not self.pip_inside:
+            raise ValueError(f"command adapter {c.name!r}: python needs install = \"pip:...\" and placement = "
+                             "\"inside\" (it is checked against the sandbox's python3)")
         if c.node_runtime is not None and (self.spec is None or self.spec.kind != "npm"):
             raise ValueError(f"command adapter {c.name!r}: node_runtime needs an npm install (it goes in its prefix)")
         if self.spec is not None and self.spec.kind == "npm" and c.npm_prefix is None:
@@ -190,7 +208,7 @@ class CommandAdapter:
         if self.spec is None:
             return None
         c = self.config
-        return self.spec.subdir, (c.npm_prefix if self.spec.kind == "npm" else c.venv) or c.name
+        return self.spec.subdir_for(c.placement), (c.npm_prefix if self.spec.kind == "npm" else c.venv) or c.name
 
     def install_hint(self) -> str:
         """The command that installs this harness."""
@@ -202,10 +220,25 @@ class CommandAdapter:
         if where is None:
             return
         root, own = toolchain or toolchain_root(), self.config.node_runtime
+        if self.pip_inside:
+            return self._check_pip_inside(root, where[1])
         require(where[0], where[1], stamp_for(self.spec, own), root, fix=self.install_hint())
         if self.config.node:
             check_node(self.config.node, own or node_version(root), f"harness {self.name!r} ({self.spec.spec})",
                        "its node_runtime" if own else "the toolchain's")
+
+    def _check_pip_inside(self, root: Path, dirname: str) -> None:
+        got = installed_spec("pip", dirname, root) or ""
+        version = got.removeprefix(f"{self.spec.spec} for python ")
+        if version == got:  # not installed, or another spec: the usual message
+            require("pip", dirname, f"{self.spec.spec} for python <the sandbox's>", root, fix=self.install_hint())
+        if self.config.python:
+            from packaging.specifiers import SpecifierSet
+
+            if version not in SpecifierSet(self.config.python):
+                raise HarnessNotInstalled(f"harness {self.name!r} ({self.spec.spec}) needs python "
+                                          f"{self.config.python}, but it was installed for the sandbox's python "
+                                          f"{version}: see docs/harnesses.md, 'Python harnesses inside'")
 
     def mounts(self, endpoint: Endpoint, toolchain: Path | None = None) -> list[Mount]:
         own = inside_mounts(endpoint, toolchain) if self.placement == "inside" else []
@@ -234,7 +267,9 @@ class CommandAdapter:
         if c.placement == "inside":
             v = self._vars(launch, True, SANDBOX_SCRATCH)
             env = {k: self._fill(t, v) for k, t in c.env.items()}
-            if c.npm_prefix:
+            if self.pip_inside:
+                env.setdefault("PATH", f"{v['bin']}:/usr/local/bin:/usr/bin:/bin")
+            elif c.npm_prefix:
                 env.setdefault("PATH", f"{TOOLCHAIN_MOUNT}/npm/{c.npm_prefix}/bin:{TOOLCHAIN_MOUNT}/node/bin:"
                                        "/usr/local/bin:/usr/bin:/bin")
             env.setdefault("HOME", f"{SANDBOX_SCRATCH}/home")

@@ -129,6 +129,35 @@ def _pip(spec: InstallSpec, dest: Path, python: str) -> None:
          f"pip install {spec.spec}")
 
 
+def install_pip_inside(spec: InstallSpec, dirname: str, root: Path | None = None, python: str | None = None,
+                       image: str | None = None) -> Installed:
+    """Build a pip harness for the sandbox image's python3 into <root>/pip/<dirname>
+    (adapters/pip_inside.py); a stamp "<spec> for python <X.Y>" already there is left alone.
+    `python`: the config's requirement on that interpreter; `image`: default the base image."""
+    from harnessrl.adapters.pip_inside import PipInsideFailed, check_python, install_inside
+
+    root = root or toolchain_root()
+    dest = root / "pip" / dirname
+    got = installed_spec("pip", dirname, root) or ""
+    if got.startswith(f"{spec.spec} for python "):
+        try:
+            check_python(python, got.rsplit(" ", 1)[1], spec.spec, "it was installed for")
+            return Installed(dest, got, "present")
+        except PipInsideFailed:
+            pass  # the requirement changed: rebuild (and fail again with the image's own numbers)
+    if image is None:
+        from harnessrl.sandboxes.images import base_image_tag
+
+        image = base_image_tag()
+    t0 = time.monotonic()
+    try:
+        stamp = install_inside(spec, dest, image, python)
+    except PipInsideFailed as e:
+        raise InstallFailed(str(e)) from None
+    (dest / STAMP).write_text(stamp + "\n")
+    return Installed(dest, stamp, "installed", time.monotonic() - t0)
+
+
 def install_config(path: str, root: Path | None = None, log: Callable[[str], None] = print) -> Installed | None:
     """Install what a harness config's `install` names (None: "none", nothing to install)."""
     from harnessrl.adapters.command import CommandAdapter
@@ -137,6 +166,8 @@ def install_config(path: str, root: Path | None = None, log: Callable[[str], Non
     where = adapter.install_dir
     if where is None:
         return None
+    if adapter.pip_inside:
+        return install_pip_inside(adapter.spec, where[1], root, adapter.config.python)
     return install(adapter.spec, where[1], root, adapter.config.node, log=log, node_runtime=adapter.config.node_runtime)
 
 

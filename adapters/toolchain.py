@@ -3,7 +3,9 @@ and adapters/install.py, which write this layout).
 
     <root>/node/bin/node               node runtime, mounted into sandboxes with the npm prefixes
     <root>/npm/<harness>/bin/<cli>     npm harnesses (run inside the sandbox)
-    <root>/venvs/<harness>/bin/<cli>   pip harnesses (run beside the sandbox, on the host)
+    <root>/venvs/<harness>/bin/<cli>   pip harnesses that run beside the sandbox, on the host
+    <root>/pip/<harness>/bin/<cli>     pip harnesses that run inside it, built for its python3
+                                       (adapters/pip_inside.py)
 
 Each installed directory holds a `.harnessrl-installed` stamp with the package spec (the node
 runtime's says `node v<version>`). The root is $HARNESSRL_TOOLCHAIN, else
@@ -75,8 +77,12 @@ class InstallSpec:
 
     @property
     def subdir(self) -> str:
-        """The toolchain folder holding installs of this kind."""
+        """The toolchain folder holding installs of this kind beside the sandbox (inside: `subdir_for`)."""
         return "npm" if self.kind == "npm" else "venvs"
+
+    def subdir_for(self, placement: str) -> str:
+        """The toolchain folder of this kind for a harness placed "inside" or "beside" the sandbox."""
+        return "pip" if self.kind == "pip" and placement == "inside" else self.subdir
 
 
 #: The npm packages that ship node itself, one binary per machine (bin/node).
