@@ -129,6 +129,11 @@ class CommandConfig(BaseModel):
         except InvalidSpecifier:
             raise ValueError(f"node {v!r} is not a version requirement like \">=20\" or \">=18.17,<23\"") from None
 
+    python_runtime: Literal["3.13"] | None = None
+    """Inside pip install only: run the harness on this CPython from the toolchain (Debian's,
+    with its own glibc; adapters/python_runtime.py) instead of the sandbox image's python3, for
+    a harness that needs a newer one (`python = ">=3.12"`)."""
+
     @field_validator("python")
     @classmethod
     def _python_spec(cls, v: str | None) -> str | None:
@@ -166,8 +171,8 @@ class CommandAdapter:
         self.spec: InstallSpec | None = parse_install(c.install)
         self.pip_inside = self.spec is not None and self.spec.kind == "pip" and c.placement == "inside"
         """A pip harness built for the sandbox's python3 (adapters/pip_inside.py)."""
-        if c.python is not None and not self.pip_inside:
-            raise ValueError(f"command adapter {c.name!r}: python needs install = \"pip:...\" and placement = "
+        if (c.python is not None or c.python_runtime is not None) and not self.pip_inside:
+            raise ValueError(f"command adapter {c.name!r}: python and python_runtime need install = \"pip:...\" and placement = "
                              "\"inside\" (it is checked against the sandbox's python3)")
         if c.node_runtime is not None and (self.spec is None or self.spec.kind != "npm"):
             raise ValueError(f"command adapter {c.name!r}: node_runtime needs an npm install (it goes in its prefix)")
@@ -230,6 +235,9 @@ class CommandAdapter:
     def _check_pip_inside(self, root: Path, dirname: str) -> None:
         got = installed_spec("pip", dirname, root) or ""
         version = got.removeprefix(f"{self.spec.spec} for python ")
+        own = self.config.python_runtime
+        if own is not None and (version != own or installed_spec("python", own, root) is None):
+            version = got  # built for another interpreter, or its runtime is gone: reinstall
         if version == got:  # not installed, or another spec: the usual message
             require("pip", dirname, f"{self.spec.spec} for python <the sandbox's>", root, fix=self.install_hint())
         if self.config.python:

@@ -130,16 +130,23 @@ def _pip(spec: InstallSpec, dest: Path, python: str) -> None:
 
 
 def install_pip_inside(spec: InstallSpec, dirname: str, root: Path | None = None, python: str | None = None,
-                       image: str | None = None) -> Installed:
+                       image: str | None = None, runtime: str | None = None) -> Installed:
     """Build a pip harness for the sandbox image's python3 into <root>/pip/<dirname>
     (adapters/pip_inside.py); a stamp "<spec> for python <X.Y>" already there is left alone.
-    `python`: the config's requirement on that interpreter; `image`: default the base image."""
+    `python`: the config's requirement on that interpreter; `image`: default the base image;
+    `runtime`: a python_runtime version, installed first (adapters/python_runtime.py) and built for."""
     from harnessrl.adapters.pip_inside import PipInsideFailed, check_python, install_inside
+    from harnessrl.adapters.python_runtime import RuntimeFailed, install_runtime
 
     root = root or toolchain_root()
+    if runtime is not None:
+        try:
+            install_runtime(runtime, root)
+        except RuntimeFailed as e:
+            raise InstallFailed(str(e)) from None
     dest = root / "pip" / dirname
     got = installed_spec("pip", dirname, root) or ""
-    if got.startswith(f"{spec.spec} for python "):
+    if got.startswith(f"{spec.spec} for python ") and (runtime is None or got.endswith(f" {runtime}")):
         try:
             check_python(python, got.rsplit(" ", 1)[1], spec.spec, "it was installed for")
             return Installed(dest, got, "present")
@@ -151,7 +158,7 @@ def install_pip_inside(spec: InstallSpec, dirname: str, root: Path | None = None
         image = base_image_tag()
     t0 = time.monotonic()
     try:
-        stamp = install_inside(spec, dest, image, python)
+        stamp = install_inside(spec, dest, image, python, runtime=runtime)
     except PipInsideFailed as e:
         raise InstallFailed(str(e)) from None
     (dest / STAMP).write_text(stamp + "\n")
@@ -167,7 +174,8 @@ def install_config(path: str, root: Path | None = None, log: Callable[[str], Non
     if where is None:
         return None
     if adapter.pip_inside:
-        return install_pip_inside(adapter.spec, where[1], root, adapter.config.python)
+        return install_pip_inside(adapter.spec, where[1], root, adapter.config.python,
+                                  runtime=adapter.config.python_runtime)
     return install(adapter.spec, where[1], root, adapter.config.node, log=log, node_runtime=adapter.config.node_runtime)
 
 

@@ -89,7 +89,8 @@ def _run(argv: list[str], what: str, timeout: float = 1800) -> str:
 def probe_image(image: str) -> SandboxPython:
     """The image's python3 version, glibc and machine (one `docker run --network none`)."""
     code = "import platform,sys; print('%d.%d' % sys.version_info[:2], platform.libc_ver()[1], platform.machine())"
-    out = _run(["docker", "run", "--rm", "--pull", "never", "--network", "none", "--entrypoint", "python3", image, "-c", code],
+    out = _run(["docker", "run", "--rm", "--pull", "never", "--network", "none", "--entrypoint", "python3", image,
+                "-c", code],
                f"reading the python3 of sandbox image {image}", timeout=300).split()
     if len(out) == 2:  # not glibc: libc_ver() gave ""
         out = [out[0], "", out[1]]
@@ -125,12 +126,21 @@ def write_launchers(dest: Path, scripts: dict[str, str], python: str, built_for:
 
 
 def install_inside(spec: InstallSpec, dest: Path, image: str, requirement: str | None = None,
-                   pip: list[str] | None = None) -> str:
+                   pip: list[str] | None = None, runtime: str | None = None) -> str:
     """Build `spec` into `dest` for the python3 of `image`; returns the stamp (written by the caller).
     `requirement`: the config's `python` (a PEP 440 specifier set) the sandbox's interpreter must
-    satisfy; `pip`: the pip to download with (default: this interpreter's)."""
+    satisfy; `pip`: the pip to download with (default: this interpreter's); `runtime`: build for
+    the toolchain's python_runtime of that version instead (adapters/python_runtime.py, installed)."""
+    from harnessrl.adapters.base import TOOLCHAIN_MOUNT
+    from harnessrl.adapters.python_runtime import RUNTIMES, interpreter
+
     target = probe_image(image)
-    check_python(requirement, target.version, spec.spec, image)
+    python, mounts, where = "python3", [], image
+    if runtime is not None:
+        target = SandboxPython(runtime, RUNTIMES[runtime][1], target.machine)
+        python, mounts = interpreter(runtime), ["-v", f"{dest.parent.parent}:{TOOLCHAIN_MOUNT}:ro"]
+        where = f"{image} + python_runtime {runtime}"
+    check_python(requirement, target.version, spec.spec, where)
     if not target.glibc:
         raise PipInsideFailed(f"sandbox image {image} has no glibc: no manylinux wheel runs on it")
     tmp = dest.with_name(dest.name + ".tmp")
@@ -144,10 +154,10 @@ def install_inside(spec: InstallSpec, dest: Path, image: str, requirement: str |
          f"pip install {spec.spec} for python {target.version} ({target.platforms[0]})")
     shutil.rmtree(tmp / "lib" / "bin", ignore_errors=True)  # pip's scripts point at the host's python
     scripts = console_scripts(tmp / "lib", spec.package)
-    write_launchers(tmp, scripts, "python3", target.version)
+    write_launchers(tmp, scripts, python, target.version)
     uid = f"{os.getuid()}:{os.getgid()}"
-    _run(["docker", "run", "--rm", "--pull", "never", "--network", "none", "--user", uid, "-v", f"{tmp}:/h", "--entrypoint", "python3",
-          image, "-m", "compileall", "-q", "-j", "0", "/h/lib"], f"byte-compiling {spec.spec} in {image}")
+    _run(["docker", "run", "--rm", "--pull", "never", "--network", "none", "--user", uid, *mounts, "-v", f"{tmp}:/h",
+          "--entrypoint", python, image, "-m", "compileall", "-q", "-j", "0", "/h/lib"], f"byte-compiling {spec.spec} in {image}")
     tmp.rename(dest)
     return f"{spec.spec} for python {target.version}"
 

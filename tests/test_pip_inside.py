@@ -24,8 +24,8 @@ from adapter_helpers import builtin_task, docker_backend  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 MINI_INSIDE = REPO / "examples" / "harnesses" / "mini-swe-agent-inside.toml"
 INSIDE = 'dialect = "openai-chat"\nplacement = "inside"\n'
-#: python-dotenv's CLI runs a command as its child (`dotenv run CMD`): the harness process that
-#: spawns the agent's commands, with a dependency (click) the sandbox's python3 lacks.
+#: python-dotenv's CLI runs a command with its own environment (`dotenv run CMD`), as a harness
+#: runs the agent's commands; its dependency click is not in the sandbox's python3.
 DOTENV = 'name = "pip-inside-dotenv"\ninstall = "pip:python-dotenv[cli]==1.2.2"\n' + INSIDE + 'command = ["dotenv"]\n'
 
 
@@ -41,7 +41,7 @@ def test_pip_inside_is_accepted_and_python_needs_it(tmp_path):
     with pytest.raises(HarnessNotInstalled, match=r"harness 'pip-inside-dotenv' not installed in .*: run "
                                                   r"`harnessrl harness install .*h.toml`"):
         a.check_installed(tmp_path / "empty")
-    with pytest.raises(ValueError, match=r"python needs install = \"pip:...\" and placement = \"inside\""):
+    with pytest.raises(ValueError, match=r"python and python_runtime need install = \"pip:...\" and placement = \"inside\""):
         CommandAdapter({"name": "x", "dialect": "openai-chat", "placement": "beside", "command": ["x"],
                         "install": "pip:cowsay==6.1", "python": ">=3.12"})
     with pytest.raises(ValueError, match=r"python: python 'new' is not a version requirement"):
@@ -69,7 +69,7 @@ def test_built_for_the_sandbox_python_read_only_and_nothing_leaks_to_the_agent(t
         env = {"PATH": f"{TOOLCHAIN_MOUNT}/pip/pip-inside-dotenv/bin:/usr/local/bin:/usr/bin:/bin"}
         version = sb.exec("dotenv --version", timeout=60, env=env)
         assert version.exit_code == 0 and version.output.strip() == "dotenv, version 1.2.2"
-        # the harness (its interpreter has click) runs the agent's python3 as its child
+        # the harness (its interpreter has click) runs the agent's command with its environment
         probe = ("import os, sys; print('A=' + os.environ['A']); print([p for p in sys.path if 'toolchain' in p]); "
                  "print({k for k in os.environ if k.startswith('PYTHON') and k != 'PYTHONDONTWRITEBYTECODE'}); "
                  "import click")
@@ -86,6 +86,42 @@ def test_built_for_the_sandbox_python_read_only_and_nothing_leaks_to_the_agent(t
         sb.close()
         backend.reap(run_id=backend.run_id)
     assert not (dest / "lib" / "x").exists()
+
+
+@pytest.mark.docker
+@pytest.mark.harness
+@pytest.mark.timeout(600)
+def test_python_runtime_runs_the_harness_on_debian_cpython_3_13_and_the_agent_keeps_3_11(tmp_path):
+    """A harness needing >= 3.12 in the 3.11 sandbox: the runtime from Debian's archive, offline at run time."""
+    backend = docker_backend()
+    name = "pip-inside-dotenv-313"
+    cfg = _config(tmp_path, DOTENV.replace("pip-inside-dotenv", name) + 'python = ">=3.12"\npython_runtime = "3.13"\n')
+    root = toolchain_root()
+    done = install_config(str(cfg), root)
+    assert done.spec == "python-dotenv[cli]==1.2.2 for python 3.13"
+    assert installed_spec("python", "3.13", root) == "python 3.13 from debian trixie"
+    assert install_config(str(cfg), root).action == "present"
+    CommandAdapter.from_file(cfg).check_installed(root)
+    sb = backend.create(builtin_task().repo_spec(), mounts=[Mount(str(root), TOOLCHAIN_MOUNT, True)])
+    try:
+        env = {"PATH": f"{TOOLCHAIN_MOUNT}/pip/{name}/bin:/usr/local/bin:/usr/bin:/bin"}
+        sb.write_file("/tmp/h.env", b"A=1\n")
+        # the launcher exits 3 on any interpreter but the 3.13 it was built for
+        version = sb.exec("dotenv --version", timeout=60, env=env)
+        assert version.exit_code == 0 and version.output.strip() == "dotenv, version 1.2.2", version.output
+        py = f"{TOOLCHAIN_MOUNT}/python/3.13/usr/bin/python3.13"
+        own = sb.exec(f"{py} -I -c 'import sys, ssl, sqlite3, ctypes; print(sys.version_info[:2], sys.prefix)'",
+                      timeout=60)
+        assert own.output.strip() == f"(3, 13) {TOOLCHAIN_MOUNT}/python/3.13/usr", own.output
+        sb.write_file("/tmp/who.sh", b"python3 -u -c 'import sys; print(sys.version_info[:2]); import click' 2>&1\n")
+        r = sb.exec("dotenv -f /tmp/h.env run sh /tmp/who.sh", timeout=60, env=env)
+        lines = r.output.strip().splitlines()
+        assert lines[0] == "(3, 11)" and lines[-1] == "ModuleNotFoundError: No module named 'click'", r.output
+        w = sb.exec(f"touch {TOOLCHAIN_MOUNT}/python/3.13/x 2>&1; echo rc=$?", timeout=60)
+        assert "Read-only file system" in w.output and "rc=1" in w.output
+    finally:
+        sb.close()
+        backend.reap(run_id=backend.run_id)
 
 
 @pytest.mark.docker
