@@ -83,13 +83,15 @@ def test_pip_install_makes_a_stamped_venv_and_the_cli_command_installs_it(tmp_pa
     assert "cowsay==6.1: present" in capsys.readouterr().out
 
 
-def test_a_config_install_must_be_pinned_and_pip_cannot_run_inside(tmp_path):
+def test_a_config_install_must_be_pinned_and_pip_inside_goes_to_its_own_folder(tmp_path):
     for bad in ("npm:semver", "npm:semver@^7", "pip:cowsay>=6", "brew:cowsay", "pip:cowsay"):
         with pytest.raises(ValueError, match=r"install .*want \"npm:<package>@<x.y.z>\""):
             CommandAdapter({"name": "x", **BESIDE, "command": ["x"], "install": bad})
-    with pytest.raises(ValueError, match="a pip install runs beside the sandbox"):
-        CommandAdapter({"name": "x", "dialect": "openai-chat", "placement": "inside", "command": ["x"],
-                        "install": "pip:cowsay==6.1"})
+    inside = CommandAdapter({"name": "x", "dialect": "openai-chat", "placement": "inside", "command": ["x"],
+                             "install": "pip:cowsay==6.1"})
+    assert inside.install_dir == ("pip", "x")  # built for the sandbox's python3 (tests/test_pip_inside.py)
+    assert CommandAdapter({"name": "x", **BESIDE, "command": ["x"], "install": "pip:cowsay==6.1"}).install_dir == (
+        "venvs", "x")
 
 
 def test_not_installed_names_the_command_to_run(tmp_path):
