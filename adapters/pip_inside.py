@@ -148,10 +148,19 @@ def install_inside(spec: InstallSpec, dest: Path, image: str, requirement: str |
         shutil.rmtree(d, ignore_errors=True)
     tmp.mkdir(parents=True)
     major, minor = target.version.split(".")
-    _run([*(pip or [sys.executable, "-m", "pip"]), "install", "--quiet", "--disable-pip-version-check",
-          "--no-input", "--target", str(tmp / "lib"), "--only-binary=:all:", "--python-version", target.version,
-          "--implementation", "cp", "--abi", f"cp{major}{minor}", *[a for p in target.platforms for a in ("--platform", p)], spec.spec],
-         f"pip install {spec.spec} for python {target.version} ({target.platforms[0]})")
+    # Two steps: `download` resolves for the target's python (Requires-Python included); `install`
+    # would also check each Requires-Python against the python running pip, so it gets the wheels
+    # alone, with that check off (resolution already did it, for the right version).
+    pip = pip or [sys.executable, "-m", "pip"]
+    tags = ["--only-binary=:all:", "--python-version", target.version, "--implementation", "cp",
+            "--abi", f"cp{major}{minor}", *[a for p in target.platforms for a in ("--platform", p)]]
+    what = f"{spec.spec} for python {target.version} ({target.platforms[0]})"
+    _run([*pip, "download", "--quiet", "--disable-pip-version-check", "--no-input", "-d", str(tmp / "wheels"),
+          *tags, spec.spec], f"pip download {what}")
+    _run([*pip, "install", "--quiet", "--disable-pip-version-check", "--no-input", "--no-deps", "--no-index",
+          "--ignore-requires-python", "--target", str(tmp / "lib"), *tags,
+          *sorted(str(w) for w in (tmp / "wheels").glob("*.whl"))], f"pip install {what}")
+    shutil.rmtree(tmp / "wheels")
     shutil.rmtree(tmp / "lib" / "bin", ignore_errors=True)  # pip's scripts point at the host's python
     scripts = console_scripts(tmp / "lib", spec.package)
     write_launchers(tmp, scripts, python, target.version)
