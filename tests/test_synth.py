@@ -46,9 +46,9 @@ def test_parse_survives_threads_that_parse_beside_it():
     """CPython 3.11's AST converter shares its recursion counter across threads, so a parse
     beside another thread's parse (a traceback placing its carets, pydantic reading field
     docstrings) can raise a spurious SystemError; it failed a CI run in `candidates`. Two
-    threads parse raw (every 2 ms, a busy process; under back-to-back parses no retry count
-    is enough) while this one parses through `mutate.parse`, until the raw threads have hit
-    the error at least once (the race is real here) and 30 of ours succeeded."""
+    threads parse raw, back to back, making garbage with finalizers (where the interpreter
+    switches threads), while this one parses through `mutate.parse`, until the raw threads
+    have hit the error at least once (the race is real here) and 30 of ours succeeded."""
     import ast
     import sys
     import threading
@@ -69,7 +69,6 @@ def test_parse_survives_threads_that_parse_beside_it():
             for _ in range(50):
                 c = Cycle()
                 c.self = c
-            time.sleep(0.002)
 
     interval = sys.getswitchinterval()
     sys.setswitchinterval(1e-6)

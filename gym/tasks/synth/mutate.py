@@ -16,6 +16,7 @@ arguments), `remove_stmt` (a call, assignment, raise, break or continue removed)
 from __future__ import annotations
 
 import ast
+import gc
 import re
 import threading
 from dataclasses import asdict, dataclass
@@ -199,7 +200,7 @@ class _Finder:
 
 
 _PARSE_LOCK = threading.Lock()
-_PARSE_TRIES = 20
+_PARSE_TRIES = 5
 
 
 def parse(text: str, filename: str = "<unknown>") -> ast.Module:
@@ -209,11 +210,21 @@ def parse(text: str, filename: str = "<unknown>") -> ast.Module:
     parse in another thread (3.11's traceback formatting parses a line to place its carets,
     so any thread that logs an exception does) can make this one raise a spurious
     `SystemError: AST constructor recursion depth mismatch` (python/cpython#106905; it failed
-    a CI run). Our parses take one lock and a parse is pure, so that error is retried."""
+    a CI run). The counter is reset when a conversion starts and checked when it ends, so a
+    conversion no other thread can interleave with is always balanced: the converter runs no
+    Python code but the garbage collector's finalizers, which is where the interpreter may
+    switch threads, so the collector is held off for the parse (and our parses share a lock).
+    The spurious error is still retried, as a second line of defence."""
     for attempt in range(_PARSE_TRIES):
         try:
             with _PARSE_LOCK:
-                return ast.parse(text, filename=filename)
+                collecting = gc.isenabled()
+                gc.disable()
+                try:
+                    return ast.parse(text, filename=filename)
+                finally:
+                    if collecting:
+                        gc.enable()
         except SystemError as e:
             if "recursion depth mismatch" not in str(e) or attempt == _PARSE_TRIES - 1:
                 raise
