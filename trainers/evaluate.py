@@ -264,8 +264,7 @@ def _functions(meta: str | Path, ids: set[str]) -> set[tuple[str, ...]]:
 
 
 def meta_beside(suite: str | None) -> Path | None:
-    """The meta.jsonl next to a synthesized task file, if there is one."""
-    if suite is None or not suite.endswith(".jsonl"):
-        return None
-    p = Path(suite).parent / "meta.jsonl"
-    return p if p.exists() else None
+    """The meta.jsonl of a synthesized task set: next to a task file, or shipped with a named suite."""
+    from harnessrl.gym.tasks.loaders import suite_meta
+
+    return suite_meta(suite)

@@ -58,6 +58,8 @@ FOLDERS: dict[str, str] = {
 #: .jsonl/.parquet file or a full "module:function" works as a name too.
 SUITES: dict[str, str] = {
     "builtin": "harnessrl.gym.tasks.suites.builtin:load",
+    "fix-train": "harnessrl.gym.tasks.suites.fixlevel:train",
+    "fix-heldout": "harnessrl.gym.tasks.suites.fixlevel:heldout",
 }
 
 _REPO_SUFFIXES = (".bundle", ".tar.gz", ".tgz", ".tar", ".git")
@@ -370,6 +372,23 @@ def load_suite(name: str, source_root: str | Path | None = None, **kwargs: Any) 
         return load_tasks(name, **kwargs)
     raise ValueError(f"unknown suite {name!r}; valid: {', '.join(sorted(SUITES))}, "
                      "a path to a .jsonl/.parquet task file, a folder of Harbor tasks, or a 'module:function' loader")
+
+
+def suite_meta(name: str | None) -> Path | None:
+    """The meta.jsonl of a synthesized task set (`harnessrl tasks synth`: per task its split and
+    mutated functions), if there is one: beside a .jsonl task file, or beside the module of a
+    registered suite that ships one (the fix-level set)."""
+    if name is None:
+        return None
+    if name in SUITES:
+        import importlib.util
+
+        spec = importlib.util.find_spec(SUITES[name].split(":")[0])
+        folder = Path(spec.origin).resolve().parent if spec is not None and spec.origin else None
+    else:
+        folder = Path(name).parent if name.endswith(".jsonl") else None
+    meta = folder / "meta.jsonl" if folder is not None else None
+    return meta if meta is not None and meta.exists() else None
 
 
 def load_folder(path: str | Path) -> list[Task]:
