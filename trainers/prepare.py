@@ -6,7 +6,8 @@ Contract (`await prepare_data(cfg)`, called by `train` before anything starts):
    `prepare.synth` (a folder made with other settings is refused, never silently reused);
 2. the sft stage's `sft.data` missing and `prepare.teacher_episodes` > 0: `harnessrl collect`
    with the scripted gold teacher on the RL tasks (`rollout.suite`, the run's harness, model
-   and episode limits) into the folder of `sft.data`. Held-out tasks are never collected on:
+   and episode limits; with `prepare.teacher_spread`, that many tasks spread over their ids)
+   into the folder of `sft.data`. Held-out tasks are never collected on:
    `train` checks the RL tasks, the teacher records and the held-out tasks are disjoint
    (`trainers.evaluate.guard_disjoint`) before it trains.
 Both outputs depend only on their settings, so several runs (seeds of the trainer) share them.
@@ -45,6 +46,10 @@ class PrepareConfig(BaseModel):
     """Scripted gold-teacher episodes on the RL tasks when `sft.data` is missing (0: never collect)."""
     teacher_concurrency: int = Field(2, ge=1)
     """Teacher episodes at once."""
+    teacher_spread: bool = False
+    """Teacher episodes on `teacher_episodes` RL tasks spread evenly over their sorted ids (so
+    over the projects of a synthesized set), one each; False: cycle over the RL tasks in id
+    order (the first tasks, all of the first project in a synthesized set)."""
 
     @model_validator(mode="after")
     def _synth_fields(self) -> "PrepareConfig":
@@ -156,12 +161,22 @@ async def _collect(cfg: Any, log, tasks: RunTasks) -> dict[str, Any]:
     rollout = cfg.rollout.model_copy(update={"model": cfg.model})
     log(f"prepare: {cfg.prepare.teacher_episodes} scripted-teacher episodes on {rollout.suite} into {out}")
     t0 = time.monotonic()
+    picked = spread(tasks.rl, cfg.prepare.teacher_episodes) if cfg.prepare.teacher_spread else tasks.rl
     rep = await collect(CollectConfig(teacher="scripted", episodes=cfg.prepare.teacher_episodes,
                                             concurrency=cfg.prepare.teacher_concurrency, rollout=rollout), out,
-                        tasks=tasks.rl)
+                        tasks=picked)
     if not rep["kept"]:
         raise PrepareError(f"prepare.teacher_episodes: none of {rep['episodes']} teacher episodes succeeded "
                          f"({rep['endings']}); see {out}/episodes/trajectories.jsonl")
     log(f"prepare: kept {rep['kept']} of {rep['episodes']} teacher episodes in {time.monotonic() - t0:.0f}s")
     return {"data": cfg.sft.data, "kept": rep["kept"], "episodes": rep["episodes"],
             "seconds": round(time.monotonic() - t0, 1)}
+
+
+def spread(tasks: list, n: int) -> list:
+    """`n` of `tasks` spread evenly over their sorted instance ids (all of them when n >= len)."""
+    ids = sorted(t.instance_id for t in tasks)
+    if n >= len(ids):
+        return list(tasks)
+    keep = {ids[i * len(ids) // n] for i in range(n)}
+    return [t for t in tasks if t.instance_id in keep]
