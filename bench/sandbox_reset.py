@@ -107,6 +107,7 @@ def train_run(out: Path, pool_size: int, steps: int) -> dict:
 
     cfg = TrainConfig.model_validate({
         "model": "tiny-llama", "steps": steps, "out_dir": str(out), "progress": False, "tensorboard": False,
+        "stages": ["rl"], "eval": {"points": []},
         "rollout": {"max_new_tokens": 16, "sandbox": "docker", "sandbox_pool_size": pool_size,
                     "episode": {"max_calls": 2, "wall_time_s": 180}},
         "scheduler": {"env_pool_size": 2, "group_size": 2, "groups_per_step": 1, "staleness": 1},

@@ -226,5 +226,6 @@ def test_train_config_selects_tinker_and_refuses_other_sampling():
     assert (cfg.tinker.base_url, cfg.tinker.model, cfg.tinker.lora_rank, cfg.tinker.loss_fn) == \
         ("http://127.0.0.1:8000", "tiny-llama", 4, "importance_sampling")
     with pytest.raises(ValueError, match=r"rollout.temperature/top_p/top_k: 0.7/1/-1 with tinker"):
-        TrainConfig.model_validate({"tinker": {"model": "tiny-llama"}, "rollout": {"temperature": 0.7}})
+        TrainConfig.model_validate({"tinker": {"model": "tiny-llama"}, "rollout": {"temperature": 0.7},
+                                    "stages": ["rl"], "eval": {"points": []}})
     assert TrainConfig().tinker is None  # the built-in trainer stays the default

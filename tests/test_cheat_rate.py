@@ -203,6 +203,7 @@ def test_train_mixes_canary_groups_never_trains_on_them_and_reports_the_rate(tmp
         pytest.skip("mini-swe-agent not installed: run scripts/install_harnesses.sh mini-swe-agent")
     cfg = TrainConfig.model_validate({
         "model": "tiny-llama", "steps": 2, "out_dir": str(tmp_path), "progress": False, "tensorboard": False,
+        "stages": ["rl"], "eval": {"points": []},
         "rollout": {"tasks": ["harnessrl-builtin__cachekit-2"], "max_new_tokens": 32, "sandbox": "docker",
                     "episode": {"max_calls": 2, "wall_time_s": 180}},
         "scheduler": {"env_pool_size": 2, "group_size": 2, "groups_per_step": 1, "staleness": 1},

@@ -325,9 +325,9 @@ def test_collect_with_the_scripted_teacher_keeps_only_successful_episodes(tmp_pa
 def test_stages_are_validated_and_named():
     from harnessrl.trainers.loop import TrainConfig
 
-    assert TrainConfig().stages == ["rl"]
+    assert TrainConfig().stages == ["sft", "rl"]  # the default: a teacher warm start, then RL
     with pytest.raises(ValueError, match="sft.data"):
-        TrainConfig(stages=["sft", "rl"])
+        TrainConfig(stages=["sft", "rl"], sft={}, prepare={})
     with pytest.raises(ValueError, match=r"stages: \['rl', 'sft'\]"):
         TrainConfig(stages=["rl", "sft"], sft={"data": "x.jsonl"})
     with pytest.raises(ValueError, match="stages"):
@@ -343,7 +343,8 @@ def test_train_runs_the_sft_stage_from_one_config(tmp_path):
     data = tmp_path / "teacher.jsonl"
     data.write_text("".join(t.to_json() + "\n" for t in _teacher_records(2)))
     cfg = TrainConfig(model="tiny-llama", stages=["sft"], out_dir=str(tmp_path / "run"), tensorboard=False,
-                      progress=False, trainer={"device": "cpu", "lr": 1e-6, "micro_batch_tokens": 128},
+                      progress=False, eval={"points": []}, prepare={},
+                      trainer={"device": "cpu", "lr": 1e-6, "micro_batch_tokens": 128},
                       sft={"data": str(data), "steps": 3, "batch_size": 1, "lr": 1e-3})
     history = asyncio.run(train(cfg))
     assert [(m["stage"], m["step"], m["version"], m["trajectories"]) for m in history] == \
@@ -385,7 +386,7 @@ def test_train_runs_sft_then_rl_from_one_config(tmp_path):
         assert rep["kept"] == 1
         cfg = TrainConfig.model_validate({
             "model": "tiny-llama", "steps": 1, "out_dir": str(tmp_path / "run"), "progress": False,
-            "tensorboard": False, "stages": ["sft", "rl"],
+            "tensorboard": False, "stages": ["sft", "rl"], "eval": {"points": []},
             "sft": {"data": str(tmp_path / "teacher/trajectories.jsonl"), "steps": 2, "lr": 1e-4},
             "rollout": {"tasks": [task], "max_new_tokens": 32, "sandbox": "docker",
                         "episode": {"max_calls": 2, "wall_time_s": 180}},

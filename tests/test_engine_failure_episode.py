@@ -111,7 +111,7 @@ def test_train_engine_killed_mid_episode_masks_the_episode(tmp_path: Path, engin
 
     cfg = TrainConfig.model_validate({
         "model": "tiny-llama", "steps": 1, "out_dir": str(tmp_path), "progress": False, "tensorboard": False,
-        "engine_url": engine.url,
+        "engine_url": engine.url, "stages": ["rl"], "eval": {"points": []},
         "rollout": {"tasks": [TASK], "max_new_tokens": 16, "sandbox": "docker",
                     "episode": {"max_calls": 8, "wall_time_s": 300}},
         "scheduler": {"env_pool_size": 1, "group_size": 1, "groups_per_step": 1, "staleness": 0},

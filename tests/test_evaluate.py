@@ -151,9 +151,9 @@ def test_eval_and_prepare_config_validate():
     cfg = TrainConfig.model_validate(base | {"eval": {"suite": "s/heldout.jsonl"}})
     assert cfg.eval.points_for(cfg.stages) == ["pre_sft", "post_sft", "post_rl"]
     assert TrainConfig(eval={"suite": "s/heldout.jsonl"}).eval.points_for(["rl"]) == ["pre_sft", "post_rl"]
-    assert not TrainConfig().eval.enabled
+    assert not TrainConfig(eval={}).eval.enabled  # no held-out suite, no evaluation
     with pytest.raises(ValueError, match=r"eval.points: \['pre_sft', 'post_sft'\]: stages \['rl'\] do not reach \['post_sft'\]"):
-        TrainConfig(eval={"suite": "h.jsonl", "points": ["post_sft", "pre_sft"]})
+        TrainConfig(stages=["rl"], eval={"suite": "h.jsonl", "points": ["post_sft", "pre_sft"]})
     with pytest.raises(ValueError, match="eval.suite: 's/train.jsonl' is also rollout.suite"):
         TrainConfig.model_validate(base | {"eval": {"suite": "s/train.jsonl"}})
     with pytest.raises(ValueError, match="eval.episodes_per_task"):

@@ -69,6 +69,7 @@ def test_train_one_step_with_the_tiny_model(tmp_path: Path) -> None:
 
     cfg = TrainConfig.model_validate({
         "model": "tiny-llama", "steps": 1, "out_dir": str(tmp_path), "progress": False,
+        "stages": ["rl"], "eval": {"points": []},
         "rollout": {"tasks": [TASK], "max_new_tokens": 32, "sandbox": "docker",
                     "episode": {"max_calls": 2, "wall_time_s": 180}},
         "scheduler": {"env_pool_size": 2, "group_size": 2, "groups_per_step": 1, "staleness": 1},
@@ -122,6 +123,7 @@ def test_a_step_whose_groups_carry_no_signal_trains_nothing_and_says_so(tmp_path
 
     cfg = TrainConfig.model_validate({
         "model": "tiny-llama", "steps": 1, "out_dir": str(tmp_path), "progress": False, "tensorboard": False,
+        "stages": ["rl"], "eval": {"points": []},
         "rollout": {"tasks": [TASK], "max_new_tokens": 32, "sandbox": "docker",
                     "episode": {"max_calls": 2, "wall_time_s": 180}},
         "scheduler": {"env_pool_size": 2, "group_size": 2, "groups_per_step": 1, "staleness": 1},
@@ -309,6 +311,9 @@ steps = 50
 out_dir = "{tmp_path / 'run'}"
 progress = false
 tensorboard = false
+stages = ["rl"]
+[eval]
+points = []
 [rollout]
 tasks = ["{TASK}"]
 max_new_tokens = 32

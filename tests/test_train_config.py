@@ -12,8 +12,8 @@ from harnessrl.trainers.loop import ConfigError, TrainConfig, documented_config,
 def test_default_is_the_embedded_cpu_run() -> None:
     cfg = load_config(None)
     assert cfg.model == "smollm2-135m" and cfg.engine_url is None
-    assert cfg.rollout.harness == "mini-swe-agent" and cfg.rollout.suite == "builtin"
-    assert cfg.steps == 2 and cfg.trainer.device == "auto"
+    assert cfg.rollout.harness == "mini-swe-agent" and cfg.rollout.suite == "fix-train"
+    assert cfg.steps == 4 and cfg.trainer.device == "auto" and cfg.stages == ["sft", "rl"]
 
 
 def test_printed_config_round_trips_and_documents_every_field(tmp_path: Path) -> None:
