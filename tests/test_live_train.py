@@ -122,6 +122,7 @@ def test_train_step_consumes_rewarded_live_sessions_beside_a_sandboxed_task(tmp_
         foreign = _foreign(store, srv.tokenizer_hash, now - 30)
     cfg = TrainConfig.model_validate({
         "model": "tiny-llama", "steps": 1, "out_dir": str(tmp_path / "run"), "progress": False, "tensorboard": False,
+        "stages": ["rl"], "eval": {"points": []},
         "rollout": {"tasks": [TASK], "max_new_tokens": 32, "sandbox": "docker",
                     "episode": {"max_calls": 2, "wall_time_s": 180}},
         "scheduler": {"env_pool_size": 2, "group_size": 2, "groups_per_step": 1, "staleness": 1},

@@ -215,6 +215,7 @@ def _train_cfg(tmp_path: Path, **rollout):
 
     return TrainConfig.model_validate({
         "model": "tiny-llama", "steps": 1, "out_dir": str(tmp_path), "progress": False, "tensorboard": False,
+        "stages": ["rl"], "eval": {"points": []},
         "rollout": {"tasks": [TASK], "max_new_tokens": 32, "sandbox": "docker", "harnesses": TWO,
                     "episode": {"max_calls": 2, "wall_time_s": 180}, **rollout},
         "scheduler": {"env_pool_size": 2, "group_size": 2, "groups_per_step": 2, "staleness": 0},

@@ -112,7 +112,7 @@ def test_train_one_step_on_a_judge_rewarded_task_with_the_tiny_model(tmp_path: P
     with ServedApp(judge.app()) as j:
         cfg = TrainConfig.model_validate({
             "model": "tiny-llama", "steps": 1, "out_dir": str(tmp_path / "run"), "progress": False,
-            "tensorboard": False,
+            "tensorboard": False, "stages": ["rl"], "eval": {"points": []},
             "rollout": {"suite": str(path), "tasks": [TASK], "max_new_tokens": 32, "sandbox": "docker",
                         "episode": {"max_calls": 2, "wall_time_s": 180,
                                     "reward": {"judge": {"base_url": f"{j.url}/v1", "model": "judge"}}}},
