@@ -47,6 +47,8 @@ class NetnsUnavailable(RuntimeError):
 
 
 _lock = threading.Lock()
+DOOR_THREAD = "harnessrl-proxy-door"
+"""The name of a door's thread: one per proxy port, kept for the process's life (`door`)."""
 _checked: str | None = None
 _doors: dict[tuple[str, int], tuple[str, Relay]] = {}
 
@@ -90,7 +92,7 @@ def door(base_url: str) -> tuple[int, str]:
         got = _doors.get((host, port))
         if got is None:
             path = str(Path(tempfile.mkdtemp(prefix="harnessrl-door-")) / "proxy.sock")
-            got = _doors[(host, port)] = (path, Relay(f"unix:{path}", f"tcp:{host}:{port}", 0o600).start())
+            got = _doors[(host, port)] = (path, Relay(f"unix:{path}", f"tcp:{host}:{port}", 0o600).start(DOOR_THREAD))
     return port, got[0]
 
 

@@ -128,7 +128,12 @@ def run_host(argv: list[str], env: dict[str, str], cwd: str, timeout: float, can
             pass
         out, err = _read(out_f), _read(err_f)
     cancelled = cancel is not None and cancel.is_set() and not timed_out
-    return HostRun(None if (timed_out or cancelled) else proc.returncode, out, err, timed_out,
+    code = proc.returncode
+    if offline and how == "plain" and code is not None and 128 < code <= 128 + 64:
+        # bwrap reports a child killed by signal N as its own exit status 128 + N (as a shell
+        # does); the record keeps Python's -N, as for a launch without the namespace
+        code = -(code - 128)
+    return HostRun(None if (timed_out or cancelled) else code, out, err, timed_out,
                    time.monotonic() - t0, cancelled, how, network)
 
 

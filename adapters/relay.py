@@ -93,9 +93,9 @@ class Relay:
                 break
             threading.Thread(target=self._handle, args=(client,), daemon=True).start()
 
-    def start(self) -> "Relay":
-        """Serve in a daemon thread (host side)."""
-        self._thread = threading.Thread(target=self.serve_forever, daemon=True, name="harnessrl-relay")
+    def start(self, name: str = "harnessrl-relay") -> "Relay":
+        """Serve in a daemon thread (host side) called `name`."""
+        self._thread = threading.Thread(target=self.serve_forever, daemon=True, name=name)
         self._thread.start()
         return self
 

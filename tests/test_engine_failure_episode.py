@@ -116,6 +116,7 @@ def test_train_engine_killed_mid_episode_masks_the_episode(tmp_path: Path, engin
                     "episode": {"max_calls": 8, "wall_time_s": 300}},
         "scheduler": {"env_pool_size": 1, "group_size": 1, "groups_per_step": 1, "staleness": 0},
         "trainer": {"lr": 1e-5, "device": "cpu"},
+        "sampling": {"zero_variance": "drop"},  # one episode: a refill would run a second on the dead engine
     })
     (tmp_path / "rollouts").mkdir()
     watcher = engine.kill_after_first_call(tmp_path / "rollouts" / "trajectories.db")

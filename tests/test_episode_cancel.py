@@ -46,8 +46,12 @@ def _alive(pid: int) -> bool:
 
 def _our_threads() -> set[threading.Thread]:
     # thread pools (event loops' default executors, the proxy's CPU pool) keep their idle
-    # workers: pooled threads that hold no episode
-    return {t for t in threading.enumerate() if getattr(t, "_target", None) is not concurrent.futures.thread._worker}
+    # workers: pooled threads that hold no episode; so does a proxy-only launch's door to the
+    # proxy (adapters/netns.door: one relay per proxy port, shared by every launch)
+    from harnessrl.adapters.netns import DOOR_THREAD
+
+    return {t for t in threading.enumerate()
+            if getattr(t, "_target", None) is not concurrent.futures.thread._worker and t.name != DOOR_THREAD}
 
 
 @pytest.mark.timeout(600)

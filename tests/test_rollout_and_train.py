@@ -128,6 +128,7 @@ def test_a_step_whose_groups_carry_no_signal_trains_nothing_and_says_so(tmp_path
                     "episode": {"max_calls": 2, "wall_time_s": 180}},
         "scheduler": {"env_pool_size": 2, "group_size": 2, "groups_per_step": 1, "staleness": 1},
         "trainer": {"lr": 1e-5, "device": "cpu"},
+        "sampling": {"zero_variance": "drop"},
     })
     (m,) = asyncio.run(train(cfg))
     assert m["skipped"] is True and m["updated"] is False and m["version"] == 0
