@@ -123,7 +123,9 @@ def test_train_one_step_on_a_judge_rewarded_task_with_the_tiny_model(tmp_path: P
     assert m["trajectories"] == 2 and m["masked_infra"] == 0, m
     assert (m["zero_var_groups"], m["skipped"], m["updated"], m["version"]) == (0, False, True, 1)
     assert m["reward_mean"] == 0.5 and m["success_rate"] == 0.5
-    assert m["tokens"] > 0 and m["loss"] != 0 and m["grad_norm"] > 0  # a judge-made advantage moved the weights
+    assert m["tokens"] > 0 and m["grad_norm"] > 0  # a judge-made advantage moved the weights
+    # (the loss itself may be exactly 0: at ratio 1, advantages +a and -a over equally long
+    # completions cancel in the mean, while their gradients do not)
     lines = [json.loads(x) for x in (tmp_path / "run" / "rollouts" / "trajectories.jsonl").read_text().splitlines()]
     scored = [t for t in lines if t["reward"] is not None]
     assert len(scored) >= 2 and all(t["metadata"]["grading"]["judge"]["score"] == t["reward"] for t in scored)
