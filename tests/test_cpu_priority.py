@@ -202,8 +202,18 @@ def test_docker_sandboxes_yield_the_cpu_to_the_host_and_env_nice_zero_keeps_dock
         sb = level.create(spec)
         try:
             assert backend.client.containers.get(sb.container.id).attrs["HostConfig"]["CgroupParent"] == ""
-            host_s, box_s = _contend(sb, tmp_path)
-            assert box_s > 0.5 * host_s, (host_s, box_s)  # expected ~1 (1024 / 1024)
+            # Docker's own cgroup, at Docker's weight. Not measured by contention: in the suite
+            # every other test's sandbox shares /docker with this one (the suite runs them at
+            # nice 0), so the box's share of a core depends on what else runs, not on us.
+            if info.get("CgroupVersion", "1") == "2":
+                lines = sb.exec(["cat", "/proc/self/cgroup"], timeout=30).output.splitlines()
+                path = lines[0].split(":", 2)[2]
+                assert SANDBOX_CGROUP not in path, path
+            else:
+                lines = sb.exec(["cat", "/proc/self/cgroup"], timeout=30).output.splitlines()
+                cpu_line = next(x for x in lines if x.split(":")[1] in ("cpu", "cpu,cpuacct"))
+                assert cpu_line.split(":")[2] == f"/docker/{sb.container.id}", cpu_line
+                assert (Path("/sys/fs/cgroup/cpu") / "docker" / "cpu.shares").read_text().strip() == "1024"
         finally:
             sb.close()
     finally:
