@@ -26,6 +26,13 @@ weight of one nice-10 process, so the engine is never starved by its environment
 four workers keep both cores busy, and a sandbox then got a few per cent of a core: a harness
 that starts in 16 s on the host took 194 s to make its first call in a container. The tests
 of that policy (tests/test_cpu_priority.py) clear both variables and check the defaults.
+
+And **each worker computes on one thread** (`OMP_NUM_THREADS=1`, `MKL_NUM_THREADS=1` in the
+workers and the engines and trainers they start, unless the caller set them). Torch sizes its
+pool to the machine's cores, so four workers on two cores ran eight spinning OpenMP threads:
+two copies of a SmolLM2 decode test at once took 290 s with the default pool and 69 s with one
+thread each. With one thread the engine's `cpu_matvec = "auto"` takes its compiled path, as a
+`num_threads = 1` engine does; the torch path keeps its own tests (`cpu_matvec = "off"`).
 """
 from __future__ import annotations
 
@@ -34,6 +41,7 @@ import fcntl
 import json
 import os
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -42,6 +50,11 @@ import pytest
 
 for _var in ("HARNESSRL_ENV_NICE", "HARNESSRL_SANDBOX_NICE"):
     os.environ.setdefault(_var, "0")  # the workers inherit it (see the module docstring)
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(_var, "1")  # one compute thread per worker (see the module docstring)
+    if "torch" in sys.modules:  # a plugin imported it before us: its pool is already sized
+        sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 SERIAL = {
     # counts every container labelled harnessrl.managed=1 that appears while it runs
