@@ -34,6 +34,23 @@ def adapter_class(name: str) -> type:
     return resolve(REGISTRY, name, "harness", hint=", or a command-adapter config file (.toml/.yaml)")
 
 
+def check_options(name: str, options: dict[str, Any]) -> None:
+    """Refuse, naming the option and listing the valid ones, keyword arguments that harness
+    `name`'s adapter does not take (a command-adapter config file takes none: its file is its
+    configuration)."""
+    import inspect
+
+    if not options:
+        return
+    if name.endswith((".toml", ".yaml", ".yml")):
+        raise ValueError(f"{name} is a command-adapter config: set its options in that file, not here")
+    params = {p.name: p for p in inspect.signature(adapter_class(name)).parameters.values()
+              if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    unknown = sorted(set(options) - set(params))
+    if unknown:
+        raise ValueError(f"{name}: no option {unknown[0]!r}; its adapter takes {sorted(params) or 'none'}")
+
+
 def get_adapter(name: str, **kwargs: Any) -> Any:
     """An adapter instance; a path ending in .toml/.yaml/.yml is a command-adapter config."""
     if name.endswith((".toml", ".yaml", ".yml")):

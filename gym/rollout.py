@@ -102,6 +102,13 @@ class RolloutConfig(BaseModel):
     the episode is masked as an engine failure: keep it well above the slowest legitimate reply
     (`max_new_tokens` at the engine's speed under load)."""
 
+    harness_options: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    """Keyword arguments of a harness's adapter, by the name `harness` or `harnesses` gives it;
+    an option the adapter does not take is refused, listing those it does. For example
+    `{opencode = {context = 8192, output = 400}}` (the window OpenCode is told, which sets
+    where it compacts its own conversation) or `{codex = {auto_compact_tokens = 7400}}`
+    (Codex's `model_auto_compact_token_limit`)."""
+
     @field_validator("harnesses", mode="before")
     @classmethod
     def _harness_list(cls, hs: Any) -> Any:
@@ -124,6 +131,21 @@ class RolloutConfig(BaseModel):
                              f"{list(self.harnesses)}; set only harnesses for a mixed run")
         if "harness" not in self.model_fields_set:
             self.harness = next(iter(self.harnesses))
+        return self
+
+    @model_validator(mode="after")
+    def _harness_options(self) -> "RolloutConfig":
+        """Options only for this run's harnesses, each one its adapter takes."""
+        from harnessrl.adapters import check_options
+
+        for name, options in self.harness_options.items():
+            if name not in self.harness_weights:
+                raise ValueError(f"rollout.harness_options: {name!r} is not one of this run's harnesses "
+                                 f"{list(self.harness_weights)}")
+            try:
+                check_options(name, options)
+            except ValueError as e:
+                raise ValueError(f"rollout.harness_options.{e}") from None
         return self
 
     @property

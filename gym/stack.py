@@ -104,7 +104,7 @@ class EpisodeStack:
             self.adapter, weights = adapter, {adapter.name: 1.0}
             self.adapters: dict[str, Any] = {adapter.name: adapter}
         else:
-            made = {key: get_adapter(key) for key in cfg.harness_weights}
+            made = {key: get_adapter(key, **cfg.harness_options.get(key, {})) for key in cfg.harness_weights}
             self.adapter = made[cfg.harness]
             self.adapters = {}
             for key, a in made.items():

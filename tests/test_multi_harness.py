@@ -75,6 +75,42 @@ def test_harnesses_as_weights_or_a_list_and_harness_alone_unchanged(tmp_path):
     assert RolloutConfig(harness="aider").harness_weights == {"aider": 1.0}
 
 
+@pytest.mark.parametrize("toml, message", [
+    ('[rollout]\nharness = "codex"\n[rollout.harness_options]\ncodex = {auto_compact = 3}\n',
+     "rollout.harness_options.codex: no option 'auto_compact'; its adapter takes ['auto_compact_tokens']"),
+    ('[rollout]\nharnesses = ["codex", "aider"]\n[rollout.harness_options]\nopencode = {context = 8192}\n',
+     "rollout.harness_options: 'opencode' is not one of this run's harnesses ['codex', 'aider']"),
+    (f'[rollout]\nharness = "{TINY}"\n[rollout.harness_options."{TINY}"]\nx = 1\n',
+     "is a command-adapter config: set its options in that file"),
+])
+def test_harness_options_are_refused_naming_the_option_and_the_valid_ones(tmp_path, toml, message):
+    path = tmp_path / "c.toml"
+    path.write_text(toml)
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    assert message in str(e.value)
+
+
+def test_harness_options_reach_each_harness_s_adapter(tmp_path):
+    """The compaction thresholds of OpenCode and Codex are run-config keys: each run's adapter
+    is built with them (the stack builds every adapter of the run)."""
+    from harnessrl.gym.stack import EpisodeStack
+
+    path = tmp_path / "c.toml"
+    path.write_text('[scheduler]\nepisode_timeout_s = 3600\n[rollout]\nharnesses = ["opencode", "codex", "aider"]\nsandbox_pool_size = 0\n'
+                    '[rollout.harness_options]\nopencode = {context = 8192, output = 400}\n'
+                    'codex = {auto_compact_tokens = 7400}\n')
+    cfg = load_config(path).rollout
+    stack = EpisodeStack(cfg, tasks=[], sandbox_backend=object())
+    oc, cx = stack.adapter_for("opencode"), stack.adapter_for("codex")
+    assert (oc.context, oc.output, cx.auto_compact_tokens) == (8192, 400, 7400)
+    plain = EpisodeStack(RolloutConfig(harnesses=["opencode", "codex"], sandbox_pool_size=0), tasks=[],
+                         sandbox_backend=object())
+    assert (plain.adapter_for("opencode").context, plain.adapter_for("codex").auto_compact_tokens) == (32768, None)
+    again = RolloutConfig.model_validate(json.loads(cfg.model_dump_json()))  # config.json reloads as it was
+    assert again.harness_options == {"opencode": {"context": 8192, "output": 400}, "codex": {"auto_compact_tokens": 7400}}
+
+
 def test_the_draw_is_by_weight_and_the_same_under_the_same_seed():
     a, b, c = (HarnessMix({"x": 3, "y": 1}, seed) for seed in (11, 11, 12))
     ahead = a.peek(400)
