@@ -954,7 +954,7 @@ def main() -> int:
     # cancelled, so its `finally` blocks stop the engine, release the core reservation and remove the
     # warm sandboxes; a killed run leaves nothing running to skew the next one (180 containers of
     # two killed runs were still up, their harnesses and waits with them).
-    from harnessrl.cli import Stop, Stopped
+    from harnessrl.gym.stopping import Stop, Stopped
 
     stop = Stop("bench async_real")
     try:
