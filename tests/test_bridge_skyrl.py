@@ -368,6 +368,37 @@ def test_a_masked_rollout_masks_its_group(gold, failed):
 
 
 @pytest.mark.docker
+@pytest.mark.harness
+def test_rows_pick_their_harness_among_several(scripted):
+    """Two prompts, each row naming its harness (mini-swe-agent, tiny-agent): each runs through
+    the harness it named, solved on the gold policy; a row naming none runs the first."""
+    if installed_spec("venvs", "mini-swe-agent") is None:
+        pytest.skip("mini-swe-agent not installed: run scripts/install_harnesses.sh mini-swe-agent")
+    engine, url = scripted
+    task = builtin_task()
+    engine.set_tasks([task], gold=True)
+    tiny = str(Path(__file__).resolve().parent.parent / "examples" / "harnesses" / "tiny-agent.toml")
+    gen = _generator(EngineClientDouble(url), harnesses=["mini-swe-agent", tiny],
+                     episode={"max_calls": 8, "wall_time_s": 400})
+    batch = _batch([task.instance_id] * 3, ["h0", "h1", "h2"])
+    batch["env_extras"] = [{"task_id": task.instance_id, "harness": "tiny-agent"},
+                           {"task_id": task.instance_id, "harness": "mini-swe-agent"},
+                           {"task_id": task.instance_id}]
+    try:
+        out = asyncio.run(gen.generate(batch))
+    finally:
+        gen.close()
+        gen.sandboxes.reap(run_id=gen.sandboxes.run_id)
+    _validate(out, 3, False)
+    trajs = [e.trajectory for e in gen.last_episodes]
+    assert [t.harness for t in trajs] == ["tiny-agent", "mini-swe-agent", "mini-swe-agent"]
+    assert [t.reward for t in trajs] == [1.0, 1.0, 1.0] == list(out["rewards"]), [t.termination for t in trajs]
+    with pytest.raises(ValueError, match=r"env_extras\[4\]\.harness: 'aider' is not one of this generator's "
+                                         r"harnesses \['mini-swe-agent', 'tiny-agent'\]"):
+        gen.harness({"task_id": task.instance_id, "harness": "aider"}, 4)
+
+
+@pytest.mark.docker
 def test_bad_rows_name_their_field(scripted):
     client = EngineClientDouble(scripted[1])
     gen = _generator(client)
@@ -375,6 +406,9 @@ def test_bad_rows_name_their_field(scripted):
         gen.task({"suite": "builtin"}, 0)
     with pytest.raises(ValueError, match=r"env_extras\[1\]\.task_id: 'nope' is not in suite 'builtin'"):
         gen.task({"task_id": "nope"}, 1)
+    with pytest.raises(ValueError, match=r"env_extras\[2\]\.harness: 'codex' is not one of this generator's "
+                                         r"harnesses \['mini-swe-agent'\]"):
+        gen.harness({"task_id": "x", "harness": "codex"}, 2)
     batch = _batch(["x"], ["p"])
     batch["env_extras"] = None
     with pytest.raises(ValueError, match="env_extras: one dict per prompt"):

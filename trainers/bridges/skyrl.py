@@ -56,6 +56,11 @@ class SkyRLBridgeConfig(BaseModel):
 
     harness: str = "mini-swe-agent"
     """Adapter name (`harnessrl.adapters.REGISTRY`), "module:Class", or a command-adapter config file."""
+    harnesses: list[str] | None = None
+    """Several harnesses, each as `harness` accepts it: a row picks one by its adapter's name in
+    `env_extras.harness` (every sample of a prompt shares its row, so a group runs through one
+    harness); a row without it runs `harness`, which must then be among them (default: the
+    first). None: `harness` alone, and a row naming another is refused."""
     suite: str = "builtin"
     """Task suite for rows whose env_extras name none (a suite name or a .jsonl/.parquet task file)."""
     sandbox: SandboxName = "auto"
@@ -122,8 +127,11 @@ class HarnessrlGenerator(GeneratorInterface):
         self.policy_model_name = policy_model_name
         self.step_wise = bool(_cfg(generator_cfg, "step_wise_trajectories", False))
         c = self.config
+        names = {"harnesses": c.harnesses} if c.harnesses else {}
+        if not c.harnesses or "harness" in c.model_fields_set:
+            names["harness"] = c.harness
         self.stack = EpisodeStack(RolloutConfig(
-            harness=c.harness, suite=c.suite, sandbox=c.sandbox, sandbox_pool_size=0, served_model_name=c.served_model_name,
+            **names, suite=c.suite, sandbox=c.sandbox, sandbox_pool_size=0, served_model_name=c.served_model_name,
             model=getattr(tokenizer, "name_or_path", "") or "skyrl-policy", sampling_policy="run",
             engine_timeout_s=c.engine_timeout_s, episode=c.episode), adapter=adapter)
         """Adapter and sandbox backend of every episode; each sampling setting's proxy is built by it."""
@@ -153,6 +161,17 @@ class HarnessrlGenerator(GeneratorInterface):
         if task is None:
             raise ValueError(f"env_extras[{i}].task_id: {extras['task_id']!r} is not in suite {suite!r}")
         return task
+
+    def harness(self, extras: dict[str, Any], i: int) -> str | None:
+        """The harness row i names (None: the generator's first); one not among this generator's
+        harnesses is an error naming the field."""
+        name = extras.get("harness")
+        if name is None:
+            return None
+        if not isinstance(name, str) or name not in self.stack.adapters:
+            raise ValueError(f"env_extras[{i}].harness: {name!r} is not one of this generator's harnesses "
+                             f"{sorted(self.stack.adapters)} (SkyRLBridgeConfig.harnesses)")
+        return name
 
     def proxy(self, sampling: dict[str, Any] | None) -> Any:
         """The started proxy for this sampling setting, generating on the running loop."""
@@ -185,11 +204,13 @@ class HarnessrlGenerator(GeneratorInterface):
         for p in proxies:
             p.stop()
 
-    async def _episode(self, proxy: Any, task: Any, tid: Any, meta: dict[str, Any], gate: asyncio.Semaphore) -> Episode:
+    async def _episode(self, proxy: Any, task: Any, harness: str | None, tid: Any, meta: dict[str, Any],
+                       gate: asyncio.Semaphore) -> Episode:
         async with gate:
             t0 = time.monotonic()
             handle = ProxyHandle.of(proxy)
-            result = await cancellable(lambda cancel: self.stack.run(task, handle, session_meta=meta, cancel=cancel),
+            result = await cancellable(lambda cancel: self.stack.run(task, handle, session_meta=meta, cancel=cancel,
+                                                                     harness=harness),
                                        "SkyRL cancelled the generation batch")
             finish = getattr(self.client, "finish_session", None)
             if finish is not None:
@@ -213,14 +234,15 @@ class HarnessrlGenerator(GeneratorInterface):
         if self.step_wise and input_batch.get("trajectory_ids") is None:
             raise ValueError("trajectory_ids: required with generator.step_wise_trajectories")
         tasks = [self.task(e, i) for i, e in enumerate(extras)]
+        harnesses = [self.harness(e, i) for i, e in enumerate(extras)]
         proxy = self.proxy(input_batch.get("sampling_params"))
         meta = input_batch.get("batch_metadata")
         gate = asyncio.Semaphore(self.config.max_concurrency)
         version = getattr(self.client, "weight_version", None)
         base = {"global_step": _cfg(meta, "global_step"), "phase": _cfg(meta, "training_phase"),
                 "start_version": version if isinstance(version, int) and version >= 0 else None}
-        episodes = await asyncio.gather(*(self._episode(proxy, t, tid, dict(base, trajectory_id=tid.to_string()), gate)
-                                          for t, tid in zip(tasks, tids)))
+        episodes = await asyncio.gather(*(self._episode(proxy, t, h, tid, dict(base, trajectory_id=tid.to_string()), gate)
+                                          for t, h, tid in zip(tasks, harnesses, tids)))
         self.last_episodes = list(episodes)
         c = self.config
         return build_output(list(episodes), step_wise=self.step_wise, step_rows=c.step_rows,
