@@ -35,6 +35,17 @@ What it does, all on the spot and offline:
    and |log ratio| {mean, p50, p95, p99, max} before and after it (after: the truncated
    weight's |log| over the kept tokens); each step in `steps` carries the same shares.
 
+`--engine sglang` (issue 45) runs steps 2-4 on SGLang, the engine GPU users run, instead of
+the local engine: the launcher of `harnessrl engine sglang` (`trainers/engine/sglang_launch.py`)
+starts `python -m sglang.launch_server` from the interpreter `--sglang-python` names (else
+$SGLANG_PYTHON: a venv with `pip install 'harnessrl[gpu]'`; SGLang pins its own torch, so it
+never shares the check's environment, and its wheels, over a GiB with its kernels, are too big
+to carry: the GPU box must have that venv), on the same random-init model folder, with the
+same weight syncs over SGLang's own routes (pause_generation, update_weights_from_disk,
+continue_generation) and the same fixed-batch mismatch between the trainer and SGLang's
+logprobs. The report's `engine` says which ran; `sglang` its version. A missing interpreter
+or one without sglang ends the check at once with that error in the JSON line.
+
 It prints one JSON line on stdout (progress goes to stderr), also when a phase fails or the
 time limit's SIGTERM arrives (then with "error" and what was measured so far):
     {"device", "dtype", "params", "train_tokens_per_s", "mfu", "weight_sync_s",
@@ -65,6 +76,7 @@ import os
 import random
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -254,6 +266,16 @@ async def run(args, tmp: Path, report: dict) -> dict:
     from harnessrl.trainers.weight_sync import DiskWeightSync
 
     dry = args.dry_run
+    report["engine"] = args.engine
+    if args.engine == "sglang":  # before anything is built: a box without sglang fails at once
+        from harnessrl.trainers.engine.sglang_launch import check_python
+
+        if not args.sglang_python:
+            raise RuntimeError("--engine sglang: name the interpreter of an sglang venv (--sglang-python or "
+                               "$SGLANG_PYTHON)")
+        check_python(args.sglang_python)
+        report["sglang"] = subprocess.run([args.sglang_python, "-c", "import sglang; print(sglang.__version__)"],
+                                          capture_output=True, text=True, timeout=300).stdout.strip()
     if not dry and not torch.cuda.is_available():
         raise RuntimeError("torch sees no CUDA device; run with --dry-run for the CPU path")
     device = "cpu" if dry else "cuda"
@@ -272,8 +294,17 @@ async def run(args, tmp: Path, report: dict) -> dict:
     report.update(device=torch.cuda.get_device_name(0) if device == "cuda" else "cpu", dtype=dtype,
                   dry_run=dry, shape=shape)
     tok = load_tokenizer(str(model_dir))
-    with EngineServer(model=str(model_dir), device=device, dtype=dtype, max_running_requests=64,
-                      max_prefill_per_step=8, weight_version="0", random_seed=0, num_threads=threads) as engine, \
+    if args.engine == "sglang":
+        from harnessrl.trainers.engine.sglang_launch import SGLangLaunch, SGLangServer
+
+        engine_cm = SGLangServer(SGLangLaunch(
+            python=args.sglang_python, model=str(model_dir), port=0, weight_version="0", startup_timeout_s=300.0,
+            extra=("--dtype", dtype, "--random-seed", "0", "--max-running-requests", "64",
+                   "--mem-fraction-static", "0.6", *(["--device", "cpu"] if device == "cpu" else []))))
+    else:
+        engine_cm = EngineServer(model=str(model_dir), device=device, dtype=dtype, max_running_requests=64,
+                                 max_prefill_per_step=8, weight_version="0", random_seed=0, num_threads=threads)
+    with engine_cm as engine, \
             ProxyServer(ProxyConfig(engine_url=engine.url, model=str(model_dir)), tokenizer=tok) as proxy:
         http = httpx.AsyncClient(base_url=engine.url, timeout=300, limits=httpx.Limits(max_connections=128))
         client = EngineClient(engine.url)
@@ -351,6 +382,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dry-run", action="store_true", help="CPU, float32, tiny model: the same code path")
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], default=None,
                     help="engine and trainer dtype (default: bfloat16 on CUDA, float32 in the dry run)")
+    ap.add_argument("--engine", choices=["local", "sglang"], default="local",
+                    help="the generation engine: harnessrl's local engine, or SGLang (module doc)")
+    ap.add_argument("--sglang-python", default=os.environ.get("SGLANG_PYTHON"),
+                    help="with --engine sglang: the interpreter of a venv that has sglang (default $SGLANG_PYTHON)")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     tmp = Path(tempfile.mkdtemp(prefix="harnessrl-gpu-check-"))

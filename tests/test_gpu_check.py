@@ -36,7 +36,7 @@ def test_dry_run_prints_one_json_line_with_every_key(dry_run):
     r, _ = dry_run
     assert KEYS <= set(r)
     assert r["dry_run"] is True
-    assert (r["device"], r["dtype"]) == ("cpu", "float32")
+    assert (r["device"], r["dtype"], r["engine"]) == ("cpu", "float32", "local")
     assert r["mfu"] is None  # no peak FLOPs for a CPU
     assert set(r["decode_tokens_per_s"]) == {"1", "16", "64"}
     assert all(v > 0 for v in r["decode_tokens_per_s"].values())
@@ -90,5 +90,20 @@ def test_a_sigterm_still_prints_one_json_line_with_the_error():
     r = json.loads(lines[0])
     assert r["target_met"] is False and r["dry_run"] is True
     assert r["error"].startswith(f"stopped by signal {int(signal.SIGTERM)} (the time limit)")
-    assert (r["device"], r["dtype"]) == ("cpu", "float32")
+    assert (r["device"], r["dtype"], r["engine"]) == ("cpu", "float32", "local")
     assert list(r)[:2] == ["device", "dtype"]  # headline keys first
+
+
+def test_sglang_engine_without_sglang_says_so_in_its_one_json_line():
+    """`--engine sglang` with an interpreter that lacks sglang (this venv's) ends at once: exit
+    1, one JSON line naming the engine and why, nothing built or measured."""
+    env = {**os.environ, "PYTHON": sys.executable, "SGLANG_PYTHON": sys.executable}
+    p = subprocess.run(["bash", str(REPO / "bench" / "gpu_check.sh"), "--dry-run", "--engine", "sglang"], cwd=REPO,
+                       env=env, capture_output=True, text=True, timeout=200)
+    lines = [line for line in p.stdout.splitlines() if line.strip()]
+    assert p.returncode == 1 and len(lines) == 1, f"exit {p.returncode}\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}"
+    report = json.loads(lines[0])
+    assert report["engine"] == "sglang" and report["target_met"] is False
+    assert report["error"] == (f"SGLangLaunchError: --python {sys.executable}: sglang is not installed there "
+                               "(in that environment: pip install 'sglang==0.5.23')")
+    assert "params" not in report and "decode_tokens_per_s" not in report
