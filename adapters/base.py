@@ -52,6 +52,9 @@ class Mount:
     host: str
     target: str
     read_only: bool = True
+    socket: bool = False
+    """A directory of host unix sockets (the proxy's): a backend whose sandboxes tunnel
+    (`sandboxes.base.Tunnels`) leaves it unmounted, and the harness is tunnelled instead."""
 
 
 @dataclass(frozen=True)

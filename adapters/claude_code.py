@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from harnessrl.adapters.base import SANDBOX_SCRATCH, Endpoint, HarnessResult, Launch, Mount, classify_exit, tail
-from harnessrl.adapters.inside import inside_mounts, path_for, run_inside
+from harnessrl.adapters.inside import inside_mounts, npm_parts, path_for, run_inside
 from harnessrl.adapters.toolchain import require
 
 TOOLS = "Bash,Read,Edit,Write,Glob,Grep"
@@ -42,7 +42,7 @@ class ClaudeCodeAdapter:
         """The `--tools` list Claude Code offers the model."""
 
     def mounts(self, endpoint: Endpoint, toolchain: Path | None = None) -> list[Mount]:
-        return inside_mounts(endpoint, toolchain)
+        return inside_mounts(endpoint, toolchain, npm_parts(NPM_NAME))
 
     def launch(self, launch: Launch) -> HarnessResult:
         require("npm", NPM_NAME, self.install.split(":", 1)[1], launch.toolchain)

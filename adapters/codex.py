@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from harnessrl.adapters.base import SANDBOX_SCRATCH, Endpoint, HarnessResult, Launch, Mount, classify_exit, tail
-from harnessrl.adapters.inside import inside_mounts, path_for, run_inside
+from harnessrl.adapters.inside import inside_mounts, npm_parts, path_for, run_inside
 from harnessrl.adapters.toolchain import require
 
 CONFIG = """model = "{model}"
@@ -59,7 +59,7 @@ class CodexAdapter:
         from the summary (None: Codex's default for the model)."""
 
     def mounts(self, endpoint: Endpoint, toolchain: Path | None = None) -> list[Mount]:
-        return inside_mounts(endpoint, toolchain)
+        return inside_mounts(endpoint, toolchain, npm_parts(self.name))
 
     def launch(self, launch: Launch) -> HarnessResult:
         require("npm", self.name, self.install.split(":", 1)[1], launch.toolchain)

@@ -249,7 +249,9 @@ class CommandAdapter:
                                           f"{version}: see docs/harnesses.md, 'Python harnesses inside'")
 
     def mounts(self, endpoint: Endpoint, toolchain: Path | None = None) -> list[Mount]:
-        own = inside_mounts(endpoint, toolchain) if self.placement == "inside" else []
+        npm = self.config.npm_prefix if self.spec is not None and self.spec.kind == "npm" else None
+        parts = ("node", f"npm/{npm}") if npm else ()  # an npm harness runs from these alone
+        own = inside_mounts(endpoint, toolchain, parts) if self.placement == "inside" else []
         return own + list(self.extra_mounts)
 
     def _vars(self, launch: Launch, inside: bool, scratch: str, **extra: str) -> dict[str, str]:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from harnessrl.adapters.base import SANDBOX_SCRATCH, Endpoint, HarnessResult, Launch, Mount, classify_exit, tail
-from harnessrl.adapters.inside import inside_mounts, path_for, run_inside
+from harnessrl.adapters.inside import inside_mounts, npm_parts, path_for, run_inside
 from harnessrl.adapters.toolchain import check_node, node_version, require
 
 TOOLS = ("run_shell_command", "read_file", "write_file", "list_directory")
@@ -65,7 +65,7 @@ class GeminiCliAdapter:
         self.tools = tuple(tools)
 
     def mounts(self, endpoint: Endpoint, toolchain: Path | None = None) -> list[Mount]:
-        return inside_mounts(endpoint, toolchain)
+        return inside_mounts(endpoint, toolchain, npm_parts(self.name))
 
     def launch(self, launch: Launch) -> HarnessResult:
         require("npm", self.name, self.install.split(":", 1)[1], launch.toolchain)

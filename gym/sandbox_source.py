@@ -27,12 +27,12 @@ import shutil
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol, Sequence, runtime_checkable
 
 from harnessrl.adapters.base import Endpoint, HarnessAdapter, Mount
-from harnessrl.sandboxes.base import ExecResult, RepoSpec, Sandbox, SandboxDied
+from harnessrl.sandboxes.base import ExecResult, RepoSpec, Sandbox, SandboxDied, Tunnels
 from harnessrl.sandboxes.pool import PoolConfig, SandboxPool
 
 #: Stands for a sandbox's own socket dir in the mounts its pool is keyed by.
@@ -52,6 +52,8 @@ class SandboxView:
         self._cond = threading.Condition()
         self._in_flight = 0
         self._revoked = False
+        if isinstance(sandbox, Tunnels):  # the capability only where the backing sandbox has it
+            self.tunnel = lambda listen, target: self._call("tunnel", listen, target)
 
     def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
         with self._cond:
@@ -174,7 +176,7 @@ class PooledSandboxes:
             d = Path(tempfile.mkdtemp(prefix="sb-", dir=self.root)) if inside else None
             if d is not None:
                 os.chmod(d, 0o755)  # the sandbox user reaches the socket, never writes the dir
-            mounts = [Mount(str(d), m.target, m.read_only) if m.host == SOCKET_PLACEHOLDER else m for m in shared]
+            mounts = [replace(m, host=str(d)) if m.host == SOCKET_PLACEHOLDER else m for m in shared]
             try:
                 sb = self.pool.backend.create(spec, mounts=mounts)
             except BaseException:

@@ -104,6 +104,22 @@ class Sandbox(Protocol):
     def close(self) -> None: ...
 
 
+class Closable(Protocol):
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class Tunnels(Protocol):
+    """An optional capability of a sandbox (Docker's): reach a host address from inside with
+    no network, socket or host path in the sandbox, over the backend's own control stream."""
+
+    def tunnel(self, listen: str, target: str) -> Closable:
+        """Listen on `listen` in the sandbox (tcp:127.0.0.1:PORT or unix:PATH); connect each
+        connection to `target` (tcp:HOST:PORT or unix:PATH) on the host, bytes verbatim both
+        ways, until the returned handle is closed."""
+        ...
+
+
 @runtime_checkable
 class SandboxBackend(Protocol):
     """Makes sandboxes for RepoSpecs (`docker`, `local`; see make_backend)."""
@@ -114,8 +130,9 @@ class SandboxBackend(Protocol):
                start: bool = True) -> Sandbox:
         """A sandbox at `spec`'s base commit. `mounts`: extra bind mounts, each a
         (host_path, sandbox_path, read_only) tuple or an object with host/target/read_only
-        attributes (e.g. a unix-socket dir, a read-only toolchain); `env`: variables every
-        command sees."""
+        attributes (e.g. a unix-socket dir, a read-only toolchain); an object whose `socket`
+        attribute is true is a directory of host sockets, which a backend whose sandboxes
+        tunnel (`Tunnels`) leaves unmounted; `env`: variables every command sees."""
         ...
 
     def reap(self, older_than_s: float = 0.0, run_id: str | None = None) -> int:

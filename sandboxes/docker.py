@@ -28,13 +28,10 @@ from __future__ import annotations
 
 import base64
 import io
-import itertools
 import json
 import logging
 import os
 import queue
-import socket
-import struct
 import tarfile
 import threading
 import time
@@ -44,6 +41,7 @@ from typing import Any, Sequence
 
 from pydantic import BaseModel, Field
 
+from harnessrl.sandboxes.attach import Channel
 from harnessrl.sandboxes.base import (ExecResult, RepoSpec, SandboxDied, SandboxError,
                                       SandboxUnavailable)
 from harnessrl.sandboxes.context_image import build_context_image, export_workdir
@@ -51,6 +49,7 @@ from harnessrl.sandboxes.images import (HOME_PRISTINE, PRISTINE_DIR, lock_for, b
                                         ensure_task_image)
 from harnessrl.sandboxes.limits import docker_cgroup_parent
 from harnessrl.sandboxes.repo import DIFF_SCRIPT, RESET_SCRIPT
+from harnessrl.sandboxes.tunnel import Tunnel
 
 __all__ = ["DockerConfig", "DockerBackend", "DockerSandbox", "base_image_tag", "build_base_image",
            "reap", "MANAGED_LABEL", "RUN_LABEL"]
@@ -208,7 +207,7 @@ class DockerBackend:
             ulimits=[docker.types.Ulimit(name="fsize", soft=c.file_size_limit, hard=c.file_size_limit)]
             if c.file_size_limit else None,
             mounts=[docker.types.Mount(p, None, type="volume") for p in (spec.workdir, "/tmp", HOME)]
-            + [_mount_spec(m) for m in mounts],
+            + [_mount_spec(m) for m in mounts if not getattr(m, "socket", False)],  # sockets: tunnelled
             cgroup_parent=self.cgroup_parent,
             labels={MANAGED_LABEL: "1", RUN_LABEL: self.run_id, "harnessrl.repo_id": spec.repo_id,
                     "harnessrl.created": str(int(time.time()))})
@@ -254,95 +253,6 @@ def reap(client=None, older_than_s: float = 0.0, run_id: str | None = None) -> i
     return removed
 
 
-class _Channel:
-    """The host's end of PID 1's attach stream (sandbox_init.py): JSON lines out, JSON lines
-    back, matched by id on a reader thread, so commands of one sandbox may overlap."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        self.ready = threading.Event()
-        self.warm = False
-        """PID 1 said its warm-up held (sandbox_init.py): warm python runs fork from it."""
-        self.closed: str | None = None  # why the stream ended, once it has
-        self._send_lock = threading.Lock()
-        self._lock = threading.Lock()
-        self._waiting: dict[int, queue.SimpleQueue] = {}
-        self._ids = itertools.count(1)
-        threading.Thread(target=self._read, daemon=True, name="sandbox-ctl").start()
-
-    def request(self, msg: dict) -> tuple[int, queue.SimpleQueue]:
-        """Send msg under a fresh id; its replies arrive on the queue, then None if the stream
-        ends first. Raises ConnectionError when it has ended already."""
-        q: queue.SimpleQueue = queue.SimpleQueue()
-        with self._lock:
-            if self.closed:
-                raise ConnectionError(self.closed)
-            rid = next(self._ids)
-            self._waiting[rid] = q
-        try:
-            self.send({**msg, "id": rid})
-        except OSError as e:
-            self.done(rid)
-            raise ConnectionError(f"attach stream: {e}") from e
-        return rid, q
-
-    def send(self, msg: dict) -> None:
-        with self._send_lock:
-            self.sock.sendall(json.dumps(msg).encode() + b"\n")
-
-    def done(self, rid: int) -> None:
-        with self._lock:
-            self._waiting.pop(rid, None)
-
-    def close(self) -> None:
-        try:
-            self.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        try:
-            self.sock.close()
-        except OSError:
-            pass
-
-    def _read(self) -> None:
-        buf, why = b"", "attach stream closed"
-        try:
-            while True:  # non-tty attach: frames of [type, 0, 0, 0, size(4, BE)] + payload
-                kind, size = struct.unpack(">BxxxL", self._recv_exact(8))
-                payload = self._recv_exact(size)
-                if kind != 1:
-                    continue
-                buf += payload
-                while b"\n" in buf:
-                    line, buf = buf.split(b"\n", 1)
-                    msg = json.loads(line)
-                    if msg.get("ready"):
-                        self.warm = bool(msg.get("warm"))
-                        self.ready.set()
-                        continue
-                    with self._lock:
-                        q = self._waiting.get(msg.get("id"))
-                    if q is not None:
-                        q.put(msg)
-        except Exception as e:  # noqa: BLE001 - any end of the stream ends every request on it
-            why = f"attach stream ended: {type(e).__name__}: {e}"
-        with self._lock:
-            self.closed = why
-            waiting, self._waiting = list(self._waiting.values()), {}
-        for q in waiting:
-            q.put(None)
-        self.ready.set()
-
-    def _recv_exact(self, n: int) -> bytes:
-        buf = b""
-        while len(buf) < n:
-            chunk = self.sock.recv(n - len(buf))
-            if not chunk:
-                raise ConnectionError("closed by the daemon")
-            buf += chunk
-        return buf
-
-
 class DockerSandbox:
     """One container holding one repository checkout (see the module docstring)."""
 
@@ -351,7 +261,7 @@ class DockerSandbox:
         self.workdir = spec.workdir
         self.id = container.id
         self._api = container.client.api
-        self._ctl: _Channel | None = None  # PID 1's attach stream: commands and resets
+        self._ctl: Channel | None = None  # PID 1's attach stream: commands and resets
         self._ctl_lock = threading.Lock()
         self.warm_runs = 0
         """Execs PID 1 ran in a fork of its warm python (DockerConfig.warm_python)."""
@@ -390,7 +300,7 @@ class DockerSandbox:
             pass  # already gone: closing is idempotent
 
     # -- PID 1's channel -------------------------------------------------------------------
-    def _channel(self) -> _Channel:
+    def _channel(self) -> Channel:
         """The open channel; a new attach if the last one ended while the container runs (an
         attach to a stopped container would wait for its start: a stopped one raises)."""
         with self._ctl_lock:
@@ -403,7 +313,7 @@ class DockerSandbox:
                 sock = self._api.attach_socket(self.id, params={"stdin": 1, "stdout": 1, "stream": 1})
                 raw = getattr(sock, "_sock", sock)
                 raw.settimeout(None)
-                self._ctl = _Channel(raw)
+                self._ctl = Channel(raw)
             return self._ctl
 
     def _close_ctl(self) -> None:
@@ -412,7 +322,7 @@ class DockerSandbox:
                 self._ctl.close()
                 self._ctl = None
 
-    def _request(self, msg: dict, what: str) -> tuple[_Channel, int, queue.SimpleQueue]:
+    def _request(self, msg: dict, what: str) -> tuple[Channel, int, queue.SimpleQueue]:
         try:
             ctl = self._channel()
             return (ctl, *ctl.request(msg))
@@ -420,6 +330,16 @@ class DockerSandbox:
             if not self.alive():
                 raise self._died(f"cannot {what}", e) from e
             raise SandboxError(f"{what} failed in {self.id[:12]}: {type(e).__name__}: {e}") from e
+
+    def tunnel(self, listen: str, target: str) -> Tunnel:
+        """Listen on `listen` in the sandbox; carry each connection over PID 1's attach stream
+        to `target` on this host (sandboxes/tunnel.py). Close it when done."""
+        try:
+            return Tunnel(self._channel(), listen, target)
+        except ConnectionError as e:
+            if not self.alive():
+                raise self._died("cannot open a tunnel", e) from e
+            raise SandboxError(f"tunnel in {self.id[:12]}: {e}") from e
 
     # -- commands --------------------------------------------------------------------------
     def _died(self, what: str, err: Exception | None = None) -> SandboxDied:

@@ -20,6 +20,14 @@
     command past its deadline whose processes left its group); answers {"id", "rc": 0}.
   - {"id", "op": "reset"}: runs the reset command fixed in argv[1] (a JSON argv), with the
     time of the previous reset (or of start) appended; answers {"id", "rc", "err"}.
+  - {"id", "op": "listen", "addr"}: listens on addr ("tcp:127.0.0.1:PORT" or "unix:PATH") for
+    the host's tunnel (sandboxes/tunnel.py) and answers {"id", "rc": 0} (or rc -1 and "err").
+    Each connection accepted there is announced as {"id", "conn": C}; its bytes travel both
+    ways as {"c": C, "d": base64}, an end of writing as {"c": C, "eof": 1}, an abort as
+    {"c": C, "close": 1}; the connection is closed once both sides ended writing (or on an
+    abort). A harness's output unread past TUNNEL_BUFFER bytes aborts its connection (the host
+    does not wait on it). {"id", "op": "unlisten", "of": L} closes listener L and its
+    connections. The listeners and connections are close-on-exec: no command inherits them.
   Anything else is answered {"id", "rc": -1, "err"}. A `docker exec` costs the host about
   125 ms of CPU (dockerd, containerd, a runc start); a command this way costs a fork.
 - Warm python (argv[2], JSON `{"warm": [modules]}`): PID 1 runs as `python3 -I
@@ -45,10 +53,12 @@ import json
 import os
 import select
 import signal
+import socket
 import sys
 import time
 
 SEND_CHUNK = 1 << 16
+TUNNEL_BUFFER = 16 << 20
 WARM_FLAGS = ["-I", "--check-hash-based-pycs", "always"]
 WARM = {"ok": False, "path": []}  # set once, before the ready line: the warm-up held, sys.path then
 
@@ -92,6 +102,116 @@ class Command:
                 os.close(fd)
                 del self.fds[fd]
         _send({"id": self.rid, "rc": rc, "size": self.size, **({"warm": True} if self.warm else {})})
+
+
+class Tunnels:
+    """The sandbox's end of the host's tunnels (op listen): listeners, and the connections
+    accepted on them, carried over the attach stream (see the module docstring)."""
+
+    def __init__(self):
+        self.listeners = {}  # listen request id -> socket
+        self.conns = {}  # connection id -> [socket, listen id, bytes to write, host ended writing, read open]
+        self.next_id = 1
+
+    def listen(self, rid, addr):
+        kind, _, rest = str(addr).partition(":")
+        if kind == "tcp":
+            host, _, port = rest.rpartition(":")
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            where = (host, int(port))
+        elif kind == "unix" and rest:
+            s, where = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM), rest
+            if os.path.exists(rest):
+                os.unlink(rest)
+        else:
+            raise ValueError(f"bad listen address {addr!r}: want tcp:HOST:PORT or unix:PATH")
+        try:
+            s.bind(where)
+            s.listen(128)
+        except OSError:
+            s.close()
+            raise
+        s.setblocking(False)
+        self.listeners[rid] = s
+        _send({"id": rid, "rc": 0})
+
+    def unlisten(self, rid, of):
+        s = self.listeners.pop(of, None)
+        if s is not None:
+            s.close()
+        for cid in [c for c, v in self.conns.items() if v[1] == of]:
+            self.drop(cid)
+        _send({"id": rid, "rc": 0})
+
+    def drop(self, cid, tell=False):
+        conn = self.conns.pop(cid, None)
+        if conn is not None:
+            conn[0].close()
+            if tell:
+                _send({"c": cid, "close": 1})
+
+    def read_fds(self):
+        return [s for s in self.listeners.values()] + [v[0] for v in self.conns.values() if v[4]]
+
+    def write_fds(self):
+        return [v[0] for v in self.conns.values() if v[2]]
+
+    def on_ready(self, readable, writable):
+        for lid, s in list(self.listeners.items()):
+            if s in readable:
+                try:
+                    c, _ = s.accept()
+                except OSError:
+                    continue
+                c.setblocking(False)
+                cid, self.next_id = self.next_id, self.next_id + 1
+                self.conns[cid] = [c, lid, bytearray(), False, True]
+                _send({"id": lid, "conn": cid})
+        for cid, conn in list(self.conns.items()):
+            s = conn[0]
+            try:
+                if s in writable and conn[2]:
+                    del conn[2][:s.send(conn[2])]
+                    self._maybe_end(cid, conn)
+                if s in readable and conn[4] and cid in self.conns:
+                    data = s.recv(SEND_CHUNK)
+                    if data:
+                        _send({"c": cid, "d": binascii.b2a_base64(data, newline=False).decode()})
+                    else:
+                        conn[4] = False
+                        _send({"c": cid, "eof": 1})
+                        self._maybe_end(cid, conn)
+            except (BlockingIOError, InterruptedError):
+                pass
+            except OSError:
+                self.drop(cid, tell=True)
+
+    def from_host(self, msg):
+        cid = msg.get("c")
+        conn = self.conns.get(cid)
+        if conn is None:
+            return
+        if msg.get("close"):
+            self.drop(cid)
+            return
+        if "d" in msg:
+            conn[2] += binascii.a2b_base64(msg["d"])
+            if len(conn[2]) > TUNNEL_BUFFER:  # the harness is not reading: abort, never stall PID 1
+                self.drop(cid, tell=True)
+                return
+        if msg.get("eof"):
+            conn[3] = True
+        self._maybe_end(cid, conn)
+
+    def _maybe_end(self, cid, conn):
+        if conn[3] and not conn[2]:
+            try:
+                conn[0].shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+            if not conn[4]:
+                self.drop(cid)
 
 
 def _which(name, path):
@@ -291,11 +411,13 @@ def main():
     stdin_open, buf = True, b""
     commands = {}  # pid -> Command
     exited = {}  # pid -> exit code, of every reaped child not yet answered for
+    tunnels = Tunnels()
     while True:
         fds = [wake_r] + [fd for c in commands.values() for fd in c.fds] + ([0] if stdin_open else [])
         deadlines = [c.deadline for c in commands.values() if c.deadline is not None]
         wait = min([5.0] + [max(0.0, d - time.monotonic()) for d in deadlines])
-        ready = select.select(fds, [], [], wait)[0]
+        ready, writable, _ = select.select(fds + tunnels.read_fds(), tunnels.write_fds(), [], wait)
+        tunnels.on_ready(ready, writable)
         for c in commands.values():
             if c.deadline is not None and time.monotonic() >= c.deadline:
                 _kill_group(c.pid)  # a warm run past its timeout: the whole group, as `timeout -k` would
@@ -327,10 +449,17 @@ def main():
             rid = None
             try:  # PID 1 must never die
                 req = json.loads(line)
+                if "c" in req:  # tunnel bytes: the hottest path first
+                    tunnels.from_host(req)
+                    continue
                 rid, op = req.get("id"), req.get("op")
                 if op == "exec":
                     c = _spawn(req)
                     commands[c.pid] = c
+                elif op == "listen":
+                    tunnels.listen(rid, req.get("addr"))
+                elif op == "unlisten":
+                    tunnels.unlisten(rid, req.get("of"))
                 elif op == "kill":
                     _kill_all()
                     _send({"id": rid, "rc": 0})
