@@ -165,6 +165,8 @@ class Tunnels:
                 except OSError:
                     continue
                 c.setblocking(False)
+                if c.family == socket.AF_INET:  # a streamed reply's chunks go out as they come
+                    c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 cid, self.next_id = self.next_id, self.next_id + 1
                 self.conns[cid] = [c, lid, bytearray(), False, True]
                 _send({"id": lid, "conn": cid})

@@ -72,6 +72,8 @@ class _Conn:
         family, addr = self.tunnel.target
         sock = socket.socket(family, socket.SOCK_STREAM)
         try:
+            if family == socket.AF_INET:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sock.connect(addr)
         except OSError:
             sock.close()
