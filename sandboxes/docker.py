@@ -44,6 +44,7 @@ from pydantic import BaseModel, Field
 from harnessrl.sandboxes.attach import Channel
 from harnessrl.sandboxes.base import (ExecResult, RepoSpec, SandboxDied, SandboxError,
                                       SandboxUnavailable)
+from harnessrl.sandboxes.engine import connect, copied_volume, ensure_base_image, is_local, resolve
 from harnessrl.sandboxes.context_image import build_context_image, export_workdir
 from harnessrl.sandboxes.images import (HOME_PRISTINE, PRISTINE_DIR, lock_for, base_image_tag, build_base_image,
                                         ensure_task_image)
@@ -126,12 +127,24 @@ class DockerConfig(BaseModel):
     `python3 -I --check-hash-based-pycs always SCRIPT ...` with no env of its own then runs in
     a fork of it (the grader's hidden-test runner skips ~0.2 s of CPU of pytest's imports an
     episode). Empty: PID 1 runs `python3 -S` and every python is a new interpreter."""
+    engine: str | None = None
+    """The Docker engine, in DOCKER_HOST form: unix:///PATH, tcp://HOST:PORT or ssh://USER@HOST
+    (the `remote` extra); None: $DOCKER_HOST, else this machine's default socket
+    (sandboxes/engine.py). Images are built (or the base image loaded) on it, offline."""
+    cert_path: str | None = None
+    """For a tcp:// engine: a folder with ca.pem, cert.pem and key.pem; TLS is verified against
+    it. None: plain TCP (only for an engine on a trusted network)."""
+    host_mounts: bool | None = None
+    """Whether read-only mounts (a harness's toolchain) are bind-mounted from this host. False:
+    each is copied once per engine into a volume and mounted from there, and a writable mount
+    is refused (the proxy's socket dir is never mounted: sandboxes tunnel to it). None: bound
+    only on this machine's default engine, where host paths are the engine's."""
 
 
-def _client():
+def _client(config: DockerConfig | None = None):
+    config = config or DockerConfig()
     try:
-        import docker
-        client = docker.from_env(timeout=120)
+        client = connect(config.engine, config.cert_path)
         client.ping()
         return client
     except Exception as e:  # no SDK, no socket, engine not answering
@@ -154,19 +167,33 @@ class DockerBackend:
 
     def __init__(self, config: DockerConfig | None = None):
         self.config = config or DockerConfig()
-        self.client = _client()
+        self.client = _client(self.config)
         self.run_id = self.config.run_id or uuid.uuid4().hex[:12]
         info = self.client.info()
+        self.local = is_local(self.config.engine)
+        """The engine is this machine's default one: its host paths and cgroups are ours."""
+        self.host_mounts = self.local if self.config.host_mounts is None else self.config.host_mounts
+        self.ncpu = int(info.get("NCPU") or os.cpu_count() or 1)
         # where the containers' cgroups go: under one that yields the CPU to the engine, or Docker's default (None)
-        self.cgroup_parent, why = docker_cgroup_parent(str(info.get("CgroupDriver", "")),
-                                                       str(info.get("CgroupVersion", "1")))
+        if self.local:
+            self.cgroup_parent, why = docker_cgroup_parent(str(info.get("CgroupDriver", "")),
+                                                           str(info.get("CgroupVersion", "1")))
+        else:
+            self.cgroup_parent, why = None, (f"engine {resolve(self.config.engine)} is not this machine's default: "
+                                             "its host's cgroupfs is out of reach from here, so containers keep "
+                                             "the engine's default cgroup (CPU, memory and pids caps still apply)")
+        self.cgroup_note = why
+        """Where the containers' cgroups go and why (recorded: a remote engine's are skipped)."""
         log.info("docker sandboxes: %s", why)
 
     def image_for(self, spec: RepoSpec) -> str:
         """The sandbox image of `spec`: built on the task's own image (`spec.image`) when it
         names one, which must be present locally (never pulled), else on the base image."""
         if spec.image is None:
-            return ensure_task_image(self.client, spec, self.config.base_image)
+            base = self.config.base_image or base_image_tag()
+            if not self.local:
+                ensure_base_image(self.client, base)
+            return ensure_task_image(self.client, spec, base)
         import docker.errors
 
         if spec.image_context:  # the task's own Dockerfile: built offline, its workdir the source
@@ -207,7 +234,7 @@ class DockerBackend:
             ulimits=[docker.types.Ulimit(name="fsize", soft=c.file_size_limit, hard=c.file_size_limit)]
             if c.file_size_limit else None,
             mounts=[docker.types.Mount(p, None, type="volume") for p in (spec.workdir, "/tmp", HOME)]
-            + [_mount_spec(m) for m in mounts if not getattr(m, "socket", False)],  # sockets: tunnelled
+            + self._mounts(mounts, image),
             cgroup_parent=self.cgroup_parent,
             labels={MANAGED_LABEL: "1", RUN_LABEL: self.run_id, "harnessrl.repo_id": spec.repo_id,
                     "harnessrl.created": str(int(time.time()))})
@@ -216,16 +243,37 @@ class DockerBackend:
             sb.start()
         return sb
 
+    def _mounts(self, mounts: Sequence[Any], image: str) -> list:
+        """Docker mounts for `mounts`: socket dirs left out (sandboxes tunnel, DockerSandbox.tunnel);
+        read-only folders bound, or copied to the engine once (`host_mounts` False)."""
+        import docker.types
+
+        out = []
+        for m in mounts:
+            if getattr(m, "socket", False):
+                continue
+            if self.host_mounts:
+                out.append(_mount_spec(m))
+                continue
+            host, target, ro = (m.host, m.target, m.read_only) if hasattr(m, "host") else m
+            if not ro or not os.path.isdir(host):
+                raise SandboxUnavailable(f"mount {host} -> {target}: engine {resolve(self.config.engine)} takes no host "
+                                         "bind mounts (DockerConfig.host_mounts false): only read-only folders are "
+                                         "copied to it")
+            out.append(docker.types.Mount(target, copied_volume(self.client, host, image), type="volume",
+                                          read_only=True))
+        return out
+
     def reap(self, older_than_s: float = 0.0, run_id: str | None = None) -> int:
         return reap(self.client, older_than_s, run_id)
 
     def _limits(self, spec: RepoSpec) -> DockerConfig:
         """The config with a task's own cpus / memory / storage (RepoSpec) in place of ours;
-        cpus capped at this host's cores (the engine refuses more)."""
+        cpus capped at the engine's cores (it refuses more)."""
         c = self.config
         update: dict[str, Any] = {}
         if spec.cpus:
-            update["cpus"] = min(float(spec.cpus), float(os.cpu_count() or 1))
+            update["cpus"] = min(float(spec.cpus), float(self.ncpu))
         if spec.memory_mb:
             update["memory"] = f"{int(spec.memory_mb)}m"
         if spec.storage_mb:

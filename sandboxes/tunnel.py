@@ -104,12 +104,21 @@ class _Conn:
             return
 
     def _read(self) -> None:
-        sock = self.sock
+        sock, ended = self.sock, False
         try:
-            while True:
+            while not ended:
                 data = sock.recv(CHUNK)
                 if not data:
                     break
+                while len(data) < CHUNK:  # what else has come is one message, not several
+                    try:
+                        more = sock.recv(CHUNK - len(data), socket.MSG_DONTWAIT)
+                    except BlockingIOError:
+                        break
+                    if not more:
+                        ended = True
+                        break
+                    data += more
                 if not self._send({"d": base64.b64encode(data).decode()}):
                     self.abort()
                     return
