@@ -7,10 +7,12 @@ reaches the model only through the endpoint it is handed; it never sees hidden t
 reward (those are applied by the episode runner after `launch` returns).
 
 Two placements:
-- "inside": the harness binary runs in the sandbox (the toolchain is bind-mounted read-only at
-  `TOOLCHAIN_MOUNT`). The sandbox has no network; the harness reaches the proxy through the
-  relay (adapters/relay.py) on the container's own 127.0.0.1, which forwards to a per-episode
-  unix socket bind-mounted at `SOCKET_MOUNT`. `Endpoint.inside_base_url` is what it is given.
+- "inside": the harness binary runs in the sandbox (the toolchain read-only at
+  `TOOLCHAIN_MOUNT`: bound, or copied to a remote engine). The sandbox has no network; the
+  harness reaches the proxy on the container's own 127.0.0.1: through a tunnel over the
+  sandbox's control stream where the sandbox has one (`sandboxes.base.Tunnels`, Docker), else
+  through the relay (adapters/relay.py), which forwards to a per-episode unix socket
+  bind-mounted at `SOCKET_MOUNT`. `Endpoint.inside_base_url` is what it is given.
 - "beside": the harness runs on the host (its own venv in the toolchain) and talks to the
   proxy over loopback TCP; its actions are carried out in the sandbox (mini-swe-agent runs its
   commands through `Sandbox.exec`; aider edits a host checkout synced into the sandbox).

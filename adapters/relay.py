@@ -1,9 +1,9 @@
 """A tiny byte relay: accept on one socket, forward each connection to another. Stdlib only.
 
 Why: sandboxes have no network at all, yet a harness inside one must reach the proxy. The
-episode's proxy endpoint is a unix socket in a per-episode host directory, bind-mounted into
-the container; this file is copied into the container and run there with the container's own
-python3:
+episode's proxy endpoint is a unix socket in a per-episode host directory; a sandbox without a
+control-stream tunnel (bubblewrap; Docker tunnels instead, sandboxes/tunnel.py) has it
+bind-mounted, and this file is copied into the sandbox and run there with its own python3:
 
     python3 relay.py --listen tcp:127.0.0.1:18080 --target unix:/run/harnessrl/proxy.sock \
         --ready-file /tmp/harnessrl/relay.ready

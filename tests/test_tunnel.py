@@ -14,7 +14,6 @@ import os
 import socketserver
 import tempfile
 import threading
-from pathlib import Path
 
 import pytest
 
