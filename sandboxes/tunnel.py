@@ -8,7 +8,7 @@ e.g. the episode's relay socket in front of the proxy) and its bytes are copied 
 ways (HTTP keep-alive and streaming work unchanged); a half-close on one side is passed on to
 the other, and a failed connect or reset on either side aborts that connection only. The
 sandbox end cannot choose the target: it only sends bytes on connections the host opened for
-it. `close()` stops the listener and every connection on it; so does the end of the stream
+it, and at most MAX_CONNS at once. `close()` stops the listener and every connection on it; so does the end of the stream
 (the container stopped).
 
 Per connection the host runs two threads: one writes what the sandbox sent (in order, from a
@@ -26,6 +26,9 @@ from typing import Any
 from harnessrl.sandboxes.attach import Channel
 
 CHUNK = 1 << 16
+#: Most connections open at once on one tunnel; past it a new one is closed at once (each costs
+#: the host two threads and a connection to the target: a sandbox must not exhaust them).
+MAX_CONNS = 64
 
 
 def parse_addr(spec: str) -> tuple[int, Any]:
@@ -164,6 +167,8 @@ class Tunnel:
         self.conns: dict[int, _Conn] = {}
         self.opened = 0
         """Connections accepted so far (a figure for tests and benchmarks)."""
+        self.refused = 0
+        """Connections closed at once because MAX_CONNS were open."""
         self._lock = threading.Lock()
         self._reply: queue.SimpleQueue = queue.SimpleQueue()
         self._closed = False
@@ -179,6 +184,15 @@ class Tunnel:
 
     def _on_message(self, msg: dict | None) -> None:
         if msg is not None and "conn" in msg:
+            with self._lock:
+                full = len(self.conns) >= MAX_CONNS
+                self.refused += full
+            if full:
+                try:
+                    self.channel.send({"c": int(msg["conn"]), "close": 1})
+                except OSError:
+                    pass
+                return
             conn = _Conn(self, int(msg["conn"]))
             with self._lock:
                 self.conns[conn.cid] = conn

@@ -158,6 +158,26 @@ def test_an_unreachable_target_aborts_that_connection_only(docker_sb, unix_serve
         assert out["0"][2] == {"path": "/again/0"} and t.opened == 1
 
 
+def test_connections_past_the_cap_are_closed_and_the_open_ones_keep_working(docker_sb, unix_server):
+    from harnessrl.sandboxes.tunnel import MAX_CONNS
+
+    script = (
+        "import http.client, json, socket\n"
+        f"held = [http.client.HTTPConnection('127.0.0.1', 18083, timeout=60) for _ in range({MAX_CONNS})]\n"
+        "for i, c in enumerate(held):\n"
+        "    c.request('GET', f'/held/{i}'); assert json.loads(c.getresponse().read()) == {'path': f'/held/{i}'}\n"
+        "s = socket.create_connection(('127.0.0.1', 18083), 30); s.sendall(b'GET /over HTTP/1.1\\r\\nHost: h\\r\\n\\r\\n')\n"
+        "try:\n    over = s.recv(100)\nexcept ConnectionResetError:\n    over = b''\n"
+        "held[0].request('GET', '/again'); again = json.loads(held[0].getresponse().read())\n"
+        "print(json.dumps([over.decode(), again]))\n")
+    docker_sb.write_file("/tmp/cap.py", script.encode())
+    with docker_sb.tunnel("tcp:127.0.0.1:18083", f"unix:{unix_server}") as t:
+        res = docker_sb.exec(["python3", "/tmp/cap.py"], timeout=120)
+        assert res.exit_code == 0, res.output
+        assert json.loads(res.output) == ["", {"path": "/again"}]
+        assert (t.opened, t.refused) == (MAX_CONNS, 1)
+
+
 def test_a_port_taken_in_the_sandbox_is_refused_with_the_reason(docker_sb, unix_server):
     with docker_sb.tunnel("tcp:127.0.0.1:18082", f"unix:{unix_server}"):
         with pytest.raises(SandboxError, match="could not listen on tcp:127.0.0.1:18082: .*Address already in use"):
