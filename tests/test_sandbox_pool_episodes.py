@@ -242,9 +242,10 @@ def test_two_consecutive_mini_swe_agent_episodes_share_one_warm_container(stack)
     assert first.trajectory.metadata["sandbox_id"] not in _alive_ids(backend)  # the pool closed it at its end
 
 
-# An inside harness (a real process in the sandbox, through the relay in its socket dir) that
+# An inside harness (a real process in the sandbox, through the tunnel to its socket dir) that
 # leaves a detached loop behind: every 0.1 s it appends to the repo and home, and calls the
-# proxy through the socket with this episode's session URL and key. Its exit status 199 (the
+# proxy at the URL it was handed (the sandbox's 127.0.0.1:18080) with this episode's session
+# URL and key. Its exit status 199 (the
 # relay failure code) makes the episode infra, so no grading reset runs: only the pool's does.
 LOOP = """import os, socket, sys, time
 url, key = sys.argv[1], sys.argv[2]
@@ -254,8 +255,7 @@ while True:
     for f in ("/workspace/repo/LEAK", "/home/agent/LEAK"):
         open(f, "a").write("tick\\n")
     try:
-        s = socket.socket(socket.AF_UNIX)
-        s.connect("/run/harnessrl/proxy.sock")
+        s = socket.create_connection(("127.0.0.1", 18080), 5)
         s.sendall(("POST %s HTTP/1.1\\r\\nHost: x\\r\\nAuthorization: Bearer %s\\r\\nContent-Type: application/json\\r\\n"
                    "Content-Length: %d\\r\\nConnection: close\\r\\n\\r\\n" % (path, key, len(body))).encode() + body)
         s.recv(64)
