@@ -33,6 +33,7 @@ from harnessrl.gym.harness_mix import HarnessMix, check_weights
 from harnessrl.gym.stack import EpisodeStack, cancellable
 from harnessrl.gym.trajectory import Trajectory
 from harnessrl.sandboxes import SandboxName
+from harnessrl.sandboxes.docker_config import DockerConfig
 
 
 class RolloutConfig(BaseModel):
@@ -72,6 +73,9 @@ class RolloutConfig(BaseModel):
     """The model name harnesses are configured with and must send."""
     sandbox: SandboxName = "auto"
     """Sandbox backend; auto prefers Docker and falls back to bubblewrap."""
+    docker: DockerConfig | None = None
+    """The Docker backend's settings (limits, and `engine`: a remote Docker engine, e.g.
+    "ssh://user@host"; see docs/setup.md); None: its defaults, on $DOCKER_HOST or this machine's."""
     sandbox_pool_size: int = Field(2, ge=0)
     """Warm sandboxes kept per (repository, harness) pair, leased by episodes and reset
     (processes killed; tree, untracked files, /tmp, home back to base) between them, so an

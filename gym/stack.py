@@ -122,7 +122,7 @@ class EpisodeStack:
         else:
             from harnessrl.sandboxes import make_backend
 
-            self.backend = make_backend(cfg.sandbox)
+            self.backend = make_backend(cfg.sandbox, {"docker": cfg.docker} if cfg.docker else None)
         self.sandboxes = sandboxes
         """The warm pool episodes lease from (None: a fresh sandbox per episode)."""
         if sandboxes is None and cfg.sandbox_pool_size:

@@ -51,7 +51,7 @@ def _config_for(name: str, config: Any) -> Any:
 def make_backend(name: str = "auto", config: Any = None) -> Any:
     """Instantiate a backend; `config` is that backend's Config (or None for defaults)."""
     if name != "auto":
-        return backend_class(name)(config[name] if isinstance(config, dict) else config)
+        return backend_class(name)(config.get(name) if isinstance(config, dict) else config)
     reasons = []
     for candidate in AUTO:
         try:

@@ -2,11 +2,13 @@
 (sandboxes/docker.py reads it; every field is documented and printed whole by --print-config)."""
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class DockerConfig(BaseModel):
     """How docker sandboxes are limited and labelled, and on which engine."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     cpus: float = 1.0
     """CPU quota per container (cores)."""
@@ -48,3 +50,10 @@ class DockerConfig(BaseModel):
     each is copied once per engine into a volume and mounted from there, and a writable mount
     is refused (the proxy's socket dir is never mounted: sandboxes tunnel to it). None: bound
     only on this machine's default engine, where host paths are the engine's."""
+
+    @field_validator("engine")
+    @classmethod
+    def _engine_form(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith(("unix:///", "tcp://", "ssh://")):
+            raise ValueError(f"engine {v!r}: want DOCKER_HOST form, unix:///PATH, tcp://HOST:PORT or ssh://USER@HOST")
+        return v

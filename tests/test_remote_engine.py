@@ -21,7 +21,27 @@ import pytest
 from harnessrl.adapters.toolchain import toolchain_root
 from harnessrl.sandboxes import RepoSpec, SandboxUnavailable
 
-pytestmark = [pytest.mark.docker, pytest.mark.slow]
+
+
+
+def test_the_engine_is_validated_in_docker_host_form():
+    from pydantic import ValidationError
+
+    from harnessrl.sandboxes.docker import DockerConfig
+    from harnessrl.sandboxes.engine import is_local, resolve
+
+    assert DockerConfig(engine="ssh://me@build-7").engine == "ssh://me@build-7"
+    with pytest.raises(ValidationError, match=r"engine\n.*engine 'http://h:2375': want DOCKER_HOST form"):
+        DockerConfig(engine="http://h:2375")
+    from harnessrl.gym.rollout import RolloutConfig
+
+    run = RolloutConfig(docker={"engine": "tcp://10.0.0.2:2376", "cert_path": "/certs"})  # a run's own engine
+    assert (run.docker.engine, run.docker.cert_path, run.docker.host_mounts) == ("tcp://10.0.0.2:2376", "/certs", None)
+    with pytest.raises(ValidationError, match=r"docker.enigne\n  Extra inputs are not permitted"):
+        RolloutConfig(docker={"enigne": "tcp://10.0.0.2:2376"})
+    assert resolve("/tmp/d.sock") == "unix:///tmp/d.sock"
+    assert is_local("unix:///var/run/docker.sock") and not is_local("unix:///tmp/d.sock")
+    assert not is_local("tcp://10.0.0.2:2376")
 
 
 @pytest.fixture(scope="module")
@@ -70,6 +90,8 @@ def remote(engine):
     return DockerBackend(DockerConfig(engine=engine, memory="512m", run_id="remote-test"))
 
 
+@pytest.mark.docker
+@pytest.mark.slow
 def test_the_remote_backend_binds_nothing_and_records_why_cgroups_are_skipped(remote, engine, tmp_path):
     from tests.test_sandboxes import _git
 
@@ -103,11 +125,28 @@ def test_the_remote_backend_binds_nothing_and_records_why_cgroups_are_skipped(re
                           mounts=[Mount(str(src), "/opt/rw", False)])
     finally:
         sb.close()
+    # a warm pool on the second engine: a released sandbox is reset there and handed out again
+    from harnessrl.sandboxes.pool import PoolConfig, SandboxPool
+
+    spec = RepoSpec("remote-calc", str(repo), _git(repo, "rev-parse", "HEAD"))
+    pool = SandboxPool(remote, PoolConfig(size=1))
+    try:
+        first = pool.acquire(spec)
+        first.write_file("dirt.txt", b"x")
+        assert pool.release(first) is not None
+        again = pool.acquire(spec)
+        assert again.id == first.id and again.exec("ls").output == "a.txt\n"
+        assert again.id in {c.id for c in remote.client.containers.list()}
+        pool.release(again)
+    finally:
+        pool.close()
     # reaping is per engine: this run's containers on the second engine, none of the first's
-    sb2 = remote.create(RepoSpec("remote-calc", str(repo), _git(repo, "rev-parse", "HEAD")))
+    sb2 = remote.create(spec)
     assert remote.reap(run_id="remote-test") == 1 and not sb2.alive()
 
 
+@pytest.mark.docker
+@pytest.mark.slow
 @pytest.mark.harness
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("harness", ["mini-swe-agent", "codex"])
