@@ -158,11 +158,11 @@ def build_context_image(client, spec: RepoSpec, base: str) -> str:
                 f"(sandboxes build offline); fix: `docker load` or build it here under that tag, or use "
                 f"FROM ${{{BASE_ARG}}} (the offline base image, {base})") from None
     log: list[str] = []
-    api = docker.from_env(timeout=BUILD_READ_TIMEOUT_S).api  # its own client: a longer read timeout
-    try:
-        for chunk in api.build(fileobj=_context_tar(context, _with_links(text)), custom_context=True,
-                               tag=spec.image, pull=False, rm=True, forcerm=True, network_mode="none",
-                               buildargs=build_args, decode=True, labels={"harnessrl.managed": "1"}):
+    try:  # on the backend's own engine, with a longer read timeout than its other calls
+        for chunk in client.api.build(fileobj=_context_tar(context, _with_links(text)), custom_context=True,
+                                      timeout=BUILD_READ_TIMEOUT_S, tag=spec.image, pull=False, rm=True,
+                                      forcerm=True, network_mode="none", buildargs=build_args, decode=True,
+                                      labels={"harnessrl.managed": "1"}):
             if "stream" in chunk:
                 log.append(chunk["stream"])
             if "error" in chunk:  # one line: the error, then the build's last lines of output
@@ -172,8 +172,6 @@ def build_context_image(client, spec: RepoSpec, base: str) -> str:
                                    f"{chunk['error'].strip()}; its output ended: {' | '.join(tail)[-600:]}")
     except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
         raise SandboxError(f"building {dockerfile_path} failed: {type(e).__name__}: {e}") from None
-    finally:
-        api.close()
     working = (client.images.get(spec.image).attrs.get("Config") or {}).get("WorkingDir") or "/"
     if working.rstrip("/") != spec.workdir.rstrip("/"):
         client.images.remove(spec.image, force=True)

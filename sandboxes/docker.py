@@ -138,8 +138,11 @@ class DockerBackend:
         import docker.errors
 
         if spec.image_context:  # the task's own Dockerfile: built offline, its workdir the source
+            base = self.config.base_image or base_image_tag()
+            if not self.local:
+                ensure_base_image(self.client, base)
             with lock_for(spec.image):
-                build_context_image(self.client, spec, self.config.base_image or base_image_tag())
+                build_context_image(self.client, spec, base)
                 export_workdir(self.client, spec)
 
         try:

@@ -167,3 +167,22 @@ def test_check_adapter_passes_against_the_remote_engine(engine, harness, monkeyp
     copied = {v.attrs["Labels"]["harnessrl.copy_of"].rsplit("/toolchain/", 1)[-1] for v in vols}
     if harness == "codex":  # what the inside harness runs from was copied to the engine, and only that
         assert {"node", "npm/codex"} <= copied and not any(c.startswith(("venvs", "pip")) for c in copied)
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_task_with_its_own_dockerfile_is_built_and_graded_on_the_remote_engine(remote):
+    from harnessrl.gym.grading.score import score
+    from harnessrl.gym.tasks.harbor.loader import load_dir
+
+    shipped = Path(__file__).resolve().parents[1] / "gym" / "tasks" / "suites" / "harbor"
+    task = next(t for t in load_dir(shipped) if t.instance_id == "wordcount-fix")
+    sb = remote.create(task.repo_spec())
+    try:
+        assert sb.container.client.api.inspect_container(sb.id)["Image"] in \
+            {i.id for i in remote.client.images.list()}  # the image is the second engine's own build
+        assert sb.exec("ls /app").output.split() == ["README.md", "wordcount.py"]
+        assert score(sb, task).reward == 0.0  # graded there: the bug is still in
+    finally:
+        sb.close()
