@@ -182,6 +182,12 @@ def engine_failures(traj: Trajectory) -> list[int]:
     return [c.index for c in traj.calls if c.finish_reason in ("engine_error", "error") or c.flags.get("engine_error")]
 
 
+def served_by(traj: Trajectory) -> str | None:
+    """The engine that served the session's last call, when several engines serve the proxy
+    (`flags["engine"]`); None with one engine (the handle names it)."""
+    return next((c.flags["engine"] for c in reversed(traj.calls) if c.flags.get("engine")), None)
+
+
 def _fatal(e: BaseException) -> bool:
     """What no episode may swallow: the process is being stopped."""
     return isinstance(e, (KeyboardInterrupt, SystemExit))
@@ -312,7 +318,8 @@ def _judge(run: _Run, early: EpisodeEnded | None, played: Trajectory, proxy: Pro
     # A harness that stopped short may have given up on an engine that died after its last
     # recorded call; one that submitted or spent its budget ended on its own (its record says
     # whether any call failed), so a slow /health must not void it.
-    if end.reason in ("harness_exited", "harness_crashed", "timeout") and engine_down(proxy.engine_url):
+    if end.reason in ("harness_exited", "harness_crashed", "timeout") and engine_down(served_by(played)
+                                                                                  or proxy.engine_url):
         return EngineFailed(f"the engine stopped answering ({end.reason}: {end})")
     return end
 

@@ -26,8 +26,9 @@ class ProxyHandle:
     _: KW_ONLY
     engine_url: str | None
     """The engine behind the proxy; when a harness stops, its /health tells an engine failure
-    (infra, masked) from a harness that gave up (scored). None only for a proxy whose engine
-    cannot be reached from here (then only the recorded calls tell)."""
+    (infra, masked) from a harness that gave up (scored). None for a proxy whose engine
+    cannot be reached from here (then only the recorded calls tell), and for one with several
+    engines (each call records the engine that served it, `flags["engine"]`, which is asked)."""
     uds_path: str | None = None
     """The proxy's own unix socket, if it serves one (else the relay targets its TCP port)."""
 
@@ -38,7 +39,8 @@ class ProxyHandle:
         door, is then left out."""
         if not server.url:
             raise RuntimeError("ProxyHandle.of: the proxy is not started (it has no URL yet)")
-        return cls(url or server.url, server.admin_token, engine_url=server.config.engine_url,
+        urls = server.config.engine_urls
+        return cls(url or server.url, server.admin_token, engine_url=urls[0] if len(urls) == 1 else None,
                    uds_path=None if url else server.config.uds_path)
 
 

@@ -182,7 +182,7 @@ class Rollout:
     closed by this rollout; None: its own when `sandbox_pool_size` > 0. `tasks`: the run's
     tasks, loaded once by the caller (None: the suite of `cfg`, loaded now)."""
 
-    def __init__(self, cfg: RolloutConfig, engine_url: str, out_dir: str | Path, generation_backend: Any = None,
+    def __init__(self, cfg: RolloutConfig, engine_url: str | list[str], out_dir: str | Path, generation_backend: Any = None,
                  sandboxes: Any = None, tasks: list | None = None, proxy_fields: dict[str, Any] | None = None):
         """`generation_backend`: a `GenerationBackend` object the proxy generates through
         instead of `engine_url` (e.g. the Tinker bridge's `TinkerBackend`); `proxy_fields`:
@@ -366,7 +366,7 @@ def _mean(xs: list[float]) -> float | None:
     return round(sum(xs) / len(xs), 3) if xs else None
 
 
-async def run_rollout(cfg: RolloutConfig, engine_url: str, out_dir: str | Path, *, episodes: int,
+async def run_rollout(cfg: RolloutConfig, engine_url: str | list[str], out_dir: str | Path, *, episodes: int,
                       concurrency: int, progress: bool = True, tasks: list | None = None) -> dict[str, Any]:
     """`episodes` episodes over the suite's tasks (cycled), `concurrency` at a time, each through a
     harness drawn by weight (`gym.harness_mix`; one harness: always it); the report, with a

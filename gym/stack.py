@@ -69,7 +69,7 @@ def load_suite_tasks(cfg: "RolloutConfig") -> list:
     return tasks
 
 
-def proxy_config(cfg: "RolloutConfig", engine_url: str = "", out_dir: str | Path | None = None,
+def proxy_config(cfg: "RolloutConfig", engine_url: str | list[str] = "", out_dir: str | Path | None = None,
                  **fields: Any) -> "ProxyConfig":
     """The proxy of a run of `cfg` in front of `engine_url` ("" when a backend object generates);
     with `out_dir` its store and unix socket live there. `fields`: other `ProxyConfig` fields
@@ -137,7 +137,7 @@ class EpisodeStack:
             self._tasks = {t.instance_id: t for t in load_suite_tasks(self.cfg)}
         return self._tasks
 
-    def proxy(self, engine_url: str = "", out_dir: str | Path | None = None, generation_backend: Any = None,
+    def proxy(self, engine_url: str | list[str] = "", out_dir: str | Path | None = None, generation_backend: Any = None,
               tokenizer: Any = None, **fields: Any) -> "ProxyServer":
         """A proxy (not started) for this run's settings (`proxy_config`), generating through
         `generation_backend` when given, else the engine at `engine_url`."""

@@ -95,7 +95,7 @@ def eval_task_ids(ev: EvalConfig, base: RolloutConfig, tasks: list | None = None
 
 
 # -- one evaluation point ------------------------------------------------------------------------
-async def evaluate(point: str, ev: EvalConfig, base: RolloutConfig, engine_url: str, out_dir: str | Path, *,
+async def evaluate(point: str, ev: EvalConfig, base: RolloutConfig, engine_url: str | list[str], out_dir: str | Path, *,
                    generation_backend: Any = None, episode_timeout_s: float | None = None,
                    tasks: list | None = None) -> dict[str, Any]:
     """Run the point's episodes, write `<out_dir>/eval/<point>/summary.json`, return the summary.

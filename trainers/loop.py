@@ -117,6 +117,7 @@ async def _stages(cfg: TrainConfig, out: Path, t_start: float, held: contextlib.
     """Start the warm pool, the engine and the trainer (each registered on `held` as soon as it
     exists), then run the stages; returns the step metrics, the run report and the evaluations."""
     from harnessrl.gym.backends.engine_client import EngineClient
+    from harnessrl.gym.backends.fleet import EngineFleet
     from harnessrl.trainers.base import trainer_class
     from harnessrl.trainers.lora_sync import AdapterWeightSync
     from harnessrl.trainers.weight_sync import DiskWeightSync
@@ -144,7 +145,8 @@ async def _stages(cfg: TrainConfig, out: Path, t_start: float, held: contextlib.
             engine = EngineServer(model=cfg.model, port=0, weight_version="0", num_threads=cfg.engine_threads).start()
             held.callback(engine.stop)
         engine_url = cfg.engine_url or (engine.url if engine is not None else "")
-        client = EngineClient(engine_url)
+        # several engines: every sync and pause fanned out to all of them (gym.backends.fleet)
+        client = EngineFleet(engine_url) if isinstance(engine_url, list) else EngineClient(engine_url)
         sync = DiskWeightSync(client, out / "weights")
         if cfg.trainer.lora is not None:  # the adapter alone (or merged weights, `lora.sync`); once loaded,
             # the proxy names it in every generation (`lora_path`), as SGLang serves it only to those
@@ -201,7 +203,16 @@ async def _prepare(cfg: TrainConfig, tasks: RunTasks) -> dict[str, Any]:
     return made
 
 
-async def _rl_stage(cfg: TrainConfig, trainer, sync, engine_url: str, rollout_cfg, sandboxes, tasks: list,
+def _engines_behind(sync: Any) -> dict[str, Any]:
+    """With several engines, `engines_behind`: each engine the last sync left out of service
+    (url, the version it holds, why), and `engine_version`: the minimum across those in service."""
+    behind = getattr(getattr(sync, "client", None), "behind", None)
+    if behind is None:
+        return {}
+    return {"engines_behind": behind(), "engine_version": sync.client.version}
+
+
+async def _rl_stage(cfg: TrainConfig, trainer, sync, engine_url: str | list[str], rollout_cfg, sandboxes, tasks: list,
                     curriculum: Curriculum, out: Path,
                     writer, t_start: float) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """`cfg.steps` GRPO steps through the harness; returns the step metrics and the run report."""
@@ -236,6 +247,7 @@ async def _rl_stage(cfg: TrainConfig, trainer, sync, engine_url: str, rollout_cf
                 batch_report = report(sel.seen)
                 m |= cheat_metrics(sel.seen) | {
                     "env_latency_p95_s": batch_report["env_latency_s"]["p95"], "sync_s": round(sync.last_sync_s, 3),
+                    **_engines_behind(sync),
                     "wall_s": time.monotonic() - t_start, "scheduler": sched.stats.as_dict(),
                     "batch_report": batch_report}
                 if mixed:

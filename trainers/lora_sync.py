@@ -30,7 +30,7 @@ from typing import Any, Callable, Literal
 import httpx
 
 from harnessrl.gym.backends.engine_client import EngineClient, EngineError
-from harnessrl.trainers.weight_sync import DiskWeightSync, paused
+from harnessrl.trainers.weight_sync import DiskWeightSync, paused, served_version
 
 
 def folder_bytes(folder: Path) -> int:
@@ -79,7 +79,7 @@ class AdapterWeightSync:
                 self.adapters = False  # no LoRA route on this engine: merged weights from now on
             else:
                 self._done("adapter", target, t0)
-                return version
+                return served_version(self.client, version)
         version = await self.full.push(trainer)  # (only ever before an adapter loaded: nothing to unname)
         self._done("merged", self.root / f"v{version}", t0)
         return version

@@ -8,8 +8,9 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from harnessrl.gym.backends import engine_urls
 from harnessrl.gym.canary import CanaryConfig
 from harnessrl.gym.episode import EpisodeConfig
 from harnessrl.gym.grading.verdict import RewardConfig
@@ -87,8 +88,11 @@ class TrainConfig(BaseModel):
     """Training steps (each: one batch of complete groups, one update, one weight sync)."""
     out_dir: str = "runs/train"
     """Run folder: metrics.jsonl, TensorBoard events, trajectories, weights, checkpoints, plots."""
-    engine_url: str | None = None
-    """An SGLang-contract engine to use (e.g. a real SGLang server); None starts the local CPU engine."""
+    engine_url: str | list[str] | None = None
+    """An SGLang-contract engine to use (e.g. a real SGLang server, or SGLang's router); None starts
+    the local CPU engine. A list of several engines serving the same model: each episode sticks to
+    one, weight syncs and pauses reach all of them at once, and a failed one is routed around
+    (docs/scaling.md, "Many engines")."""
     engine_threads: int | None = Field(2, ge=1)
     """torch threads of the local engine (None: torch's default)."""
     rollout: RolloutConfig = Field(default_factory=_default_rollout)
@@ -147,6 +151,11 @@ class TrainConfig(BaseModel):
     weight, the feedback's minimum age, the baseline of their advantage. None: none."""
     progress: bool = True
     """Show a progress bar."""
+
+    @field_validator("engine_url")
+    @classmethod
+    def _engine_urls(cls, v: str | list[str] | None) -> str | list[str] | None:
+        return None if v is None else engine_urls(v)
 
     @model_validator(mode="after")
     def _trainer_named(self) -> "TrainConfig":

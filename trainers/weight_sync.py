@@ -20,10 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from harnessrl.gym.backends.engine_client import EngineClient
+from harnessrl.gym.backends.fleet import EngineFleet
 
 
 @contextlib.asynccontextmanager
-async def paused(client: EngineClient | None, gate: Any = None):
+async def paused(client: EngineClient | EngineFleet | None, gate: Any = None):
     """Proxy admission paused (`gate`, if any) -> engine paused with abort (`client`, if any);
     on exit, even after a failure, the engine continued and then the proxy resumed."""
     import asyncio
@@ -38,14 +39,33 @@ async def paused(client: EngineClient | None, gate: Any = None):
         try:
             yield
         finally:
-            await client.resume()
+            try:
+                await client.resume()
+            finally:
+                await route(client, gate)
     finally:
         if gate is not None:
             await asyncio.to_thread(gate.resume)
 
 
+async def route(client: Any, gate: Any) -> None:
+    """Tell the proxy (`gate.use_engines`) which engines of a fleet (`client.serving()`) are in
+    service, so that no call reaches an engine the sync left behind; a no-op for one engine."""
+    import asyncio
+
+    serving, use = getattr(client, "serving", None), getattr(gate, "use_engines", None)
+    if serving is not None and use is not None:
+        await asyncio.to_thread(use, serving())
+
+
+def served_version(client: Any, version: int) -> int:
+    """The version pushed, or the minimum across a fleet's engines in service when that is lower."""
+    v = getattr(client, "version", None)
+    return min(version, v) if isinstance(v, int) else version
+
+
 class DiskWeightSync:
-    def __init__(self, client: EngineClient, root: str | Path, keep: int = 2, gate: Any = None):
+    def __init__(self, client: EngineClient | EngineFleet, root: str | Path, keep: int = 2, gate: Any = None):
         self.client = client
         self.root = Path(root)
         self.keep = keep
@@ -63,7 +83,7 @@ class DiskWeightSync:
         await self.load(target, version)
         self._prune()
         self.last_sync_s = time.monotonic() - t0
-        return version
+        return served_version(self.client, version)
 
     async def load(self, folder: str | Path, version: int) -> None:
         """Proxy admission paused -> engine paused (abort) -> weights loaded as `version` ->

@@ -15,6 +15,8 @@ Backends, by short name (a full "module:Class" path is accepted too):
   another event loop;
 - `tinker.TinkerBackend`: a Tinker `SamplingClient` (hosted Tinker, SkyRL's Tinker server).
 The last two are objects, not URLs: they are handed to the proxy (`ProxyServer(backend=...)`).
+Several URLs of one kind make a `router.RoutedBackend` (`make_routed`): each session sticks to
+one engine; `fleet.EngineFleet` fans a weight sync's control calls out to them all.
 """
 from __future__ import annotations
 
@@ -52,4 +54,29 @@ def make_backend(name: str, url: str, *, timeout: float = 600.0, timeouts: Engin
     return backend_class(name)(url, timeout=timeout, timeouts=timeouts, **kw)
 
 
-__all__ = ["BACKENDS", "BackendName", "GenerationBackend", "backend_class", "make_backend"]
+def engine_urls(value: str | list[str]) -> str | list[str]:
+    """A config's engine URL(s) checked: a list must be non-empty, of distinct non-empty URLs;
+    a list of one is that URL (one engine, as before)."""
+    if not isinstance(value, list):
+        return value
+    urls = [u.strip().rstrip("/") for u in value]
+    if not urls or not all(urls):
+        raise ValueError("a list of engine URLs must be non-empty, without empty URLs")
+    if len(set(urls)) != len(urls):
+        raise ValueError(f"engine URLs must differ: {value}")
+    return urls[0] if len(urls) == 1 else urls
+
+
+def make_routed(name: str, urls: list[str], *, timeout: float = 600.0, timeouts: EngineTimeouts | None = None,
+                **kw: Any) -> GenerationBackend:
+    """The backend of one URL, or for several a `router.RoutedBackend` over one backend each
+    (sticky per session, a failed engine routed around)."""
+    if len(urls) == 1:
+        return make_backend(name, urls[0], timeout=timeout, timeouts=timeouts, **kw)
+    from .router import RoutedBackend
+
+    return RoutedBackend([make_backend(name, u, timeout=timeout, timeouts=timeouts, **kw) for u in urls])
+
+
+__all__ = ["BACKENDS", "BackendName", "GenerationBackend", "backend_class", "engine_urls", "make_backend",
+           "make_routed"]

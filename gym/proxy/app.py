@@ -24,6 +24,7 @@ import contextlib
 import logging
 import secrets
 import time
+from typing import Sequence
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -66,14 +67,17 @@ async def _parsed(parse, raw: bytes):
     return req
 
 
-def as_proxy_error(e: BaseException, engine_url: str = "") -> ProxyError:
+def as_proxy_error(e: BaseException, engine_urls: Sequence[str] = ()) -> ProxyError:
     """What the harness is told about an exception raised while serving its call, never
-    with the engine's address in it (the agent has no business calling the engine itself)."""
+    with an engine's address in it (the agent has no business calling the engine itself)."""
     pe = _as_proxy_error(e)
-    url = engine_url.rstrip("/")
-    if url and url in pe.message:
-        pe = ProxyError(pe.status, pe.message.replace(url, "<engine>"), kind=pe.kind, param=pe.param,
-                        headers=pe.headers)
+    message = pe.message
+    for url in engine_urls:
+        url = url.rstrip("/")
+        if url:
+            message = message.replace(url, "<engine>")
+    if message != pe.message:
+        pe = ProxyError(pe.status, message, kind=pe.kind, param=pe.param, headers=pe.headers)
     return pe
 
 
@@ -140,7 +144,7 @@ class ProxyApp:
             return self.fail(dialect, e)
 
     def fail(self, dialect, e: BaseException) -> Response:
-        pe = as_proxy_error(e, self.config.engine_url)
+        pe = as_proxy_error(e, self.config.engine_urls)
         self.core.counters["errors_4xx" if pe.status < 500 else "errors_5xx"] += 1
         return _error(dialect, pe)
 
@@ -182,7 +186,7 @@ class ProxyApp:
             async for chunk in agen:
                 yield chunk
         except Exception as e:  # headers are out: report in the dialect's stream error event
-            pe = as_proxy_error(e, self.config.engine_url)
+            pe = as_proxy_error(e, self.config.engine_urls)
             self.core.counters["errors_4xx" if pe.status < 500 else "errors_5xx"] += 1
             yield dialect.Stream(p.req, "error", p.req.model, 0).error(pe.status, pe.message)
         finally:

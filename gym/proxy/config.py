@@ -5,7 +5,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from harnessrl.gym.backends import BackendName
+from harnessrl.gym.backends import BackendName, engine_urls
 from harnessrl.gym.proxy.toolcalls import ToolFormatName
 
 
@@ -14,9 +14,11 @@ class ProxyConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
-    engine_url: str
+    engine_url: str | list[str]
     """Base URL of the engine, e.g. http://127.0.0.1:30000 (SGLang's `/generate` with token ids, or
-    vLLM's token-in/token-out routes with `backend="vllm"`). Ignored when the proxy is handed a
+    vLLM's token-in/token-out routes with `backend="vllm"`), or a list of several such engines
+    serving the same model: each session sticks to one of them, a failed one is routed around
+    (`gym.backends.router`). SGLang's own router is one URL. Ignored when the proxy is handed a
     backend object (`ProxyServer(config, backend=...)`: a trainer's in-process generation side)."""
 
     backend: BackendName = "sglang"
@@ -169,6 +171,16 @@ class ProxyConfig(BaseModel):
 
     teacher_api_key: str | None = None
     """Bearer key for `teacher_url` (None: no Authorization header)."""
+
+    @field_validator("engine_url")
+    @classmethod
+    def _engine_url(cls, v: str | list[str]) -> str | list[str]:
+        return engine_urls(v)
+
+    @property
+    def engine_urls(self) -> list[str]:
+        """`engine_url` as a list (one URL: a list of one)."""
+        return list(self.engine_url) if isinstance(self.engine_url, list) else [self.engine_url]
 
     @field_validator("top_k")
     @classmethod

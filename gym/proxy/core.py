@@ -25,7 +25,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Awaitable, Callable
 
-from ..backends import make_backend
+from ..backends import make_routed
 from ..backends.protocol import SESSION, GenerationBackend
 from harnessrl.gym.backends.engine_client import EngineError, EngineTimeout, EngineTimeouts
 from .canonical import ChatRequest, Completion, Message
@@ -155,7 +155,7 @@ class ProxyCore:
             self.engine = self._given_backend
         else:
             extra = {"route": c.vllm_route} if c.backend == "vllm" else {}
-            self.engine = make_backend(c.backend, c.engine_url, timeout=c.engine_first_byte_timeout_s or 600.0,
+            self.engine = make_routed(c.backend, c.engine_urls, timeout=c.engine_first_byte_timeout_s or 600.0,
                                        timeouts=EngineTimeouts(c.engine_connect_timeout_s, c.engine_first_byte_timeout_s,
                                                                c.engine_idle_timeout_s, c.engine_total_timeout_s), **extra)
         self.gate = PauseGate()
@@ -184,6 +184,9 @@ class ProxyCore:
         if s is None:
             raise KeyError(f"unknown session {sid!r}")
         s.closed = True
+        release = getattr(self.engine, "release", None)  # a router: the session no longer loads its engine
+        if release is not None:
+            release(sid)
         s.branches = []  # its token state is in the store; keep memory flat over long runs
         self.store.close_session(sid)
 
@@ -205,10 +208,15 @@ class ProxyCore:
         return self.store.trajectory(sid).to_dict()
 
     def stats(self) -> dict[str, Any]:
-        return dict(self.counters, sessions_open=sum(not s.closed for s in list(self.sessions.values())),
-                    sessions=len(self.sessions), paused=bool(self.gate and self.gate.paused),
-                    chat_template_hash=self.renderer.template_hash,
-                    incremental_exact=self.renderer.incremental_exact, stored_calls=self.store.call_count())
+        """The counters; with several engines also `engines`, each one's service state and load."""
+        out = dict(self.counters, sessions_open=sum(not s.closed for s in list(self.sessions.values())),
+                   sessions=len(self.sessions), paused=bool(self.gate and self.gate.paused),
+                   chat_template_hash=self.renderer.template_hash,
+                   incremental_exact=self.renderer.incremental_exact, stored_calls=self.store.call_count())
+        engines = getattr(self.engine, "report", None)
+        if engines is not None:
+            out["engines"] = engines()
+        return out
 
     # -- the call pipeline ---------------------------------------------------------------
     def check_model(self, req: ChatRequest) -> None:
@@ -309,7 +317,7 @@ class ProxyCore:
                 except asyncio.CancelledError:  # the client left during the probe: record it all the same
                     rec.failed(e, params)
                     raise
-                raise rec.failed(e, params, healthy) from e
+                raise rec.failed(e, params, healthy, engine=self._engine_of(s.id)) from e
             except _ClientGone:
                 rec.detached("undelivered", params, undelivered="client_disconnected")
                 raise ProxyError(499, "the client disconnected before the reply was ready") from None
@@ -333,6 +341,11 @@ class ProxyCore:
                 self.counters["undelivered"] += 1
                 raise
             self._advance(s, call.pl, req, reply, call.gen, versions)
+
+    def _engine_of(self, sid: str) -> str | None:
+        """Which engine serves session `sid`, when several do (`gym.backends.router`); else None."""
+        where = getattr(self.engine, "engine_of", None)
+        return where(sid) if where is not None else None
 
     async def _open(self, p: Prepared, stream_cls) -> _Call:
         """The call's first step, under its session's lock: its timings, its prompt rendered
@@ -413,6 +426,9 @@ class ProxyCore:
             flags["spawned_by"] = pl.spawned_by
         if pl.compacted_from is not None:
             flags["compacted_from"] = pl.compacted_from
+        engine = self._engine_of(p.session.id)
+        if engine is not None:
+            flags["engine"] = engine
         if call.writer is None and p.disconnected is not None and await p.disconnected():
             # generated, but nobody is left to receive it: keep it out of training
             call.rec.detached("undelivered", call.params, flags, undelivered="client_disconnected")

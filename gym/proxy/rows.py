@@ -6,7 +6,8 @@ the record but in no segment (`gym.trajectory`): a failed engine call (finish_re
 and for a timeout the phase and whether /health answered right after), or a reply the
 harness never received (`flags["undelivered"]`, with whatever was generated), a prompt the
 engine refused with a 400 (`flags["refused"]`: its message, `prompt_tokens`), or a call
-the proxy itself failed (`flags["proxy_error"]`: not an engine failure). Every row
+the proxy itself failed (`flags["proxy_error"]`: not an engine failure). With several engines
+every row names the one that served (or failed) it (`flags["engine"]`). Every row
 stores its prompt as a delta against its segment (`prefix_len` + the new ids).
 """
 from __future__ import annotations
@@ -57,8 +58,10 @@ class CallRow:
         if why in ("undelivered", "engine_error"):
             self.counters["undelivered" if why == "undelivered" else "engine_errors"] += 1
 
-    def failed(self, e: EngineError, params: dict[str, Any] | None, healthy: bool | None = None) -> ProxyError:
-        """Record a failed engine call (not a refused prompt); the error the harness gets for it."""
+    def failed(self, e: EngineError, params: dict[str, Any] | None, healthy: bool | None = None,
+               engine: str | None = None) -> ProxyError:
+        """Record a failed engine call (not a refused prompt); the error the harness gets for it.
+        `engine`: which of several engines failed it (`flags["engine"]`)."""
         if e.status_code == 400:
             # e.g. the prompt outgrew the context: the harness must compact. Not an engine
             # failure (the policy's own doing, so never a mask) and nothing was generated: a
@@ -72,6 +75,8 @@ class CallRow:
         if timeout:
             extra["engine_timeout_phase"] = e.phase
             extra["engine_healthy"] = healthy
+        if engine is not None:
+            extra["engine"] = engine
         if self.gen.ids:  # a stream that broke: what arrived is not a reply, keep only the count
             extra["partial_tokens"] = len(self.gen.ids)
         self.detached("engine_error", params, finish_reason="engine_error", completion=False, **extra)

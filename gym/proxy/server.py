@@ -152,6 +152,15 @@ class ProxyServer:
         self._on_loop(lambda: select(name))
         return True
 
+    def use_engines(self, urls: list[str]) -> bool:
+        """Route generations only to these engines from now on (a weight sync reached them; any
+        other is behind); False when the proxy has a single engine (nothing to choose)."""
+        serve = getattr(self.core.engine, "serve_only", None)
+        if serve is None:
+            return False
+        self._on_loop(lambda: serve(urls))
+        return True
+
     def stats(self) -> dict[str, Any]:
         return self.core.stats()
 
