@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import sqlite3
-import subprocess
 import sys
 import threading
 import time
@@ -22,34 +20,18 @@ from harnessrl.gym.episode import EpisodeConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from adapter_helpers import docker_backend  # noqa: E402
+import engine_helpers  # noqa: E402
 
 pytestmark = [pytest.mark.docker, pytest.mark.harness, pytest.mark.slow]
 TASK = "harnessrl-builtin__cachekit-2"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class LocalEngine:
-    """`python -m harnessrl.trainers.engine` serving tiny-llama, as its own process."""
+class LocalEngine(engine_helpers.LocalEngine):
+    """The engine process, killed once the proxy has recorded a call."""
 
     def __init__(self) -> None:
-        self.url = f"http://127.0.0.1:{_free_port()}"
-        self.proc = subprocess.Popen([sys.executable, "-m", "harnessrl.trainers.engine", "--model", "tiny-llama",
-                                      "--port", self.url.rsplit(":", 1)[1], "--weight-version", "0",
-                                      "--num-threads", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        while True:  # the test's own timeout bounds the start
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"engine exited: {self.proc.stderr.read().decode()[-2000:]}")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=5).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
+        super().__init__()
+        self.wait_ready()
 
     def kill_after_first_call(self, db: Path) -> threading.Thread:
         """SIGKILL the engine as soon as the proxy's store at `db` holds a recorded call."""
@@ -68,11 +50,6 @@ class LocalEngine:
         t = threading.Thread(target=watch, daemon=True)
         t.start()
         return t
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait()
 
 
 @pytest.fixture

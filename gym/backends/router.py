@@ -83,18 +83,18 @@ class RoutedBackend:
     def _slot(self, session: str | None) -> EngineSlot:
         with self._lock:
             slot = self._table.get(session) if session is not None else None
-            if slot is not None and slot.in_service:
-                return slot
-            if slot is not None:  # its engine failed: the session moves
+            if slot is not None and not slot.in_service:  # its engine failed: the session moves
                 slot.sessions -= 1
                 del self._table[session]
-            live = [s for s in self.slots if s.in_service]
-            if not live:
-                raise EngineError("no engine in service: " + "; ".join(f"{s.url}: {s.reason}" for s in self.slots))
-            slot = min(live, key=lambda s: s.sessions)  # min keeps the first of equals: lowest index
-            if session is not None:
-                self._table[session] = slot
-                slot.sessions += 1
+                slot = None
+            if slot is None:
+                live = [s for s in self.slots if s.in_service]
+                if not live:
+                    raise EngineError("no engine in service: " + "; ".join(f"{s.url}: {s.reason}" for s in self.slots))
+                slot = min(live, key=lambda s: s.sessions)  # min keeps the first of equals: lowest index
+                if session is not None:
+                    self._table[session] = slot
+                    slot.sessions += 1
             slot.calls += 1
             return slot
 

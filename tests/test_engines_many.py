@@ -1,0 +1,206 @@
+"""Three real local engines (tiny-llama, each its own process on loopback) behind one proxy:
+sessions stick to one engine and spread over the three (the second call of a session hits
+its engine's prefix cache), a weight sync reaches all three (the same weights and version on
+each, read back from the engines), and a killed engine fails only the calls routed to it:
+its session's call is recorded `engine_error` and moves, new sessions go to the other two,
+the next sync leaves it behind without failing, and in real episodes (Docker sandboxes, a
+real harness process) only the episode on it is masked. Real HTTP and tokenizer, no mocks."""
+from __future__ import annotations
+
+import asyncio
+import collections
+import sys
+import threading
+from pathlib import Path
+
+import httpx
+import pytest
+
+from harnessrl.gym.backends.fleet import EngineFleet
+from harnessrl.gym.episode import engine_failures
+from harnessrl.gym.models import load_tokenizer, resolve_model
+from harnessrl.gym.proxy import ProxyConfig, ProxyServer
+from harnessrl.trainers.weight_sync import DiskWeightSync
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from engine_helpers import start_engines  # noqa: E402
+from proxy_helpers import post  # noqa: E402
+
+pytestmark = pytest.mark.timeout(600)
+MAX = 8
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return load_tokenizer("tiny-llama")
+
+
+@pytest.fixture(scope="module")
+def engines():
+    trio = start_engines(3)
+    yield trio
+    for e in trio:
+        e.kill()
+
+
+@pytest.fixture
+def fresh_engines():
+    """Three engines of this test's own (it kills one)."""
+    trio = start_engines(3)
+    yield trio
+    for e in trio:
+        e.kill()
+
+
+def _proxy(urls: list[str], tok) -> ProxyServer:
+    # "honor": the calls below ask for greedy decoding, so each record can be re-checked
+    return ProxyServer(ProxyConfig(engine_url=urls, model="tiny-llama", sampling_policy="honor"), tokenizer=tok)
+
+
+def _chat(proxy: ProxyServer, sid: str, key: str, messages: list[dict]) -> httpx.Response:
+    return post(proxy.openai_base_url(sid) + "/chat/completions", key,
+                {"model": "policy", "messages": messages, "max_tokens": MAX, "temperature": 0})
+
+
+def _say(proxy, sid, key, messages: list[dict]) -> None:
+    """One call that must succeed; its reply and a new user turn are appended to `messages`."""
+    r = _chat(proxy, sid, key, messages)
+    assert r.status_code == 200, r.text
+    messages += [{"role": "assistant", "content": r.json()["choices"][0]["message"]["content"]},
+                 {"role": "user", "content": "go on"}]
+
+
+def _direct(url: str, prompt: list[int], n: int = MAX) -> tuple[list[int], list[float]]:
+    """Greedy ids and logprobs straight from one engine."""
+    r = httpx.post(url + "/generate", json={"input_ids": prompt, "return_logprob": True, "sampling_params": {
+        "max_new_tokens": n, "temperature": 0, "stop_token_ids": [2]}}, timeout=120).json()
+    lps = r["meta_info"]["output_token_logprobs"]
+    return [e[1] for e in lps], [e[0] for e in lps]
+
+
+def _perturbed(folder: Path) -> Path:
+    """tiny-llama with every weight moved (seeded), saved as a weights folder."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(resolve_model("tiny-llama")), dtype=torch.float32)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.05)
+    model.save_pretrained(folder)
+    return folder
+
+
+class SavedPolicy:
+    """The publish side of the `Trainer` contract: weights from a folder into `target`, a version out."""
+
+    def __init__(self, source: Path, version: int):
+        self.source, self.version = source, version
+
+    def publish(self, target: Path) -> int:
+        import shutil
+
+        shutil.copytree(self.source, target)
+        return self.version
+
+
+def test_sessions_stick_to_one_engine_and_spread_over_three(engines, tok):
+    urls = [e.url for e in engines]
+    with _proxy(urls, tok) as proxy:
+        sessions = [proxy.open_session({}) for _ in range(6)]
+        convs = [[{"role": "user", "content": f"Session {i}: list {i + 3} fruits."}] for i in range(6)]
+        for _ in range(2):
+            for (sid, key), messages in zip(sessions, convs):
+                _say(proxy, sid, key, messages)
+        for i, (sid, _) in enumerate(sessions):
+            first, second = proxy.trajectory(sid).calls
+            # least sessions, ties to the lowest index: session i on engine i % 3, both calls
+            assert first.flags["engine"] == second.flags["engine"] == urls[i % 3]
+            # its second prompt extends the first: that engine holds the whole first prompt in its cache
+            assert second.prompt_ids[:len(first.prompt_ids)] == first.prompt_ids
+            assert second.flags["cached_tokens"] >= len(first.prompt_ids)
+            for c in (first, second):  # exactly what that engine samples for the recorded prompt
+                ids, lps = _direct(c.flags["engine"], c.prompt_ids)  # (a cached prefix moves logprobs ~1e-6)
+                assert c.completion_ids == ids and c.logprobs == pytest.approx(lps, abs=1e-4)
+        report = {e["url"]: e for e in proxy.stats()["engines"]}
+        assert [(report[u]["in_service"], report[u]["sessions"], report[u]["calls"]) for u in urls] == [(True, 2, 4)] * 3
+        for sid, _ in sessions:
+            proxy.close_session(sid)
+        assert [e["sessions"] for e in proxy.stats()["engines"]] == [0, 0, 0]
+
+
+def test_a_weight_sync_reaches_all_three_engines(engines, tok, tmp_path):
+    urls = [e.url for e in engines]
+    prompt = tok.encode("The three engines hold the same weights:", add_special_tokens=False)
+    before = [_direct(u, prompt) for u in urls]
+    assert before[0] == before[1] == before[2]
+    policy = SavedPolicy(_perturbed(tmp_path / "perturbed"), version=7)
+
+    async def push(proxy) -> tuple[int, EngineFleet]:
+        fleet = EngineFleet(urls)
+        try:
+            return await DiskWeightSync(fleet, tmp_path / "weights", gate=proxy).push(policy), fleet
+        finally:
+            await fleet.aclose()
+
+    with _proxy(urls, tok) as proxy:
+        version, fleet = asyncio.run(push(proxy))
+        assert version == 7 and fleet.version == 7 and fleet.behind() == []
+        assert [(e["in_service"], e["version"]) for e in fleet.report()] == [(True, "7")] * 3
+        infos = [httpx.get(u + "/get_model_info", timeout=30).json() for u in urls]
+        assert [(i["weight_version"], i["model_path"]) for i in infos] == [("7", str(tmp_path / "weights" / "v7"))] * 3
+        after = [_direct(u, prompt) for u in urls]
+        assert after[0] == after[1] == after[2] != before[0]  # the same new weights, bit for bit, on each
+        assert not proxy.stats()["paused"]
+        sid, key = proxy.open_session({})
+        _say(proxy, sid, key, [{"role": "user", "content": "hello"}])
+        [c] = proxy.trajectory(sid).calls
+        assert c.versions == [7] * len(c.completion_ids)
+
+
+def test_a_killed_engine_fails_only_its_session_and_is_left_behind(fresh_engines, tok, tmp_path):
+    urls = [e.url for e in fresh_engines]
+    dead = urls[1]
+    with _proxy(urls, tok) as proxy:
+        sessions = [proxy.open_session({}) for _ in range(3)]
+        convs = [[{"role": "user", "content": f"Episode {i} begins."}] for i in range(3)]
+        for (sid, key), messages in zip(sessions, convs):
+            _say(proxy, sid, key, messages)
+        fresh_engines[1].kill()
+
+        (s0, k0), (s1, k1), (s2, k2) = sessions
+        r = _chat(proxy, s1, k1, convs[1])
+        assert r.status_code == 503 and "<engine>" in r.text and dead not in r.text  # no engine address leaks
+        failed = proxy.trajectory(s1).calls[1]
+        assert (failed.finish_reason, failed.flags["detached"], failed.flags["engine"]) == (
+            "engine_error", "engine_error", dead)
+        assert engine_failures(proxy.trajectory(s1)) == [1]  # what masks the episode (gym.episode)
+        for sid, key, messages in ((s0, k0, convs[0]), (s2, k2, convs[2])):  # the others go on where they were
+            _say(proxy, sid, key, messages)
+        _say(proxy, s1, k1, convs[1])  # the harness retries: its session moved to a live engine
+        assert proxy.trajectory(s1).calls[2].flags["engine"] == urls[0]  # fewest sessions, lowest index
+        later = [proxy.open_session({}) for _ in range(4)]
+        for sid, key in later:
+            _say(proxy, sid, key, [{"role": "user", "content": f"later {sid}"}])
+        served = collections.Counter(proxy.trajectory(sid).calls[0].flags["engine"] for sid, _ in later)
+        assert served == {urls[0]: 2, urls[2]: 2}
+        report = {e["url"]: e for e in proxy.stats()["engines"]}
+        assert not report[dead]["in_service"] and "unreachable" in report[dead]["reason"]
+        assert report[urls[0]]["in_service"] and report[urls[2]]["in_service"]
+
+        async def push() -> tuple[int, list, list, dict]:
+            fleet = EngineFleet(urls)
+            try:
+                v = await DiskWeightSync(fleet, tmp_path / "weights", gate=proxy).push(
+                    SavedPolicy(resolve_model("tiny-llama"), version=1))
+                return v, fleet.serving(), fleet.behind(), await fleet.read_versions()
+            finally:
+                await fleet.aclose()
+
+        version, serving, behind, versions = asyncio.run(push())
+        assert version == 1 and serving == [urls[0], urls[2]]
+        [b] = behind
+        assert b["url"] == dead and b["version"] is None and "unreachable" in b["reason"]
+        assert versions == {urls[0]: "1", dead: None, urls[2]: "1"}
+        assert not {e["url"]: e for e in proxy.stats()["engines"]}[dead]["in_service"]  # still routed around
