@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import os
+import signal
 import sys
 import threading
 from pathlib import Path
@@ -204,3 +206,92 @@ def test_a_killed_engine_fails_only_its_session_and_is_left_behind(fresh_engines
         assert b["url"] == dead and b["version"] is None and "unreachable" in b["reason"]
         assert versions == {urls[0]: "1", dead: None, urls[2]: "1"}
         assert not {e["url"]: e for e in proxy.stats()["engines"]}[dead]["in_service"]  # still routed around
+
+        # A stopped engine accepts connections and never answers: the sync waits `late_s` for it
+        # once the others are done, then goes on without it, and the proxy routes around it too.
+        stopped = urls[2]
+        os.kill(fresh_engines[2].proc.pid, signal.SIGSTOP)
+        try:
+            async def push_late() -> tuple[int, list, list]:
+                fleet = EngineFleet(urls, late_s=2.0)
+                try:
+                    v = await DiskWeightSync(fleet, tmp_path / "weights", gate=proxy).push(
+                        SavedPolicy(resolve_model("tiny-llama"), version=2))
+                    return v, fleet.serving(), fleet.behind()
+                finally:
+                    await fleet.aclose()
+
+            version, serving, behind = asyncio.run(push_late())
+            assert version == 2 and serving == [urls[0]]
+            assert [b["url"] for b in behind] == [dead, stopped]
+            assert "no answer within 2 s of the other engines" in behind[1]["reason"]
+            assert [e["in_service"] for e in proxy.stats()["engines"]] == [True, False, False]
+            sid, key = proxy.open_session({})
+            _say(proxy, sid, key, [{"role": "user", "content": "after the stop"}])
+            [c] = proxy.trajectory(sid).calls
+            assert c.flags["engine"] == urls[0] and c.versions == [2] * len(c.completion_ids)
+        finally:
+            os.kill(fresh_engines[2].proc.pid, signal.SIGCONT)
+
+
+@pytest.mark.docker
+@pytest.mark.harness
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_train_on_three_engines_masks_only_the_episode_on_the_killed_one(fresh_engines, tmp_path):
+    """`harnessrl train` with `engine_url` a list of three: one group of three real mini-swe-agent
+    episodes (Docker sandboxes), the first on engine 0, which is SIGKILLed once it has served a
+    call. Only that episode is masked (`engine_error`); the two on the other engines are scored."""
+    import json
+    import sqlite3
+    import time
+
+    from harnessrl.adapters.toolchain import installed_spec
+    from harnessrl.trainers.loop import TrainConfig, train
+    from adapter_helpers import docker_backend
+
+    docker_backend()
+    if installed_spec("venvs", "mini-swe-agent") is None:
+        pytest.skip("mini-swe-agent not installed: run scripts/install_harnesses.sh mini-swe-agent")
+    urls = [e.url for e in fresh_engines]
+    cfg = TrainConfig.model_validate({
+        "model": "tiny-llama", "steps": 1, "out_dir": str(tmp_path), "progress": False, "tensorboard": False,
+        "engine_url": urls, "stages": ["rl"], "eval": {"points": []},
+        "rollout": {"tasks": ["harnessrl-builtin__cachekit-2"], "max_new_tokens": 16, "sandbox": "docker",
+                    "episode": {"max_calls": 8, "wall_time_s": 300}},
+        "scheduler": {"env_pool_size": 3, "group_size": 3, "groups_per_step": 1, "staleness": 0},
+        "trainer": {"lr": 1e-5, "device": "cpu"},
+        "sampling": {"zero_variance": "drop"},  # no refill: the step is this one group
+    })
+    db = tmp_path / "rollouts" / "trajectories.db"
+    db.parent.mkdir()
+
+    def kill_engine_0_once_it_served() -> None:
+        while True:
+            try:
+                with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1) as c:
+                    if c.execute("SELECT COUNT(*) FROM calls WHERE instr(flags, ?) > 0", (urls[0],)).fetchone()[0]:
+                        fresh_engines[0].kill()
+                        return
+            except sqlite3.Error:
+                pass  # not created yet
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=kill_engine_0_once_it_served, daemon=True)
+    watcher.start()
+    [m] = asyncio.run(train(cfg))
+    watcher.join(60)
+    assert fresh_engines[0].proc.returncode == -9
+    assert m["masked_infra"] == 1 and m["batch_report"]["failures_by_reason"] == {"engine_error": 1}
+    assert [e["url"] for e in m["engines_out"]] == [urls[0]]
+    trajs = [json.loads(x) for x in (tmp_path / "rollouts" / "trajectories.jsonl").read_text().splitlines()]
+    assert len(trajs) == 3
+    engines_of = [[c["flags"].get("engine") for c in t["calls"]] for t in trajs]
+    [masked] = [i for i, t in enumerate(trajs) if t["status"] == "infra_error"]
+    assert (trajs[masked]["termination"], trajs[masked]["reward"]) == ("engine_error", None)
+    assert engines_of[masked][0] == urls[0]
+    assert any(c["finish_reason"] == "engine_error" and c["flags"]["engine"] == urls[0] for c in trajs[masked]["calls"])
+    scored = [i for i in range(3) if i != masked]
+    assert all(trajs[i]["status"] in ("ok", "truncated") and trajs[i]["reward"] is not None for i in scored)
+    # each scored episode stayed on one engine, and not the killed one
+    assert {frozenset(engines_of[i]) for i in scored} == {frozenset({urls[1]}), frozenset({urls[2]})}

@@ -203,13 +203,16 @@ async def _prepare(cfg: TrainConfig, tasks: RunTasks) -> dict[str, Any]:
     return made
 
 
-def _engines_behind(sync: Any) -> dict[str, Any]:
-    """With several engines, `engines_behind`: each engine the last sync left out of service
-    (url, the version it holds, why), and `engine_version`: the minimum across those in service."""
-    behind = getattr(getattr(sync, "client", None), "behind", None)
-    if behind is None:
+def _engine_metrics(sync: Any, proxy: Any) -> dict[str, Any]:
+    """With several engines: `engine_version`, the minimum weight version across the engines in
+    service; `engines_behind`, each engine the last sync left out (url, the version it holds,
+    why); `engines_out`, each engine the proxy routes around now (url, why)."""
+    fleet = getattr(sync, "client", None)
+    if getattr(fleet, "behind", None) is None:
         return {}
-    return {"engines_behind": behind(), "engine_version": sync.client.version}
+    routed = proxy.stats().get("engines", [])
+    return {"engine_version": fleet.version, "engines_behind": fleet.behind(),
+            "engines_out": [{"url": e["url"], "reason": e["reason"]} for e in routed if not e["in_service"]]}
 
 
 async def _rl_stage(cfg: TrainConfig, trainer, sync, engine_url: str | list[str], rollout_cfg, sandboxes, tasks: list,
@@ -247,7 +250,7 @@ async def _rl_stage(cfg: TrainConfig, trainer, sync, engine_url: str | list[str]
                 batch_report = report(sel.seen)
                 m |= cheat_metrics(sel.seen) | {
                     "env_latency_p95_s": batch_report["env_latency_s"]["p95"], "sync_s": round(sync.last_sync_s, 3),
-                    **_engines_behind(sync),
+                    **_engine_metrics(sync, ro.proxy),
                     "wall_s": time.monotonic() - t_start, "scheduler": sched.stats.as_dict(),
                     "batch_report": batch_report}
                 if mixed:
