@@ -6,9 +6,9 @@ fewest live sessions (ties: the lowest index); every later generation of that se
 from `SESSION`, set by the proxy before each call) goes to the same engine, so its growing
 conversation hits that engine's prefix cache. Least-sessions rather than a consistent hash:
 the proxy sees every session open and close, so it can keep the table a hash only
-approximates, and episodes are few, long and uneven (a hash over 16 sessions and 3 engines
-leaves one engine with twice another's share). A closed session leaves the table
-(`release`, called by the proxy).
+approximates, and episodes are few, long and uneven (a hash balances only on average: with
+12 sessions on 3 engines one engine holds at least twice another's share 62% of the time).
+A closed session leaves the table (`release`, called by the proxy).
 
 An engine fails when a generation or /health on it is unreachable, breaks mid-reply or answers
 a 5xx (`engine_failed`); a timeout counts only if /health then fails too (a long reply is
