@@ -42,6 +42,8 @@ def test_yaml_config(tmp_path: Path) -> None:
     ("[rollout.episode]\nmax_calls = 0\n", "rollout.episode.max_calls"),
     ("[trainer]\nlr = 'fast'\n", "trainer.lr"),
     ("[scheduler]\nover_staleness = 'pray'\n", "scheduler.over_staleness"),
+    ("engine_url = []\n", "engine_url"),
+    ("engine_url = ['http://a:1', 'http://a:1/']\n", "engine_url"),
 ])
 def test_bad_config_names_the_field(tmp_path: Path, body: str, field: str) -> None:
     p = tmp_path / "bad.toml"
@@ -76,3 +78,11 @@ def test_the_episode_backstop_cannot_cut_off_scoring():
         TrainConfig.model_validate({"rollout": {"episode": {"wall_time_s": 600, "reward": {"test_timeout_s": 600}}}})
     for example in ("train.toml", "train-tiny.toml"):
         load_config(Path(__file__).resolve().parents[1] / "examples" / example)
+
+
+def test_engine_url_takes_a_list_of_engines(tmp_path: Path) -> None:
+    p = tmp_path / "c.toml"
+    p.write_text("engine_url = ['http://gpu1:30000/', 'http://gpu2:30000']\n")
+    assert load_config(p).engine_url == ["http://gpu1:30000", "http://gpu2:30000"]
+    p.write_text("engine_url = ['http://gpu1:30000']\n")  # a list of one is that one engine
+    assert load_config(p).engine_url == "http://gpu1:30000"
