@@ -161,6 +161,57 @@ def test_a_weight_sync_reaches_all_three_engines(engines, tok, tmp_path):
         assert c.versions == [7] * len(c.completion_ids)
 
 
+def test_a_lora_sync_loads_the_adapter_on_all_three_engines(engines, tok, tmp_path):
+    """`AdapterWeightSync` over the fleet: the adapter loaded and the version stamped on every
+    engine in one pause, and the proxy's router names it to each engine's generations."""
+    from harnessrl.gym.trajectory import Segment, Trajectory
+    from harnessrl.trainers.lora import LoraConfig
+    from harnessrl.trainers.lora_sync import AdapterWeightSync
+    from harnessrl.trainers.torch_trainer import TorchTrainer, TorchTrainerConfig
+
+    urls = [e.url for e in engines]
+    trainer = TorchTrainer(TorchTrainerConfig(model="tiny-llama", device="cpu", lr=5e-3, seed=0,
+                                              lora=LoraConfig(rank=8, alpha=16)))
+    ids = tok.apply_chat_template([{"role": "user", "content": "Name a prime."}], add_generation_prompt=True,
+                                  return_dict=False)
+    group = []
+    for i in range(2):  # two completions the engine sampled, rewards 1 and 0: one update
+        out, lps = _direct(urls[0], ids)
+        seg = Segment(token_ids=ids + out, loss_mask=[0] * len(ids) + [1] * len(out), logprobs=[0.0] * len(ids) + lps,
+                      versions=[-1] * len(ids) + [0] * len(out))
+        group.append(Trajectory(session_id=f"lora-{i}", task_id="lora", reward=float(i == 0), status="ok",
+                                segments=[seg]))
+    trainer.step(group)
+
+    async def push(proxy) -> tuple[int, str, list]:
+        fleet = EngineFleet(urls)
+        try:
+            sync = AdapterWeightSync(fleet, tmp_path / "weights", gate=proxy)
+            return await sync.push(trainer), sync.last_mode, fleet.report()
+        finally:
+            await fleet.aclose()
+
+    with _proxy(urls, tok) as proxy:
+        version, mode, report = asyncio.run(push(proxy))
+        assert (version, mode) == (1, "adapter")
+        assert [(e["in_service"], e["version"]) for e in report] == [(True, "1")] * 3
+        assert [s.backend.lora_name for s in proxy.core.engine.slots] == ["policy"] * 3
+        assert [httpx.get(u + "/get_model_info", timeout=30).json()["weight_version"] for u in urls] == ["1"] * 3
+        named = [httpx.post(u + "/generate", timeout=60, json={
+            "input_ids": ids, "lora_path": "policy", "return_logprob": True,
+            "sampling_params": {"max_new_tokens": MAX, "temperature": 0}}).json()["meta_info"]["output_token_logprobs"]
+            for u in urls]
+        assert named[0] == named[1] == named[2]  # the same adapter on each
+        served = []
+        for _ in range(3):  # one session per engine, each call naming the adapter there
+            sid, key = proxy.open_session({})
+            _say(proxy, sid, key, [{"role": "user", "content": "Hi"}])
+            [c] = proxy.trajectory(sid).calls
+            assert c.versions == [1] * len(c.completion_ids)
+            served.append(c.flags["engine"])
+        assert served == urls
+
+
 def test_a_killed_engine_fails_only_its_session_and_is_left_behind(fresh_engines, tok, tmp_path):
     urls = [e.url for e in fresh_engines]
     dead = urls[1]
