@@ -312,7 +312,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-k", type=int, default=-1)
     p.add_argument("--wall-time", type=float, default=600.0)
     p.add_argument("--sandbox", default="auto", type=_sandbox, help="auto, a sandbox backend name or module:Class")
-    p.add_argument("--engine-url", default=None, help="an SGLang-contract engine; default: start the local one")
+    p.add_argument("--engine-url", default=None, action="append",
+                   help="an SGLang-contract engine (repeat for several: sticky per episode, a failed one routed "
+                        "around); default: start the local one")
     p.add_argument("--judge-url", default=None, metavar="URL", type=_judge_url,
                    help="OpenAI-compatible API root (…/v1) of the judge of tasks whose reward kind asks one")
     p.add_argument("--judge-model", default="judge", help="the judge's model name")
@@ -329,7 +331,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("serve", help="record your own harness's sessions through the proxy (learning from live use)")
     p.add_argument("--store", default=None, help="private store folder (default: $HARNESSRL_HOME/live)")
     p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--engine-url", default=None, help="an SGLang-contract engine; default: start the local one")
+    p.add_argument("--engine-url", default=None, action="append",
+                   help="an SGLang-contract engine (repeat for several: sticky per episode, a failed one routed "
+                        "around); default: start the local one")
     p.add_argument("--policy-version", type=int, default=0,
                    help="the policy version the local engine's weights are (recorded with every token)")
     p.add_argument("--host", default="127.0.0.1")

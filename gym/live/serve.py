@@ -71,7 +71,7 @@ def env_lines(url: str, sid: str, key: str) -> str:
 class Serve:
     """The proxy over the private store, serve.json written while it runs."""
 
-    def __init__(self, config: ServeConfig, engine_url: str, admin_token: str | None = None):
+    def __init__(self, config: ServeConfig, engine_url: str | list[str], admin_token: str | None = None):
         self.config = config
         self.folder = private_dir(config.store)
         self.proxy = ProxyServer(ProxyConfig(

@@ -12,7 +12,8 @@ import threading
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m harnessrl.gym.proxy", description=__doc__)
-    ap.add_argument("--engine-url", required=True)
+    ap.add_argument("--engine-url", required=True, action="append",
+                    help="the engine's base URL; repeat it for several engines (each session sticks to one)")
     ap.add_argument("--backend", default="sglang",
                     help="how the engine is reached: sglang (also the local engine), vllm, or module:Class")
     ap.add_argument("--vllm-route", choices=["generate", "completions"], default="generate",
