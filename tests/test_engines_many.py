@@ -132,6 +132,30 @@ def test_sessions_stick_to_one_engine_and_spread_over_three(engines, tok):
         assert [e["sessions"] for e in proxy.stats()["engines"]] == [0, 0, 0]
 
 
+def test_a_dead_first_engine_is_routed_around_from_the_first_call(engines, tok):
+    """The proxy asks an engine for its model facts before the first generation; when the first
+    listed is dead, the next one answers, and the call is served there."""
+    dead = "http://127.0.0.1:9"  # nothing listens on the discard port here
+    with _proxy([dead, engines[0].url], tok) as proxy:
+        sid, key = proxy.open_session({})
+        _say(proxy, sid, key, [{"role": "user", "content": "hello"}])
+        assert proxy.trajectory(sid).calls[0].flags["engine"] == engines[0].url
+        report = proxy.stats()["engines"]
+        assert [e["in_service"] for e in report] == [False, True] and "refused" in report[0]["reason"]
+
+
+def test_with_every_engine_out_a_call_takes_back_those_that_answer(engines, tok):
+    urls = [engines[0].url, engines[1].url, "http://127.0.0.1:9"]
+    with _proxy(urls, tok) as proxy:
+        for u in urls:
+            proxy.core.engine.take_out(u, "taken out by the test")
+        sid, key = proxy.open_session({})
+        _say(proxy, sid, key, [{"role": "user", "content": "anyone?"}])
+        assert proxy.trajectory(sid).calls[0].flags["engine"] == urls[0]
+        assert [(e["in_service"], e["reason"]) for e in proxy.stats()["engines"]] == [
+            (True, ""), (True, ""), (False, "taken out by the test")]
+
+
 def test_a_weight_sync_reaches_all_three_engines(engines, tok, tmp_path):
     urls = [e.url for e in engines]
     prompt = tok.encode("The three engines hold the same weights:", add_special_tokens=False)

@@ -17,9 +17,12 @@ reaches the proxy, which records that call `engine_error`, so the episode in fli
 ends masked (`gym.episode`); its sessions' next calls, and every new session, go to the
 engines still in service. With none left, a call fails at once (an `EngineError` naming them).
 
-An engine comes back only through `serve_only(urls)`: a weight sync that reached it
+An engine comes back through `serve_only(urls)`: a weight sync that reached it
 (`trainers.weight_sync.paused` tells the proxy, `ProxyServer.use_engines`) also proves it holds
-the current weights; a revived engine that was not synced may serve old ones. A backend reply
+the current weights; a revived engine that was not synced may serve old ones. The one other
+way back is the last resort: with no engine in service, a call first probes them all and
+takes back those that answer /health (a proxy with no trainer behind it would otherwise never
+use a restarted engine again; the tokens still carry the version that sampled them). A backend reply
 names no engine, so `engine_of(session)` says which one serves a session (the proxy records it
 in each call's `flags["engine"]`).
 
@@ -146,9 +149,22 @@ class RoutedBackend:
         except (asyncio.TimeoutError, EngineError):
             return False
 
+    async def _last_resort(self) -> None:
+        """With no engine in service, every engine that answers /health again is taken back
+        (better its weights than no reply at all)."""
+        if not any(s.in_service for s in self.slots):
+            alive = await asyncio.gather(*(self._alive(s) for s in self.slots))
+            for s, ok in zip(self.slots, alive):
+                if ok:
+                    s.in_service, s.reason = True, ""
+
+    async def _route(self) -> EngineSlot:
+        await self._last_resort()
+        return self._slot(SESSION.get())
+
     # ---- the GenerationBackend contract ---------------------------------------------------
     async def generate(self, input_ids: list[int], **kw: Any) -> GenerateResult:
-        slot = self._slot(SESSION.get())
+        slot = await self._route()
         try:
             return await slot.backend.generate(input_ids, **kw)
         except EngineError as e:
@@ -156,7 +172,7 @@ class RoutedBackend:
             raise
 
     async def generate_stream(self, input_ids: list[int], **kw: Any) -> AsyncIterator[GenerateResult]:
-        slot = self._slot(SESSION.get())
+        slot = await self._route()
         try:
             async for chunk in slot.backend.generate_stream(input_ids, **kw):
                 yield chunk
@@ -180,9 +196,17 @@ class RoutedBackend:
         return False
 
     async def model_info(self) -> dict[str, Any]:
-        """The first engine in service's (every engine serves the same model)."""
-        live = [s for s in self.slots if s.in_service] or self.slots
-        return await live[0].backend.model_info()
+        """The first engine in service that answers (every engine serves the same model); one
+        that fails is taken out of service on the way."""
+        error: EngineError | None = None
+        await self._last_resort()
+        for slot in [s for s in self.slots if s.in_service]:
+            try:
+                return await slot.backend.model_info()
+            except EngineError as e:
+                await self._failed(slot, e)
+                error = e
+        raise error or EngineError("no engine in service: " + "; ".join(f"{s.url}: {s.reason}" for s in self.slots))
 
     def use_lora(self, name: str | None) -> None:
         """Every engine's generations name adapter `name` from now on (None: base weights)."""
