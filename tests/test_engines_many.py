@@ -59,9 +59,10 @@ def _proxy(urls: list[str], tok) -> ProxyServer:
     return ProxyServer(ProxyConfig(engine_url=urls, model="tiny-llama", sampling_policy="honor"), tokenizer=tok)
 
 
-def _chat(proxy: ProxyServer, sid: str, key: str, messages: list[dict]) -> httpx.Response:
+def _chat(proxy: ProxyServer, sid: str, key: str, messages: list[dict], max_tokens: int = MAX,
+          stream: bool = False) -> httpx.Response:
     return post(proxy.openai_base_url(sid) + "/chat/completions", key,
-                {"model": "policy", "messages": messages, "max_tokens": MAX, "temperature": 0})
+                {"model": "policy", "messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": stream})
 
 
 def _say(proxy, sid, key, messages: list[dict]) -> None:
@@ -130,6 +131,23 @@ def test_sessions_stick_to_one_engine_and_spread_over_three(engines, tok):
         for sid, _ in sessions:
             proxy.close_session(sid)
         assert [e["sessions"] for e in proxy.stats()["engines"]] == [0, 0, 0]
+
+
+def test_streamed_engine_requests_stick_too(engines, tok):
+    """`engine_stream`: the proxy relays the engine's token stream (`generate_stream`), routed the same way."""
+    urls = [e.url for e in engines]
+    cfg = ProxyConfig(engine_url=urls, model="tiny-llama", sampling_policy="honor", engine_stream=True)
+    with ProxyServer(cfg, tokenizer=tok) as proxy:
+        sessions = [proxy.open_session({}) for _ in range(3)]
+        for _ in range(2):
+            for i, (sid, key) in enumerate(sessions):
+                r = _chat(proxy, sid, key, [{"role": "user", "content": f"stream {i}"}], stream=True)
+                assert r.status_code == 200 and r.text.rstrip().endswith("data: [DONE]")
+        for i, (sid, _) in enumerate(sessions):
+            calls = proxy.trajectory(sid).calls
+            assert [c.flags["engine"] for c in calls] == [urls[i]] * 2
+            for c in calls:
+                assert c.completion_ids == _direct(urls[i], c.prompt_ids)[0]
 
 
 def test_a_dead_first_engine_is_routed_around_from_the_first_call(engines, tok):
@@ -244,14 +262,21 @@ def test_a_killed_engine_fails_only_its_session_and_is_left_behind(fresh_engines
         convs = [[{"role": "user", "content": f"Episode {i} begins."}] for i in range(3)]
         for (sid, key), messages in zip(sessions, convs):
             _say(proxy, sid, key, messages)
-        fresh_engines[1].kill()
-
         (s0, k0), (s1, k1), (s2, k2) = sessions
-        r = _chat(proxy, s1, k1, convs[1])
+        # killed while it generates session 1's second reply (a long one: greedy, 1500 tokens)
+        out: dict = {}
+        long_call = threading.Thread(target=lambda: out.update(r=_chat(proxy, s1, k1, convs[1], max_tokens=1500)))
+        long_call.start()
+        while not httpx.get(dead + "/get_model_info", timeout=30).json().get("running"):
+            pass  # until the engine is decoding it
+        fresh_engines[1].kill()
+        long_call.join(120)
+        r = out["r"]
         assert r.status_code == 503 and "<engine>" in r.text and dead not in r.text  # no engine address leaks
         failed = proxy.trajectory(s1).calls[1]
         assert (failed.finish_reason, failed.flags["detached"], failed.flags["engine"]) == (
             "engine_error", "engine_error", dead)
+        assert failed.flags["engine_error_kind"] == "unavailable" and failed.completion_ids == []
         assert engine_failures(proxy.trajectory(s1)) == [1]  # what masks the episode (gym.episode)
         for sid, key, messages in ((s0, k0, convs[0]), (s2, k2, convs[2])):  # the others go on where they were
             _say(proxy, sid, key, messages)

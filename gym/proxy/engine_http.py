@@ -131,23 +131,31 @@ class KeepAliveTransport(httpx.AsyncBaseTransport):
         reused = bool(pool)
         conn = pool.pop() if pool else await self._open(key, connect_s)
         try:
-            return await self._exchange(key, conn, head + body)
+            return await self._checked(key, conn, head + body)
         except _NoResponse as e:
-            conn.close()
             if not reused:
                 raise httpx.ConnectError(f"engine connection failed: {e}") from e
-            # A stale idle connection the server had closed: it answered nothing, so the request
-            # was not run and resending cannot generate twice.
-            conn = await self._open(key, connect_s)
-            try:
-                return await self._exchange(key, conn, head + body)
-            except BaseException:
-                conn.close()
-                raise
+        # A stale idle connection the server had closed: it answered nothing, so the request
+        # was not run and resending cannot generate twice.
+        conn = await self._open(key, connect_s)
+        try:
+            return await self._checked(key, conn, head + body)
+        except _NoResponse as e:  # a fresh connection dropped too (an engine dying as we call it)
+            raise httpx.ConnectError(f"engine connection failed: {e}") from e
+
+    async def _checked(self, key, conn: _Conn, data: bytes) -> httpx.Response:
+        """One exchange on `conn`, closed on any failure: `_NoResponse` when nothing came back,
+        httpx's ReadError when it broke mid-response (the engine may have run the request: never
+        resend it), a cancellation (a deadline, a client gone) as it is."""
+        try:
+            return await self._exchange(key, conn, data)
+        except _NoResponse:
+            conn.close()
+            raise
         except (ConnectionError, asyncio.IncompleteReadError, httpx.RemoteProtocolError) as e:
-            conn.close()  # the engine may have run the request: never resend it
+            conn.close()
             raise httpx.ReadError(f"engine connection broke mid-response: {e}") from e
-        except BaseException:  # cancelled (a deadline, a client gone): the exchange is unusable
+        except BaseException:  # the exchange is unusable
             conn.close()
             raise
 
