@@ -12,7 +12,6 @@ import threading
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 from harnessrl.adapters.toolchain import installed_spec

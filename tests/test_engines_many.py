@@ -13,6 +13,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -268,7 +269,7 @@ def test_a_killed_engine_fails_only_its_session_and_is_left_behind(fresh_engines
         long_call = threading.Thread(target=lambda: out.update(r=_chat(proxy, s1, k1, convs[1], max_tokens=1500)))
         long_call.start()
         while not httpx.get(dead + "/get_model_info", timeout=30).json().get("running"):
-            pass  # until the engine is decoding it
+            time.sleep(0.02)  # until the engine is decoding it
         fresh_engines[1].kill()
         long_call.join(120)
         r = out["r"]
@@ -344,7 +345,6 @@ def test_train_on_three_engines_masks_only_the_episode_on_the_killed_one(fresh_e
     call. Only that episode is masked (`engine_error`); the two on the other engines are scored."""
     import json
     import sqlite3
-    import time
 
     from harnessrl.adapters.toolchain import installed_spec
     from harnessrl.trainers.loop import TrainConfig, train
