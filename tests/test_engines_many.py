@@ -393,5 +393,7 @@ def test_train_on_three_engines_masks_only_the_episode_on_the_killed_one(fresh_e
     assert any(c["finish_reason"] == "engine_error" and c["flags"]["engine"] == urls[0] for c in trajs[masked]["calls"])
     scored = [i for i in range(3) if i != masked]
     assert all(trajs[i]["status"] in ("ok", "truncated") and trajs[i]["reward"] is not None for i in scored)
-    # each scored episode stayed on one engine, and not the killed one
-    assert {frozenset(engines_of[i]) for i in scored} == {frozenset({urls[1]}), frozenset({urls[2]})}
+    # each scored episode stayed on one engine, not the killed one (which of the two depends on
+    # when its first call came: the masked episode's moved session counts as load too)
+    for i in scored:
+        assert len(set(engines_of[i])) == 1 and engines_of[i][0] in (urls[1], urls[2]), engines_of[i]
