@@ -3,6 +3,7 @@
     .venv/bin/python bench/harness_matrix.py                      # all: built-ins + examples/harnesses/*.toml
     .venv/bin/python bench/harness_matrix.py --harness pi --harness claude-code
     .venv/bin/python bench/harness_matrix.py --quick              # pinned versions only
+    .venv/bin/python bench/harness_matrix.py --list               # pins and newest versions, no checks
 
 Harnesses: the built-in adapters (harnessrl.adapters.REGISTRY) and every shipped config in
 examples/harnesses/. For each, side by side in one run:
@@ -57,6 +58,8 @@ class Row:
     target: str
     """What check-adapter is given: a registry name or a config path."""
     install: str
+    python: str | None = None
+    """A config's python_runtime: the registry's newest release is looked up for that python."""
     pinned: Outcome | None = None
     newest: Outcome | None = None
     notes: list[str] = field(default_factory=list)
@@ -69,7 +72,7 @@ def harnesses(only: list[str]) -> list[Row]:
     rows = [Row(n, n, get_adapter(n).install) for n in REGISTRY if n != "command"]
     for cfg in sorted(EXAMPLES.glob("*.toml")):
         a = get_adapter(str(cfg))
-        rows.append(Row(a.name, str(cfg.relative_to(REPO)), a.install))
+        rows.append(Row(a.name, str(cfg.relative_to(REPO)), a.install, getattr(a.config, "python_runtime", None)))
     if only:
         unknown = set(only) - {r.name for r in rows} - {Path(r.target).stem for r in rows}
         if unknown:
@@ -78,8 +81,10 @@ def harnesses(only: list[str]) -> list[Row]:
     return rows
 
 
-def newest_version(install: str) -> tuple[str | None, str]:
-    """(the newest version the registry serves, or None; why not) for an npm:/pip: spec."""
+def newest_version(install: str, python: str | None = None) -> tuple[str | None, str]:
+    """(the newest version the registry serves, or None; why not) for an npm:/pip: spec; a pip
+    one for `python` when given (pip filters releases by Requires-Python: mistral-vibe has none
+    for this venv's 3.11)."""
     from harnessrl.adapters.toolchain import parse_install
 
     spec = parse_install(install)
@@ -90,7 +95,8 @@ def newest_version(install: str) -> tuple[str | None, str]:
         got = res.stdout.strip().splitlines()[-1] if res.returncode == 0 and res.stdout.strip() else None
     else:
         package = re.sub(r"\[.*\]", "", spec.package)
-        res = subprocess.run([PY, "-m", "pip", "index", "versions", package, "--disable-pip-version-check"],
+        res = subprocess.run([PY, "-m", "pip", "index", "versions", package, "--disable-pip-version-check",
+                              *(["--python-version", python] if python else [])],
                              capture_output=True, text=True, timeout=120)
         m = re.search(rf"^{re.escape(package)} \(([^)]+)\)", res.stdout, re.M | re.I)
         got = m.group(1) if m else None
@@ -204,10 +210,29 @@ def table(rows: list[Row]) -> str:
     return "\n".join([line(head), line(["-" * w for w in width]), *map(line, body)])
 
 
+def list_versions(rows: list[Row]) -> int:
+    """--list: each harness's pin and the newest version its registry serves, nothing run."""
+    from harnessrl.adapters.toolchain import parse_install
+
+    for r in rows:
+        spec = parse_install(r.install)
+        r.pinned = Outcome(spec.version if spec else "none", None, "not run (--list)")
+        newest, why = newest_version(r.install, r.python)
+        r.newest = Outcome(newest or "", None, why or ("= pin" if newest == r.pinned.version else "newer"))
+    print(table(rows))
+    print(json.dumps({"bench": "harness_matrix", "list": True, "harnesses": len(rows),
+                      "versions": {r.name: {"install": r.install, "pin": r.pinned.version, "newest": r.newest.version,
+                                            "note": r.newest.first_failure} for r in rows},
+                      "target_met": bool(rows) and all(r.newest.version for r in rows if parse_install(r.install))}))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--harness", action="append", default=[], help="only this harness (name or config stem); repeat")
     ap.add_argument("--quick", action="store_true", help="pinned versions only (the newest are looked up, not run)")
+    ap.add_argument("--list", action="store_true", help="list every harness with its pin and the newest version; "
+                                                         "run nothing")
     ap.add_argument("--wall-time", type=int, default=420, help="harness wall-clock limit per episode (s)")
     ap.add_argument("--context-length", type=int, default=None,
                     help="the serving context the first prompt must fit (default: smollm2-135m's, check-adapter's)")
@@ -220,12 +245,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.context_length:
         CHECK_ARGS.extend(["--context-length", str(args.context_length)])
     rows = harnesses(args.harness)
+    if args.list:
+        return list_versions(rows)
     scratch = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="harnessrl-matrix-"))
     t0 = time.monotonic()
     try:
         for r in rows:
             r.pinned = check_pinned(r, args.wall_time)
-            newest, why = newest_version(r.install)
+            newest, why = newest_version(r.install, r.python)
             if newest is None:
                 r.newest = Outcome("", None, why)
             elif r.pinned.version == newest:
