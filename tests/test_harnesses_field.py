@@ -169,3 +169,19 @@ def test_check_adapter_passes_inside_from_the_config_alone(name):
         from harnessrl.adapters.toolchain import installed_spec
 
         assert installed_spec("pip", adapter.install_dir[1]) == f"{FIELD[name][0][4:]} for python {python}"
+
+
+def test_the_matrix_bench_lists_each_with_its_pin_and_python(monkeypatch):
+    """bench/harness_matrix.py picks up every shipped config; Mistral Vibe's newest release is
+    looked up for its python_runtime (none of its releases allows the bench's own 3.11)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "harness_matrix.py"
+    spec = importlib.util.spec_from_file_location("harness_matrix", path)
+    bench = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, bench)  # its dataclasses look their module up there
+    spec.loader.exec_module(bench)
+    rows = {r.name: r for r in bench.harnesses(sorted(FIELD))}
+    assert {n: (r.install, r.python, r.target) for n, r in rows.items()} == {
+        n: (install, "3.13" if python == "3.13" else None, f"examples/harnesses/{n}.toml")
+        for n, (install, _, python) in FIELD.items()}
