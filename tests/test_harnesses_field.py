@@ -9,7 +9,8 @@ command adapter with no module of its own.
   (`/v1/models` the served model) and record nothing;
 - the scripted policy drives each harness's own shell tool as recorded;
 - `check-adapter` on each, in real Docker with the real harness: gold 1.0, empty 0.0,
-  token-exact, the first prompt inside SmolLM2's 8k context. The pip ones are built for the
+  token-exact, the first prompt inside SmolLM2's 8k context;
+- one episode of each with a sampling policy (tiny-llama) ends with a reason and a whole record. The pip ones are built for the
   sandbox from `install = "pip:..."` alone; the sandbox has no network, so gptme's tokenizer
   download and every other start-up fetch must fail fast, not hang.
 """
@@ -170,6 +171,56 @@ def test_check_adapter_passes_inside_from_the_config_alone(name):
 
         assert installed_spec("pip", adapter.install_dir[1]) == f"{FIELD[name][0][4:]} for python {python}"
 
+
+
+# -- the real policy --------------------------------------------------------------------------
+CAP = 16
+
+
+@pytest.fixture(scope="module")
+def real_stack():
+    from adapter_helpers import real_model_stack
+
+    yield from real_model_stack(CAP, "tiny-llama")
+
+
+@pytest.mark.docker
+@pytest.mark.harness
+@pytest.mark.model
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("name", sorted(FIELD))
+def test_real_policy_episode_ends_with_reason_and_complete_record(real_stack, name):
+    """A sampling policy (tiny-llama: SmolLM2's tokenizer, template and context over 2 random
+    layers) drives each harness one call: the episode ends with a reason and its record is whole
+    and token-exact, whatever the harness makes of the policy's random text."""
+    from adapter_helpers import builtin_task
+
+    from harnessrl.gym.episode import EpisodeConfig, run_episode
+
+    adapter = get_adapter(_config(name))
+    try:
+        adapter.check_installed()
+    except Exception as e:  # noqa: BLE001
+        pytest.skip(str(e))
+    handle, backend = real_stack
+    res = run_episode(builtin_task(), adapter, lambda s, m: backend.create(s, mounts=m), handle, "policy",
+                      EpisodeConfig(max_calls=1, wall_time_s=1200))
+    traj = res.trajectory
+    assert res.reason in ("submitted", "harness_exited", "call_limit", "harness_crashed", "timeout"), \
+        (res.reason, res.error, traj.metadata.get("harness_stderr_tail"))
+    assert traj.termination == res.reason and traj.status == res.status
+    assert res.status in ("ok", "truncated") and traj.reward in (0.0, 1.0)
+    assert traj.calls, "the harness made no model call"
+    traj.validate()
+    for call in traj.calls:
+        assert call.prompt_ids and 0 < len(call.completion_ids) <= CAP
+        assert len(call.logprobs) == len(call.completion_ids) and all(lp <= 0 for lp in call.logprobs)
+    for i, seg in enumerate(traj.segments):
+        calls = [c for c in traj.calls if c.segment == i]
+        last = calls[-1]
+        assert seg.token_ids[:len(last.prompt_ids) + len(last.completion_ids)] == last.prompt_ids + last.completion_ids
+        assert [t for t, m in zip(seg.token_ids, seg.loss_mask) if m] == [t for c in calls for t in c.completion_ids]
 
 def test_the_matrix_bench_lists_each_with_its_pin_and_python(monkeypatch):
     """bench/harness_matrix.py picks up every shipped config; Mistral Vibe's newest release is
