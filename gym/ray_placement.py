@@ -1,47 +1,56 @@
-"""Ray placement for the unchanged `RolloutScheduler`: episodes on Ray workers, engines as actors.
+"""Ray placement for the unchanged `RolloutScheduler`: episodes on Ray workers over many nodes.
 
 Local asyncio stays the default; this module is opt-in and the only place that imports ray
 (lazily, so importing it costs nothing without a cluster).
 
 Contract:
 - `RayEpisodes(worker_factory, config)` is an `episode_fn` for `RolloutScheduler`. Each call
-  runs one episode on one of `num_workers` Ray actors; `worker_factory()` (picklable) builds
-  the actor's env worker on its node, an object with `run(slot)` (sync: run in a thread; or
-  async) returning a `Trajectory`. The driver keeps admission, η and consumption.
-- Versions: the driver publishes the policy version to a `VersionBoard` actor before every
-  dispatch (so a worker never sees a version older than its episode's start) and whenever
-  it changes while episodes run. A worker's `RemoteSlot.before_turn()` reads it and applies
-  the scheduler's per-turn η check; tokens a worker stamps carry a version >= start_version.
-- Driver-side watchdog: every `poll_s` the driver also runs the slot's own `before_turn()`
-  for each remote episode, so under `requeue` a too-stale episode is cancelled even when its
-  turns happen in the proxy (harness episodes), not in worker code. `RolloutWorker` also
-  hands the proxy the session's `staleness_limit`, so the proxy refuses the stale turn
-  itself (once the driver has told it the version: `POST /admin/policy_version`).
+  runs one episode on one of `num_workers` Ray actors, each asking for `num_cpus_per_worker`
+  and its `resources` (a list: worker i takes entry i mod its length, so workers can be pinned
+  to nodes by custom resources) and otherwise spread over the nodes (`SPREAD`). An episode
+  goes to the least-loaded worker that is up and has a free slot (`episodes_per_worker`),
+  waiting for one otherwise; a worker that cannot be placed (no node has its resources) takes
+  no episode. `worker_factory()` (picklable) builds the actor's env worker on its node
+  (`gym.ray_workers`: `RolloutWorker` has its own sandbox backend and warm pool there). The
+  driver keeps admission, η and consumption.
+- Versions are pushed: `publish(version)` (`gym.stack.Publisher` calls it last, after the
+  scheduler and the proxy) sends the version to every worker (`set_version`, answered on a
+  slot of its own beside the episodes), and a new worker is built at the current version;
+  a worker's `RemoteSlot.before_turn()` applies the scheduler's per-turn η check to it, so
+  tokens a worker stamps carry a version >= start_version. Under `requeue` the driver re-runs
+  the slot's own `before_turn()` for each remote episode when a version is published (the
+  proxy also refuses a stale turn itself), so a too-stale harness episode is cancelled.
+- A lost worker (its node died, its raylet was killed, its process crashed) ends its episode
+  with `WorkerLost`, which the scheduler records as a masked `infra_error` naming it; the
+  worker is replaced by a fresh one with the same resources, used once it is placed; the run
+  goes on on the workers that are up. Its sandboxes are left to the backend's reaper
+  (containers carry the run's label).
 - A cancelled episode (scheduler timeout, staleness, close) kills its actor and starts a
   fresh one when actors run one episode each; with `episodes_per_worker > 1` the task is
   cancelled, and a worker whose `run` takes a `cancel` has its harness tree killed and its
-  sandbox closed. The sandbox of a killed actor's episode is left to the backend's reaper
-  (containers carry the run's label).
+  sandbox closed.
+- `RayRun` is the `"ray"` placement of `harnessrl train` (`gym.placement.PLACEMENTS`): it
+  connects to the cluster (`address`), binds the run's proxy where workers reach it
+  (`proxy_host`, admin API open to any client behind its token) and runs `RolloutWorker`s.
 - `EngineActor` wraps any engine server factory (e.g. `functools.partial(EngineServer,
   model="tiny-llama", port=0)`, passed in by the composition root so that gym imports no
   trainer) and exposes its URL; a server bound to 0.0.0.0 is reported at the node's IP.
-- `RolloutWorker` is the real env worker: sandbox backend + adapter + tasks of a
-  `RolloutConfig`, reaching the proxy by URL (`ProxyHandle`). For workers on other nodes the
-  proxy binds an address they reach and sets `ProxyConfig.admin_clients = "any"` (the admin
-  token still guards it); their handle has that URL and no `uds_path`. Only single-node
-  clusters are tested here.
 """
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import os
+import socket
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from pydantic import BaseModel, Field
 
-from harnessrl.gym.scheduler import EpisodeSlot, StaleEpisode, raise_if_aborted_stale, session_meta
+from harnessrl.gym.failures import describe
+from harnessrl.gym.ray_workers import RolloutWorker
+from harnessrl.gym.scheduler import EpisodeSlot, StaleEpisode
 from harnessrl.gym.trajectory import Trajectory
 
 
@@ -56,42 +65,36 @@ def _ray():
 class RayPlacementConfig(BaseModel, extra="forbid", use_attribute_docstrings=True):
     """Where and how episodes run on Ray."""
 
+    address: str | None = None
+    """The Ray cluster to join (`ray.init(address=...)`: "auto", "ray://host:10001", a GCS
+    "host:port"); None: a one-node Ray started for the run. Ignored when Ray is already initialized."""
     num_workers: int = Field(2, ge=1)
-    """Episode actors; size it to the scheduler's env_pool_size / episodes_per_worker."""
+    """Episode actors; give them env_pool_size / episodes_per_worker slots in all."""
     episodes_per_worker: int = Field(1, ge=1)
-    """Episodes one actor runs at once (its max_concurrency)."""
+    """Episodes one actor runs at once."""
     num_cpus_per_worker: float = Field(1.0, ge=0)
     """Ray CPUs each actor reserves."""
-    resources: dict[str, float] = Field(default_factory=dict)
-    """Custom Ray resources each actor needs (e.g. {"docker": 1} to land on nodes with Docker)."""
-    poll_s: float = Field(0.05, gt=0)
-    """How often the driver republishes the version and re-checks a remote episode's staleness."""
+    resources: dict[str, float] | list[dict[str, float]] = Field(default_factory=dict)
+    """Custom Ray resources each actor needs (e.g. {"docker": 1} to land on nodes with Docker);
+    a list: worker i needs entry i mod its length (e.g. [{"node_a": 1}, {"node_b": 1}] pins
+    alternate workers to the nodes started with those resources)."""
+    proxy_host: str | None = None
+    """The address the run's proxy binds so workers on every node reach it (its admin API then
+    accepts any client that has the run's token); None: this node's IP as Ray sees it."""
+    ready_timeout_s: float = Field(300.0, gt=0)
+    """How long the run waits at start for every worker to be placed and built (a worker whose
+    resources no node has fails the run here, naming them)."""
 
 
-class VersionBoard:
-    """A Ray actor holding the policy version the driver last published (monotonic)."""
-
-    def __init__(self) -> None:
-        self.version = 0
-
-    def set(self, version: int) -> int:
-        self.version = max(self.version, int(version))
-        return self.version
-
-    def get(self) -> int:
-        return self.version
+class WorkerLost(Exception):
+    """The Ray worker running an episode is gone (node died, raylet killed, process crashed)."""
 
 
 @dataclass
 class VersionView:
-    """A worker's monotonic view of the board (one per actor, shared by its episodes)."""
+    """A worker's monotonic view of the policy version the driver pushed (one per actor)."""
 
-    board: Any
     value: int = 0
-
-    async def refresh(self) -> int:
-        self.value = max(self.value, int(await self.board.get.remote()))
-        return self.value
 
 
 @dataclass
@@ -105,6 +108,9 @@ class RemoteSlot:
     attempt: int
     staleness: int
     over_staleness: str
+    harness: str | None = None
+    where: dict | None = None
+    """The worker's node id, pid and sandbox run label (its episode's record carries them)."""
     view: VersionView | None = field(default=None, repr=False)
 
     @property
@@ -112,8 +118,6 @@ class RemoteSlot:
         return max(self.view.value if self.view else 0, self.start_version)
 
     async def before_turn(self) -> int:
-        if self.view is not None:
-            await self.view.refresh()
         if self.over_staleness == "requeue" and self.version - self.start_version > self.staleness:
             raise StaleEpisode(f"started at v{self.start_version}, policy now v{self.version}")
         return self.version
@@ -122,18 +126,23 @@ class RemoteSlot:
 class _EpisodeActor:
     """The Ray actor around one env worker (async: cancellable, runs sync workers in threads)."""
 
-    def __init__(self, worker_factory: Callable[[], Any], board: Any):
-        self.worker = worker_factory()
-        self.view = VersionView(board)
-
-    async def ping(self) -> int:
-        return os.getpid()
-
-    async def run(self, info: dict) -> dict:
+    def __init__(self, worker_factory: Callable[[], Any], version: int):
         import ray
 
-        slot = RemoteSlot(**info, view=self.view)
-        await self.view.refresh()
+        self.worker = worker_factory()
+        self.where = {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid(),
+                      **getattr(self.worker, "describe", dict)()}
+        self.view = VersionView(version)
+
+    async def ping(self) -> dict:
+        return self.where
+
+    async def set_version(self, version: int) -> int:
+        self.view.value = max(self.view.value, int(version))
+        return self.view.value
+
+    async def run(self, info: dict) -> dict:
+        slot = RemoteSlot(**info, where=dict(self.where), view=self.view)
         try:
             if inspect.iscoroutinefunction(self.worker.run):
                 traj = await self.worker.run(slot)
@@ -141,9 +150,13 @@ class _EpisodeActor:
                 traj = await self._in_thread(slot)
         except StaleEpisode as e:
             return {"stale": str(e)}
-        traj.metadata["placement"] = {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid()}
+        traj.metadata["placement"] = dict(self.where)
         return {"trajectory": traj.to_dict()}
 
+    async def close(self) -> None:
+        close = getattr(self.worker, "close", None)
+        if close is not None:
+            await asyncio.to_thread(close)
 
     async def _in_thread(self, slot: RemoteSlot) -> Trajectory:
         """A sync worker's episode in a thread; cancelled (`ray.cancel`), a worker whose `run`
@@ -155,8 +168,45 @@ class _EpisodeActor:
                                  "the driver cancelled the episode")
 
 
+@dataclass
+class _Worker:
+    """The driver's view of one actor: its place in the config, its readiness, its load."""
+
+    index: int
+    actor: Any
+    ping: Any  # ray ObjectRef of `ping`: resolves once the actor is placed and built
+    load: int = 0
+    up: bool = True
+    where: dict = field(default_factory=dict)
+    _ready: Any = None  # the asyncio future of `ping`, made on the driver's loop
+
+    def ready(self) -> "asyncio.Future":
+        if self._ready is None:
+            self._ready = asyncio.wrap_future(self.ping.future())
+        return self._ready
+
+    def placed(self) -> bool:
+        return self._ready is not None and self._ready.done() and not self._ready.exception()
+
+
+class _Beacon:
+    """An event that wakes every current waiter and resets (slots freed, versions published)."""
+
+    def __init__(self) -> None:
+        self._event: asyncio.Event | None = None
+
+    def wait(self) -> "asyncio.Task":
+        self._event = self._event or asyncio.Event()
+        return asyncio.ensure_future(self._event.wait())
+
+    def fire(self) -> None:
+        if self._event is not None:
+            self._event.set()
+            self._event = None
+
+
 class RayEpisodes:
-    """An episode_fn for `RolloutScheduler` that runs each episode on a Ray actor."""
+    """An episode_fn for `RolloutScheduler` that runs each episode on a Ray actor (module doc)."""
 
     def __init__(self, worker_factory: Callable[[], Any], config: RayPlacementConfig | None = None):
         ray = _ray()
@@ -164,120 +214,208 @@ class RayEpisodes:
             raise RuntimeError("RayEpisodes needs a Ray cluster: call ray.init(...) first")
         self.config = config or RayPlacementConfig()
         self._factory = worker_factory
-        self.board = ray.remote(VersionBoard).options(num_cpus=0).remote()
-        self.actors = [self._new_actor() for _ in range(self.config.num_workers)]
-        self._load = [0] * len(self.actors)
-        self._published = -1
+        self._published = 0
+        self.workers = [self._spawn(i) for i in range(self.config.num_workers)]
+        self._freed, self._versions = _Beacon(), _Beacon()
         self.replaced = 0
         """Actors killed and restarted after a cancelled episode."""
+        self.lost = 0
+        """Workers lost under a running episode (node died, process crashed) and replaced."""
 
-    def _new_actor(self) -> Any:
+    def _resources(self, i: int) -> dict[str, float]:
+        r = self.config.resources
+        return dict(r[i % len(r)] if isinstance(r, list) else r) if r else {}
+
+    def _spawn(self, i: int) -> _Worker:
         c = self.config
-        opts: dict[str, Any] = {"num_cpus": c.num_cpus_per_worker, "max_concurrency": c.episodes_per_worker}
-        if c.resources:
-            opts["resources"] = dict(c.resources)
-        return _ray().remote(_EpisodeActor).options(**opts).remote(self._factory, self.board)
+        opts: dict[str, Any] = {"num_cpus": c.num_cpus_per_worker, "max_concurrency": c.episodes_per_worker + 1,
+                                "scheduling_strategy": "SPREAD"}  # + 1: a slot for pings and version pushes
+        if self._resources(i):
+            opts["resources"] = self._resources(i)
+        actor = _ray().remote(_EpisodeActor).options(**opts).remote(self._factory, self._published)
+        return _Worker(i, actor, actor.ping.remote())
 
-    async def _publish(self, version: int) -> None:
-        if version > self._published:
-            await self.board.set.remote(version)
-            self._published = max(self._published, version)
+    @property
+    def actors(self) -> list[Any]:
+        return [w.actor for w in self.workers]
+
+    async def publish(self, version: int) -> None:
+        """Push `version` to every worker (and to those built later); under `requeue` the running
+        episodes' staleness is re-checked."""
+        if version <= self._published:
+            return
+        self._published = version
+        placed = [w for w in self.workers if w.placed()]
+        for w in self.workers:
+            if not w.placed():
+                w.actor.set_version.remote(version)  # applied once it is built; not waited for
+        await asyncio.gather(*(asyncio.wrap_future(w.actor.set_version.remote(version).future()) for w in placed),
+                             return_exceptions=True)  # a lost worker is its episode's business
+        self._versions.fire()
+
+    async def _acquire(self) -> _Worker:
+        """The least-loaded placed worker with a free slot, waiting for one."""
+        while True:
+            for w in self.workers:
+                if w.up and w.ready().done() and w.ready().exception() is not None:
+                    self._replace(w, lost=True)  # it died before it was ever used
+            free = [w for w in self.workers if w.up and w.placed() and w.load < self.config.episodes_per_worker]
+            if free:
+                w = min(free, key=lambda x: x.load)
+                w.load += 1
+                w.where = w.ready().result()
+                return w
+            freed = self._freed.wait()
+            try:
+                await asyncio.wait([w.ready() for w in self.workers if w.up and not w.ready().done()] + [freed],
+                                   return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                freed.cancel()
+
+    def _replace(self, w: _Worker, lost: bool) -> None:
+        """A fresh actor with `w`'s resources in its place (used once placed), `w`'s killed."""
+        if not w.up:
+            return
+        w.up = False
+        try:
+            _ray().kill(w.actor)
+        except Exception:  # noqa: BLE001 - already gone with its node
+            pass
+        self.workers[next(i for i, x in enumerate(self.workers) if x is w)] = self._spawn(w.index)
+        if lost:
+            self.lost += 1
+        else:
+            self.replaced += 1
+        self._freed.fire()
 
     async def __call__(self, slot: EpisodeSlot) -> Trajectory:
         ray = _ray()
         sc = slot._sched.config
-        await self._publish(slot.version)
-        i = min(range(len(self.actors)), key=self._load.__getitem__)
-        self._load[i] += 1
+        await self.publish(slot.version)
+        w = await self._acquire()
         info = {"task_id": slot.task_id, "group_id": slot.group_id, "index": slot.index,
                 "start_version": slot.start_version, "attempt": slot.attempt, "staleness": sc.staleness,
-                "over_staleness": sc.over_staleness}
-        ref = self.actors[i].run.remote(info)
+                "over_staleness": sc.over_staleness, "harness": slot.harness}
+        ref = w.actor.run.remote(info)
         fut = asyncio.wrap_future(ref.future())
         try:
-            while True:
-                done, _ = await asyncio.wait({fut}, timeout=self.config.poll_s)
-                if done:
-                    break
-                await self._publish(slot.version)
-                await slot.before_turn()  # the driver-side watchdog (raises StaleEpisode under requeue)
-            out = fut.result()
+            out = await self._watch(fut, slot, sc.over_staleness == "requeue")
+        except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError) as e:
+            self._replace(w, lost=True)
+            left = w.where.get("sandbox_run_id")
+            raise WorkerLost(f"the Ray worker running this episode was lost (node {w.where.get('node_id', '?')}, "
+                             f"pid {w.where.get('pid', '?')}){f'; its sandboxes (run id {left}) are left to the reaper' if left else ''}: "
+                             f"{describe(e).splitlines()[0][:300]}") from None
         except BaseException:
             if not fut.done():
                 if self.config.episodes_per_worker == 1:
-                    ray.kill(self.actors[i])
-                    self.actors[i] = self._new_actor()
-                    self.replaced += 1
+                    self._replace(w, lost=False)
                 else:
                     ray.cancel(ref)
             raise
         finally:
-            self._load[i] -= 1
+            w.load -= 1
+            self._freed.fire()
         if "stale" in out:
             raise StaleEpisode(out["stale"])
         traj = Trajectory.from_dict(out["trajectory"])
         traj.metadata.setdefault("start_version", slot.start_version)
         return traj
 
+    async def _watch(self, fut: "asyncio.Future", slot: EpisodeSlot, requeue: bool) -> dict:
+        """The episode's result; under `requeue`, each published version re-checks its staleness
+        (the driver-side watchdog: raises StaleEpisode)."""
+        while requeue and not fut.done():
+            published = self._versions.wait()
+            try:
+                await asyncio.wait({fut, published}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                published.cancel()
+            if not fut.done():
+                await slot.before_turn()
+        await asyncio.wait({fut})  # not `await fut`: a cancellation must leave it running, to be killed
+        return fut.result()
+
     def wait_ready(self, timeout: float = 300.0) -> list[int]:
-        """Block until every actor is built (so start-up is not charged to the first episodes'
-        timeouts); returns their pids."""
-        return _ray().get([a.ping.remote() for a in self.actors], timeout=timeout)
+        """Block until every actor is placed and built (so start-up is not charged to the first
+        episodes' timeouts); returns their pids. A worker not placed in time is an error naming
+        the resources it asked for."""
+        ray = _ray()
+        refs = [w.ping for w in self.workers]
+        done, pending = ray.wait(refs, num_returns=len(refs), timeout=timeout)
+        if pending:
+            late = [self._resources(w.index) for w in self.workers if w.ping in pending]
+            raise RuntimeError(f"ray: {len(pending)} of {len(refs)} episode workers were not placed within {timeout:g} s "
+                               f"(resources {late}, num_cpus {self.config.num_cpus_per_worker:g} each): "
+                               "does a live node have them?")
+        return [where["pid"] for where in ray.get(refs)]
 
     def shutdown(self) -> None:
+        """Every worker's warm pool closed (those still up), then every actor killed."""
         ray = _ray()
-        for a in [*self.actors, self.board]:
-            ray.kill(a)
-        self.actors = []
+        up = [w for w in self.workers if w.up]
+        try:
+            built, _ = ray.wait([w.ping for w in up], num_returns=len(up), timeout=0)
+            closing = [w.actor.close.remote() for w in up if any(w.ping == b for b in built)]
+            ray.wait(closing, num_returns=len(closing), timeout=60)
+        except Exception:  # noqa: BLE001 - a worker that died takes its sandboxes to the reaper
+            pass
+        for w in self.workers:
+            try:
+                ray.kill(w.actor)
+            except Exception:  # noqa: BLE001
+                pass
+        self.workers = []
 
 
-# -- env workers ------------------------------------------------------------------------------
-class SimWorker:
-    """Simulated episodes on a worker (gym/doubles/sim.py's engine and episode, one engine per actor):
-    for testing placement and sizing pools without sandboxes."""
+class RayRun:
+    """The "ray" placement of `harnessrl train` (`gym.placement`): `RolloutWorker`s on Ray actors."""
 
-    def __init__(self, turns: int = 3, tokens_per_turn: int = 4, step_s: float = 0.001, slots: int = 8,
-                 latency_mean_s: float = 0.02, latency_cv: float = 1.0, seed: int = 0):
-        self.args = (turns, tokens_per_turn, step_s, slots, latency_mean_s, latency_cv, seed)
-        self._run = None
+    episodes_here = False
+    """Episodes run on the workers: the driver starts no warm pool."""
 
-    async def run(self, slot: RemoteSlot) -> Trajectory:
-        import random
+    def __init__(self, config: RayPlacementConfig):
+        self.config = config
+        self.episodes_fn: RayEpisodes | None = None
+        self._started_ray = False
+        self._ip = ""
 
-        from harnessrl.gym.doubles.sim import SimEngine, lognormal, sim_episode
+    @classmethod
+    def for_run(cls, run_config: Any) -> "RayRun":
+        return cls(run_config.ray)
 
-        if self._run is None:  # made on the actor's loop, with its version view
-            turns, tokens, step_s, slots, mean, cv, seed = self.args
-            engine = SimEngine(slots, step_s, lambda: slot.view.value if slot.view else 0)
-            engine.start()
-            self._run = sim_episode(engine, turns, tokens, lognormal(mean, cv, random.Random(seed + os.getpid())))
-        traj = await self._run(slot)
-        traj.metadata["slot"] = [slot.task_id, slot.group_id, slot.index, slot.start_version, slot.attempt]
-        return traj
+    def start(self) -> dict[str, Any]:
+        """Join (or start) the cluster; the proxy fields that let workers reach the run's proxy."""
+        ray = _ray()
+        if not ray.is_initialized():
+            ray.init(address=self.config.address, include_dashboard=False, log_to_driver=False,
+                     configure_logging=False)
+            self._started_ray = True
+        self._ip = ray.util.get_node_ip_address()
+        return {"host": self.config.proxy_host or self._ip, "admin_clients": "any"}
 
+    def episodes(self, rollout: Any, config: Any) -> RayEpisodes:
+        """The episode function over `rollout`'s proxy (started) and tasks; `config`: the
+        workers' `RolloutConfig` (their warm pools: its `sandbox_pool_size`)."""
+        from harnessrl.gym.proxy_admin import ProxyHandle
 
-class RolloutWorker:
-    """The episode side of a `Rollout` (the `EpisodeStack` of a `RolloutConfig`: tasks, adapter,
-    sandbox backend) for any node; it reaches the proxy (and through it the engine) by URL only.
-    `tasks`: the run's tasks, handed from the driver (None: the worker loads the suite)."""
+        handle = ProxyHandle.of(rollout.proxy, url=rollout.proxy.url.replace("://0.0.0.0:", f"://{self._ip}:"))
+        factory = functools.partial(RolloutWorker, config, handle, list(rollout.tasks.values()), socket.gethostname())
+        self.episodes_fn = RayEpisodes(factory, self.config)
+        self.episodes_fn.wait_ready(self.config.ready_timeout_s)
+        return self.episodes_fn
 
-    def __init__(self, config: Any, proxy: Any, tasks: list | None = None):
-        from harnessrl.gym.stack import EpisodeStack
+    async def publish(self, version: int) -> None:
+        if self.episodes_fn is not None:
+            await self.episodes_fn.publish(version)
 
-        self.config, self.proxy = config, proxy
-        # A fresh sandbox per episode: the warm pool is the driver's (`Rollout`), not a worker's.
-        self.stack = EpisodeStack(config.model_copy(update={"sandbox_pool_size": 0}), tasks=tasks)
-        self.tasks, self.adapter, self.backend = self.stack.tasks, self.stack.adapter, self.stack.backend
-
-    def run(self, slot: Any, cancel: Any = None) -> Trajectory:
-        """One episode; its proxy session carries `start_version` and `group_id` (the engine priority) and,
-        under `requeue`, `staleness_limit`: a session the proxy aborts as stale raises
-        `StaleEpisode`, so the driver reruns the task, as for local episodes. `cancel` (an
-        `adapters.cancel.Cancel`) abandons it: harness tree killed, sandbox closed."""
-        limit = slot.staleness if slot.over_staleness == "requeue" else None
-        res = self.stack.run(slot.task_id, self.proxy, session_meta=session_meta(slot.start_version, limit, slot.group_id),
-                             cancel=cancel)
-        return raise_if_aborted_stale(res.trajectory, limit)
+    def close(self) -> None:
+        if self.episodes_fn is not None:
+            self.episodes_fn.shutdown()
+            self.episodes_fn = None
+        if self._started_ray:
+            _ray().shutdown()
+            self._started_ray = False
 
 
 # -- engines as actors -----------------------------------------------------------------------

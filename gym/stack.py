@@ -16,12 +16,13 @@ Contract:
 - `proxy_config(cfg, ...)` is the one mapping from a run's settings to the proxy's config (the
   sampling policy, the token limits, the engine-call timeouts); callers change only the fields
   the run's settings do not carry.
-- `Publisher(scheduler, proxy, sync).push(trainer)` publishes new weights in the one order that
-  keeps the staleness checks sound: the engine first (the weight sync pauses the proxy's
-  admission and the engine, loads the weights under the new version, resumes both), then the
-  scheduler (episodes admitted from now on start at it; η counts from it), then the proxy (its
-  per-turn check refuses turns of episodes now too old). `publish(version)` is the last two
-  alone (a version whose weights the engine already serves).
+- `Publisher(scheduler, proxy, sync, workers).push(trainer)` publishes new weights in the one
+  order that keeps the staleness checks sound: the engine first (the weight sync pauses the
+  proxy's admission and the engine, loads the weights under the new version, resumes both),
+  then the scheduler (episodes admitted from now on start at it; η counts from it), then the
+  proxy (its per-turn check refuses turns of episodes now too old), then the workers where
+  episodes run (`gym.placement`: Ray workers get it pushed). `publish(version)` is the last
+  three alone (a version whose weights the engine already serves).
 - `in_thread(fn, *args)` and `cancellable(run, reason)`: a blocking episode in a thread of its
   own, and its release when the awaiting task is cancelled.
 """
@@ -190,21 +191,24 @@ class EpisodeStack:
 
 
 class Publisher:
-    """Publishes policy versions to the scheduler, the proxy and the engine, in that module
-    doc's order. `proxy`: the run's `ProxyServer` (None: the scheduler alone, e.g. remote
-    workers told by Ray's version board); `sync`: the weight sync that loads a trainer's weights
-    into the engine (`push(trainer) -> version`); its gate becomes the proxy when it has none."""
+    """Publishes policy versions to the engine, the scheduler, the proxy and the workers, in
+    that module doc's order. `proxy`: the run's `ProxyServer` (None: no proxy to tell); `sync`:
+    the weight sync that loads a trainer's weights into the engine (`push(trainer) -> version`);
+    its gate becomes the proxy when it has none; `workers`: where episodes run, told last
+    (anything with an async `publish(version)`: a `gym.placement` placement, `RayEpisodes`)."""
 
-    def __init__(self, scheduler: Any, proxy: Any = None, sync: Any = None):
-        self.scheduler, self.proxy, self.sync = scheduler, proxy, sync
+    def __init__(self, scheduler: Any, proxy: Any = None, sync: Any = None, workers: Any = None):
+        self.scheduler, self.proxy, self.sync, self.workers = scheduler, proxy, sync, workers
         if sync is not None and proxy is not None and getattr(sync, "gate", False) is None:
             sync.gate = proxy  # weight updates pause proxy admission too
 
     async def publish(self, version: int) -> int:
-        """The engine already serves `version`: the scheduler, then the proxy, move to it."""
+        """The engine already serves `version`: the scheduler, the proxy, then the workers move to it."""
         await self.scheduler.advance_version(version)
         if self.proxy is not None:
             self.proxy.core.set_policy_version(self.scheduler.version)
+        if self.workers is not None:
+            await self.workers.publish(self.scheduler.version)
         return self.scheduler.version
 
     async def push(self, trainer: Any, advance: bool = True) -> int:

@@ -38,7 +38,7 @@ HEAVY_LAZY = {
     # Ray placement of episodes sits behind a lazy import (STYLE.md: "Ray placement of episodes
     # can sit behind a lazy import in the scheduler"); local asyncio is the default.
     ("gym/ray_placement.py", "_ray", "ray"),
-    ("gym/ray_placement.py", "_EpisodeActor.run", "ray"),
+    ("gym/ray_placement.py", "_EpisodeActor.__init__", "ray"),
 }
 
 #: Imports of a higher floor (or of harnessrl.cli) that exist on purpose: (file, scope, target

@@ -14,8 +14,10 @@ import pytest
 
 ray = pytest.importorskip("ray", reason="ray is not installed (pip install ray)")
 
-from harnessrl.gym.ray_placement import RayEpisodes, RayPlacementConfig, SimWorker, engine_actor  # noqa: E402
+from harnessrl.gym.ray_placement import RayEpisodes, RayPlacementConfig, engine_actor  # noqa: E402
+from harnessrl.gym.ray_workers import SimWorker  # noqa: E402
 from harnessrl.gym.scheduler import RolloutScheduler, SchedulerConfig, token_versions  # noqa: E402
+from harnessrl.gym.stack import Publisher  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # helpers sit beside us
 from adapter_helpers import docker_backend  # noqa: E402
@@ -30,8 +32,10 @@ def cluster():
     ray.shutdown()
 
 
-async def _train(sched: RolloutScheduler, steps: int) -> list[tuple[int, list]]:
-    """A trainer that takes `steps` batches, publishing a new version after each."""
+async def _train(sched: RolloutScheduler, steps: int, workers=None) -> list[tuple[int, list]]:
+    """A trainer that takes `steps` batches, publishing a new version after each (to the
+    scheduler, then pushed to the Ray workers)."""
+    publisher = Publisher(sched, workers=workers)
     await sched.start()
     out = []
     try:
@@ -39,7 +43,7 @@ async def _train(sched: RolloutScheduler, steps: int) -> list[tuple[int, list]]:
             batch = await sched.next_batch()
             out.append((sched.version, batch))
             await asyncio.sleep(0.02)
-            await sched.advance_version()
+            await publisher.publish(sched.version + 1)
     finally:
         await sched.close()
     return out
@@ -56,7 +60,7 @@ def test_scheduler_places_simulated_episodes_on_ray_actors_within_eta(cluster, e
     try:
         episodes.wait_ready()
         sched = RolloutScheduler(cfg, episodes, itertools.cycle(["t0", "t1", "t2"]))
-        batches = asyncio.run(_train(sched, steps=4))
+        batches = asyncio.run(_train(sched, steps=4, workers=episodes))
     finally:
         episodes.shutdown()
     lags = []
@@ -152,7 +156,7 @@ def test_real_harness_episodes_run_on_ray_workers(cluster):
     from harnessrl.gym.models import load_tokenizer
     from harnessrl.gym.proxy.config import ProxyConfig
     from harnessrl.gym.proxy.server import ProxyServer
-    from harnessrl.gym.ray_placement import RolloutWorker
+    from harnessrl.gym.ray_workers import RolloutWorker
     from harnessrl.gym.stack import load_suite_tasks
     from harnessrl.gym.served import ServedApp
 
@@ -199,7 +203,8 @@ def test_ray_rollout_worker_turns_a_proxy_stale_abort_into_a_requeue():
     from harnessrl.gym.models import load_tokenizer
     from harnessrl.gym.proxy.config import ProxyConfig
     from harnessrl.gym.proxy.server import ProxyServer
-    from harnessrl.gym.ray_placement import RemoteSlot, RolloutWorker
+    from harnessrl.gym.ray_placement import RemoteSlot
+    from harnessrl.gym.ray_workers import RolloutWorker
     from harnessrl.gym.stack import load_suite_tasks
     from harnessrl.gym.scheduler import StaleEpisode
     from harnessrl.gym.served import ServedApp
