@@ -33,6 +33,7 @@ FAMILIES = {
     "task folders": ("harnessrl.gym.tasks.loaders:FOLDERS", "task folder format", None),
     "row layouts": ("harnessrl.gym.tasks.loaders:LAYOUTS", "task layout", None),
     "suites": ("harnessrl.gym.tasks.loaders:SUITES", "suite", None),
+    "placements": ("harnessrl.gym.placement:PLACEMENTS", "placement", "harnessrl.gym.placement:placement_class"),
 }
 
 #: Config field types made from a registry: (type, registry, names it accepts besides the registry's).
@@ -44,6 +45,7 @@ FIELDS = {
     "ToolFormatName": ("harnessrl.gym.proxy.toolcalls:ToolFormatName", "harnessrl.gym.proxy.toolcalls:TOOL_FORMATS",
                        ["a.b:C"]),
     "TrainerName": ("harnessrl.trainers.base:TrainerName", "harnessrl.trainers.base:TRAINERS", ["a.b:C"]),
+    "PlacementName": ("harnessrl.gym.placement:PlacementName", "harnessrl.gym.placement:PLACEMENTS", ["a.b:C"]),
 }
 
 

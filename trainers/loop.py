@@ -47,6 +47,7 @@ from typing import Any
 from harnessrl.gym.canary import CanaryMix, run_canaries
 from harnessrl.gym.cheat import step_metrics as cheat_metrics
 from harnessrl.gym.harness_mix import HarnessMix
+from harnessrl.gym.placement import placement_class
 from harnessrl.gym.rollout import Rollout, prewarmed_sandboxes, report
 from harnessrl.gym.scheduler import RolloutScheduler
 from harnessrl.gym.stack import Publisher
@@ -126,8 +127,9 @@ async def _stages(cfg: TrainConfig, out: Path, t_start: float, held: contextlib.
     sc = cfg.scheduler  # the warm pool starts the first groups' sandboxes now, while the engine and trainer load
     # The curriculum draws the RL tasks; the warm pool starts the sandboxes of its first draws.
     curriculum = Curriculum([t.instance_id for t in tasks.rl], cfg.curriculum) if "rl" in cfg.stages else None
+    here = placement_class(cfg.placement).episodes_here  # episodes elsewhere: no warm pool on the driver
     sandboxes = (prewarmed_sandboxes(cfg.rollout, curriculum.peek(sc.groups_per_step * (1 + sc.staleness)),
-                                     tasks.rl) if "rl" in cfg.stages else None)
+                                     tasks.rl) if "rl" in cfg.stages and here else None)
     if sandboxes is not None:  # the rollout closes it too (idempotent); this covers a stop before it takes it
         held.callback(sandboxes.close)
     # The trainer the config names (`TRAINERS`); one with its own `backend` samples there too
@@ -223,16 +225,20 @@ async def _rl_stage(cfg: TrainConfig, trainer, sync, engine_url: str | list[str]
 
     history: list[dict[str, Any]] = []
     samples = _sample_config(trainer)
-    with Rollout(rollout_cfg, engine_url, out / "rollouts", generation_backend=getattr(trainer, "backend", None),
-                 sandboxes=sandboxes, tasks=tasks) as ro:
+    placement = placement_class(cfg.placement).for_run(cfg)
+    driver_cfg = rollout_cfg if placement.episodes_here else rollout_cfg.model_copy(update={"sandbox_pool_size": 0})
+    with _started(placement) as proxy_fields, \
+            Rollout(driver_cfg, engine_url, out / "rollouts", generation_backend=getattr(trainer, "backend", None),
+                    sandboxes=sandboxes, tasks=tasks, proxy_fields=proxy_fields) as ro:
         canaries = run_canaries(cfg.canary, list(ro.tasks.values()), out, cfg.rollout.source_root,
                                 log=lambda line: print(line, flush=True))
         draws = CanaryMix(curriculum, [c.instance_id for c in canaries], cfg.canary.rate)
         ro.tasks.update({c.instance_id: c for c in canaries})  # the rollout runs them like any task
         mix = HarnessMix(ro.stack.harness_weights, cfg.rollout.seed)  # one harness per group
         mixed = len(mix.names) > 1
-        sched = RolloutScheduler(cfg.scheduler, ro.episode, draws, harness_for=mix)
-        publisher = Publisher(sched, ro.proxy, sync)  # weight updates pause proxy admission too
+        episodes = placement.episodes(ro, rollout_cfg)  # after the canaries joined the run's tasks
+        sched = RolloutScheduler(cfg.scheduler, episodes, draws, harness_for=mix)
+        publisher = Publisher(sched, ro.proxy, sync, placement)  # weight updates pause proxy admission too
         await publisher.publish(trainer.version)  # 0, the SFT policy's, or the resumed checkpoint's
         await sched.start()
         bar = tqdm(total=cfg.steps, unit="step", disable=not cfg.progress, dynamic_ncols=True)
@@ -277,6 +283,16 @@ async def _rl_stage(cfg: TrainConfig, trainer, sync, engine_url: str | list[str]
             bar.close()
             await sched.close()
     return history, run
+
+
+@contextlib.contextmanager
+def _started(placement):
+    """The placement started (e.g. Ray: the cluster joined) for the block, closed after it;
+    yields the proxy fields its episodes need (e.g. a host its workers reach)."""
+    try:
+        yield placement.start()
+    finally:
+        placement.close()
 
 
 async def _train_on(sel: Selection, trainer, publisher: Publisher, samples, history: list[dict[str, Any]]

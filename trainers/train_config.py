@@ -14,6 +14,8 @@ from harnessrl.gym.backends import engine_urls
 from harnessrl.gym.canary import CanaryConfig
 from harnessrl.gym.episode import EpisodeConfig
 from harnessrl.gym.grading.verdict import RewardConfig
+from harnessrl.gym.placement import PlacementName
+from harnessrl.gym.ray_placement import RayPlacementConfig
 from harnessrl.gym.rollout import RolloutConfig
 from harnessrl.gym.scheduler import SchedulerConfig
 from harnessrl.trainers.base import TrainerName
@@ -100,6 +102,12 @@ class TrainConfig(BaseModel):
     scheduler: SchedulerConfig = Field(default_factory=lambda: SchedulerConfig(
         env_pool_size=4, group_size=4, groups_per_step=1, staleness=1, episode_timeout_s=1200))
     """Env pool size, GRPO group size G, groups per step, staleness η and its policy."""
+    placement: PlacementName = "local"
+    """Where episodes run (`gym.placement.PLACEMENTS`): "local" (threads of this process, the
+    run's proxy on loopback) or "ray" (Ray actors spread over a cluster's nodes by resources,
+    each with its own sandboxes and warm pool, reaching the run's proxy by URL: section `ray`)."""
+    ray: RayPlacementConfig = Field(default_factory=RayPlacementConfig)
+    """The cluster, the episode workers and their resources, for `placement = "ray"`."""
     trainer_name: TrainerName | None = None
     """Which trainer trains: a name in `trainers.base.TRAINERS` ("torch": the built-in one, its
     section `trainer`; "tinker": the Tinker bridge, its section `tinker`) or a "module:Class" path.
