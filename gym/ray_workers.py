@@ -16,6 +16,7 @@ in a thread, optionally taking a `cancel`; or async) returning a `Trajectory`.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
 import socket
 from typing import Any
@@ -26,12 +27,16 @@ from harnessrl.gym.proxy_admin import ProxyHandle
 from harnessrl.gym.scheduler import raise_if_aborted_stale, session_meta
 from harnessrl.gym.trajectory import Trajectory
 
-_LOOPBACK = {"127.0.0.1", "localhost", "::1", "0.0.0.0"}
-
-
 def is_loopback(url: str | None) -> bool:
-    """Does `url` name this host's loopback (an address only processes on its host reach)?"""
-    return bool(url) and (urlsplit(url).hostname or "") in _LOOPBACK
+    """Does `url` name this host's loopback or any-address (reached only by processes on its host)?"""
+    host = urlsplit(url or "").hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return False  # a host name: whatever it resolves to, it names one host for every node
+    return ip.is_loopback or ip.is_unspecified
 
 
 def worker_handle(handle: ProxyHandle, driver_host: str, here: str | None = None) -> ProxyHandle:
