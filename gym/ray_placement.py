@@ -1,7 +1,6 @@
 """Ray placement for the unchanged `RolloutScheduler`: episodes on Ray workers over many nodes.
 
-Local asyncio stays the default; this module is opt-in and the only place that imports ray
-(lazily, so importing it costs nothing without a cluster).
+Opt-in, and the only place that imports ray (lazily: importing it costs nothing without a cluster).
 
 Contract:
 - `RayEpisodes(worker_factory, config)` is an `episode_fn` for `RolloutScheduler`. Each call
@@ -17,28 +16,27 @@ Contract:
   scheduler and the proxy) sends the version to every worker (`set_version`, answered on a
   slot of its own beside the episodes), and a new worker is built at the current version;
   a worker's `RemoteSlot.before_turn()` applies the scheduler's per-turn η check to it, so
-  tokens a worker stamps carry a version >= start_version. Under `requeue` the driver re-runs
-  the slot's own `before_turn()` for each remote episode when a version is published (the
-  proxy also refuses a stale turn itself), so a too-stale harness episode is cancelled.
+  tokens a worker stamps carry a version >= start_version. Under `requeue` each published
+  version re-runs the slot's `before_turn()` on the driver for each remote episode (the proxy
+  also refuses a stale turn itself), so a too-stale harness episode is cancelled.
 - A lost worker (its node died, its raylet was killed, its process crashed) ends its episode
   with `WorkerLost`, which the scheduler records as a masked `infra_error` naming it; the
   worker is replaced by a fresh one with the same resources, used once it is placed; the run
-  goes on on the workers that are up. Its sandboxes are left to the backend's reaper
-  (containers carry the run's label).
-- A cancelled episode (scheduler timeout, staleness, close) kills its actor and starts a
-  fresh one when actors run one episode each; with `episodes_per_worker > 1` the task is
-  cancelled, and a worker whose `run` takes a `cancel` has its harness tree killed and its
-  sandbox closed.
+  goes on on the workers that are up. Its sandboxes are left to the backend's reaper (the
+  error names their run label). A replacement that dies being built is not rebuilt.
+- A cancelled episode (scheduler timeout, staleness, close) kills its actor and starts a fresh
+  one when actors run one episode each; else its task is cancelled (a worker whose `run` takes
+  a `cancel` has its harness tree killed and its sandbox closed).
 - `RayRun` is the `"ray"` placement of `harnessrl train` (`gym.placement.PLACEMENTS`): it
   connects to the cluster (`address`), binds the run's proxy where workers reach it
   (`proxy_host`, admin API open to any client behind its token) and runs `RolloutWorker`s.
-- `EngineActor` wraps any engine server factory (e.g. `functools.partial(EngineServer,
-  model="tiny-llama", port=0)`, passed in by the composition root so that gym imports no
-  trainer) and exposes its URL; a server bound to 0.0.0.0 is reported at the node's IP.
+- `EngineActor` serves an engine from a server factory the composition root passes in (gym
+  imports no trainer) and reports its URL (0.0.0.0 as the node's IP).
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import inspect
 import os
@@ -49,7 +47,7 @@ from typing import Any, Callable
 from pydantic import BaseModel, Field
 
 from harnessrl.gym.failures import describe
-from harnessrl.gym.ray_workers import RolloutWorker
+from harnessrl.gym.ray_workers import RemoteSlot, RolloutWorker, VersionView, WorkerLost
 from harnessrl.gym.scheduler import EpisodeSlot, StaleEpisode
 from harnessrl.gym.trajectory import Trajectory
 
@@ -84,43 +82,6 @@ class RayPlacementConfig(BaseModel, extra="forbid", use_attribute_docstrings=Tru
     ready_timeout_s: float = Field(300.0, gt=0)
     """How long the run waits at start for every worker to be placed and built (a worker whose
     resources no node has fails the run here, naming them)."""
-
-
-class WorkerLost(Exception):
-    """The Ray worker running an episode is gone (node died, raylet killed, process crashed)."""
-
-
-@dataclass
-class VersionView:
-    """A worker's monotonic view of the policy version the driver pushed (one per actor)."""
-
-    value: int = 0
-
-
-@dataclass
-class RemoteSlot:
-    """What a remote episode gets: the `EpisodeSlot` fields and the same per-turn check."""
-
-    task_id: str
-    group_id: int
-    index: int
-    start_version: int
-    attempt: int
-    staleness: int
-    over_staleness: str
-    harness: str | None = None
-    where: dict | None = None
-    """The worker's node id, pid and sandbox run label (its episode's record carries them)."""
-    view: VersionView | None = field(default=None, repr=False)
-
-    @property
-    def version(self) -> int:
-        return max(self.view.value if self.view else 0, self.start_version)
-
-    async def before_turn(self) -> int:
-        if self.over_staleness == "requeue" and self.version - self.start_version > self.staleness:
-            raise StaleEpisode(f"started at v{self.start_version}, policy now v{self.version}")
-        return self.version
 
 
 class _EpisodeActor:
@@ -181,8 +142,7 @@ class _Worker:
     _ready: Any = None  # the asyncio future of `ping`, made on the driver's loop
 
     def ready(self) -> "asyncio.Future":
-        if self._ready is None:
-            self._ready = asyncio.wrap_future(self.ping.future())
+        self._ready = self._ready or asyncio.wrap_future(self.ping.future())
         return self._ready
 
     def placed(self) -> bool:
@@ -221,6 +181,8 @@ class RayEpisodes:
         """Actors killed and restarted after a cancelled episode."""
         self.lost = 0
         """Workers lost under a running episode (node died, process crashed) and replaced."""
+        self.failed_starts: list[str] = []
+        """Why each replacement that died while being built did (it is not built again)."""
 
     def _resources(self, i: int) -> dict[str, float]:
         r = self.config.resources
@@ -234,10 +196,6 @@ class RayEpisodes:
             opts["resources"] = self._resources(i)
         actor = _ray().remote(_EpisodeActor).options(**opts).remote(self._factory, self._published)
         return _Worker(i, actor, actor.ping.remote())
-
-    @property
-    def actors(self) -> list[Any]:
-        return [w.actor for w in self.workers]
 
     async def publish(self, version: int) -> None:
         """Push `version` to every worker (and to those built later); under `requeue` the running
@@ -258,7 +216,10 @@ class RayEpisodes:
         while True:
             for w in self.workers:
                 if w.up and w.ready().done() and w.ready().exception() is not None:
-                    self._replace(w, lost=True)  # it died before it was ever used
+                    w.up = False  # it died being built: not rebuilt (a worker that cannot start would loop)
+                    self.failed_starts.append(describe(w.ready().exception()).splitlines()[0][:300])
+            if not any(w.up for w in self.workers):
+                raise RuntimeError(f"no Ray episode worker is up; the last failed to start: {self.failed_starts[-1]}")
             free = [w for w in self.workers if w.up and w.placed() and w.load < self.config.episodes_per_worker]
             if free:
                 w = min(free, key=lambda x: x.load)
@@ -277,10 +238,8 @@ class RayEpisodes:
         if not w.up:
             return
         w.up = False
-        try:
+        with contextlib.suppress(Exception):  # already gone with its node
             _ray().kill(w.actor)
-        except Exception:  # noqa: BLE001 - already gone with its node
-            pass
         self.workers[next(i for i, x in enumerate(self.workers) if x is w)] = self._spawn(w.index)
         if lost:
             self.lost += 1
@@ -361,10 +320,8 @@ class RayEpisodes:
         except Exception:  # noqa: BLE001 - a worker that died takes its sandboxes to the reaper
             pass
         for w in self.workers:
-            try:
+            with contextlib.suppress(Exception):  # already gone with its node
                 ray.kill(w.actor)
-            except Exception:  # noqa: BLE001
-                pass
         self.workers = []
 
 

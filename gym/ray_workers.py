@@ -1,7 +1,8 @@
 """The env workers a Ray episode actor runs (`gym.ray_placement`): plain code, no ray import.
 
 Contract: a worker is built on its node by a picklable factory and has `run(slot)` (sync, run
-in a thread, optionally taking a `cancel`; or async) returning a `Trajectory`.
+in a thread, optionally taking a `cancel`; or async) returning a `Trajectory`; the slot is a
+`RemoteSlot` (the `EpisodeSlot` fields, the version the driver pushed, where it runs).
 - `RolloutWorker` is the real one: the `EpisodeStack` of a `RolloutConfig` (tasks, adapters,
   the sandbox backend and its own warm pool: `sandbox_pool_size` sandboxes per repository and
   harness, kept on this worker's node), reaching the driver's proxy by URL through a loopback
@@ -19,13 +20,51 @@ import dataclasses
 import ipaddress
 import os
 import socket
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
 from harnessrl.adapters.relay import Relay
 from harnessrl.gym.proxy_admin import ProxyHandle
-from harnessrl.gym.scheduler import raise_if_aborted_stale, session_meta
+from harnessrl.gym.scheduler import StaleEpisode, raise_if_aborted_stale, session_meta
 from harnessrl.gym.trajectory import Trajectory
+
+class WorkerLost(Exception):
+    """The Ray worker running an episode is gone (node died, raylet killed, process crashed)."""
+
+
+@dataclass
+class VersionView:
+    """A worker's monotonic view of the policy version the driver pushed (one per actor)."""
+
+    value: int = 0
+
+
+@dataclass
+class RemoteSlot:
+    """What a remote episode gets: the `EpisodeSlot` fields and the same per-turn check."""
+
+    task_id: str
+    group_id: int
+    index: int
+    start_version: int
+    attempt: int
+    staleness: int
+    over_staleness: str
+    harness: str | None = None
+    where: dict | None = None
+    """The worker's node id, pid and sandbox run label (its episode's record carries them)."""
+    view: VersionView | None = field(default=None, repr=False)
+
+    @property
+    def version(self) -> int:
+        return max(self.view.value if self.view else 0, self.start_version)
+
+    async def before_turn(self) -> int:
+        if self.over_staleness == "requeue" and self.version - self.start_version > self.staleness:
+            raise StaleEpisode(f"started at v{self.start_version}, policy now v{self.version}")
+        return self.version
+
 
 def is_loopback(url: str | None) -> bool:
     """Does `url` name this host's loopback or any-address (reached only by processes on its host)?"""

@@ -184,7 +184,8 @@ def test_real_harness_episodes_run_on_ray_workers(cluster):
     pids = {t.metadata["placement"]["pid"] for t in batch}
     assert os.getpid() not in pids and len(pids) == 2  # one episode on each worker
     for t in batch:
-        assert (t.task_id, t.status, t.termination, t.reward) == (task_id, "ok", "submitted", 1.0)
+        assert (t.task_id, t.status, t.termination, t.reward) == (task_id, "ok", "submitted", 1.0), \
+            t.metadata.get("error") or t.metadata.get("ending")
         assert len(t.calls) == 2 and t.trainable
     # Token-exact: what the scripted engine returned is what came back through Ray.
     sent = sorted(tuple(c.output_ids) for c in engine.calls)
@@ -203,8 +204,7 @@ def test_ray_rollout_worker_turns_a_proxy_stale_abort_into_a_requeue():
     from harnessrl.gym.models import load_tokenizer
     from harnessrl.gym.proxy.config import ProxyConfig
     from harnessrl.gym.proxy.server import ProxyServer
-    from harnessrl.gym.ray_placement import RemoteSlot
-    from harnessrl.gym.ray_workers import RolloutWorker
+    from harnessrl.gym.ray_workers import RemoteSlot, RolloutWorker
     from harnessrl.gym.stack import load_suite_tasks
     from harnessrl.gym.scheduler import StaleEpisode
     from harnessrl.gym.served import ServedApp
