@@ -207,8 +207,11 @@ class RayEpisodes:
         for w in self.workers:
             if not w.placed():
                 w.actor.set_version.remote(version)  # applied once it is built; not waited for
-        await asyncio.gather(*(asyncio.wrap_future(w.actor.set_version.remote(version).future()) for w in placed),
-                             return_exceptions=True)  # a lost worker is its episode's business
+        pushes = [asyncio.wrap_future(w.actor.set_version.remote(version).future()) for w in placed]
+        if pushes:  # a lost worker is its episode's business, and a dying node holds no trainer back
+            await asyncio.wait(pushes, timeout=30)
+            for p in pushes:
+                p.add_done_callback(lambda f: f.cancelled() or f.exception())  # consumed: nothing logged
         self._versions.fire()
 
     async def _acquire(self) -> _Worker:
@@ -334,8 +337,7 @@ class RayRun:
     def __init__(self, config: RayPlacementConfig):
         self.config = config
         self.episodes_fn: RayEpisodes | None = None
-        self._started_ray = False
-        self._ip = ""
+        self._started_ray, self._ip = False, ""
 
     @classmethod
     def for_run(cls, run_config: Any) -> "RayRun":
