@@ -16,6 +16,7 @@ in a thread, optionally taking a `cancel`; or async) returning a `Trajectory`; t
 """
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import ipaddress
 import os
@@ -111,6 +112,7 @@ class RolloutWorker:
         self.config = config
         self.proxy, self.door = loopback_door(proxy if driver_host is None else worker_handle(proxy, driver_host))
         self.stack = EpisodeStack(config, tasks=tasks)  # its own backend and warm pool, on this node
+        atexit.register(self.stack.close)  # a worker process that ends closes its idle sandboxes
         self.tasks, self.adapter, self.backend = self.stack.tasks, self.stack.adapter, self.stack.backend
 
     def run(self, slot: Any, cancel: Any = None) -> Trajectory:

@@ -228,14 +228,21 @@ def test_ray_rollout_worker_turns_a_proxy_stale_abort_into_a_requeue():
         proxies.append(proxy)
         proxy.core.set_policy_version(0)
         worker = RolloutWorker(cfg, ProxyHandle.of(proxy))
-        slot = RemoteSlot(task_id, 0, 0, start_version=0, attempt=0, staleness=0, over_staleness="requeue")
-        with pytest.raises(StaleEpisode, match="η=0"):
-            worker.run(slot)
-        [sid] = [s for s in proxy.core.sessions]
-        t = proxy.trajectory(sid)
-        assert (t.status, t.termination, t.reward, len(t.calls)) == ("infra_error", "stale", None, 1)
-        assert t.metadata["staleness_limit"] == 0 and t.metadata["start_version"] == 0
-        # the rerun at the new version is not refused
-        fresh = worker.run(RemoteSlot(task_id, 0, 0, start_version=1, attempt=1, staleness=0, over_staleness="requeue"))
-        assert (fresh.status, fresh.termination, fresh.reward) == ("ok", "submitted", 1.0)
-        assert {v for c in fresh.calls for v in c.versions} == {1}
+        try:
+            slot = RemoteSlot(task_id, 0, 0, start_version=0, attempt=0, staleness=0, over_staleness="requeue")
+            with pytest.raises(StaleEpisode, match="η=0"):
+                worker.run(slot)
+            [sid] = [s for s in proxy.core.sessions]
+            t = proxy.trajectory(sid)
+            assert (t.status, t.termination, t.reward, len(t.calls)) == ("infra_error", "stale", None, 1)
+            assert t.metadata["staleness_limit"] == 0 and t.metadata["start_version"] == 0
+            # the rerun at the new version is not refused
+            fresh = worker.run(RemoteSlot(task_id, 0, 0, start_version=1, attempt=1, staleness=0,
+                                          over_staleness="requeue"))
+            assert (fresh.status, fresh.termination, fresh.reward) == ("ok", "submitted", 1.0)
+            assert {v for c in fresh.calls for v in c.versions} == {1}
+        finally:
+            worker.close()
+    # the worker's warm pool held its sandbox between episodes; closed, it leaves none
+    run_id = worker.describe()["sandbox_run_id"]
+    assert worker.backend.client.containers.list(all=True, filters={"label": f"harnessrl.run_id={run_id}"}) == []

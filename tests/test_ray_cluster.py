@@ -143,6 +143,9 @@ def test_train_on_two_ray_nodes_survives_losing_one_mid_episode(two_nodes, tmp_p
     scored = [t for t in (store.trajectory(sid) for sid in store.session_ids()) if t.reward == 1.0]
     assert len(scored) == 3  # one of step 1, two of step 2, each through the driver's proxy
     assert {t.metadata["placement"]["node_id"] for t in scored} == {node_a}  # node A's worker
+    [kept] = {t.metadata["placement"]["sandbox_run_id"] for t in scored}  # its warm pool served all three
+    assert kept != left[0] and docker_backend().client.containers.list(  # closed when the run ended
+        all=True, filters={"label": f"harnessrl.run_id={kept}"}) == []
     sent = sorted(tuple(c.output_ids) for c in engine.calls)
     got = sorted(tuple(c.completion_ids) for t in scored for c in t.calls)
     assert set(got) <= set(sent) and len(got) == sum(len(t.calls) for t in scored)
