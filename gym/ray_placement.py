@@ -203,11 +203,9 @@ class RayEpisodes:
         if version <= self._published:
             return
         self._published = version
-        placed = [w for w in self.workers if w.placed()]
-        for w in self.workers:
-            if not w.placed():
-                w.actor.set_version.remote(version)  # applied once it is built; not waited for
-        pushes = [asyncio.wrap_future(w.actor.set_version.remote(version).future()) for w in placed]
+        # every worker gets it; only the built ones are waited for (a pending one applies it once built)
+        refs = {id(w): w.actor.set_version.remote(version) for w in self.workers}
+        pushes = [asyncio.wrap_future(refs[id(w)].future()) for w in self.workers if w.placed()]
         if pushes:  # a lost worker is its episode's business, and a dying node holds no trainer back
             await asyncio.wait(pushes, timeout=30)
             for p in pushes:
@@ -270,6 +268,7 @@ class RayEpisodes:
                              f"{describe(e).splitlines()[0][:300]}") from None
         except BaseException:
             if not fut.done():
+                fut.add_done_callback(lambda f: f.cancelled() or f.exception())  # its end is moot: taken
                 if self.config.episodes_per_worker == 1:
                     self._replace(w, lost=False)
                 else:

@@ -108,6 +108,67 @@ def test_hung_remote_episode_times_out_and_its_actor_is_replaced(cluster):
     assert episodes.replaced == 1
 
 
+def _waits_for_a_version():
+    """A worker class whose episode ends once the version pushed to it moves past its start (a
+    first attempt) or at once (a rerun), recording the version it saw (its one token's too). Made in a function:
+    cloudpickle ships it by value to the worker, which cannot import the tests."""
+
+    class WaitsForAVersion:
+        async def run(self, slot):
+            from harnessrl.gym.trajectory import Segment, Trajectory
+
+            while slot.attempt == 0 and slot.version == slot.start_version:
+                await asyncio.sleep(0.01)
+            seg = Segment(token_ids=[7], loss_mask=[1], logprobs=[0.0], versions=[slot.version])  # sampled now
+            return Trajectory(session_id=f"{slot.task_id}-a{slot.attempt}", segments=[seg], status="ok",
+                              task_id=slot.task_id, metadata={"seen": slot.version, "attempt": slot.attempt})
+
+    return WaitsForAVersion
+
+
+async def _publish_while_running(sched: RolloutScheduler, episodes: RayEpisodes, version: int) -> list:
+    """Start the scheduler, push `version` once an episode holds a worker, take one batch."""
+    await sched.start()
+    try:
+        while not any(w.load for w in episodes.workers):
+            await asyncio.sleep(0.01)
+        await Publisher(sched, workers=episodes).publish(version)
+        return await sched.next_batch()
+    finally:
+        await sched.close()
+
+
+@pytest.mark.timeout(300)
+def test_a_published_version_is_pushed_to_a_running_remote_episode(cluster):
+    episodes = RayEpisodes(_waits_for_a_version(), RayPlacementConfig(num_workers=1, num_cpus_per_worker=0.5))
+    try:
+        episodes.wait_ready()
+        sched = RolloutScheduler(SchedulerConfig(env_pool_size=1, group_size=1, groups_per_step=1, staleness=3,
+                                                 episode_timeout_s=120), episodes, iter(["t"]))
+        [t] = asyncio.run(_publish_while_running(sched, episodes, 3))
+    finally:
+        episodes.shutdown()
+    assert (t.metadata["seen"], t.metadata["attempt"], t.metadata["start_version"]) == (3, 0, 0)
+    assert episodes.replaced == 0
+
+
+@pytest.mark.timeout(300)
+def test_under_requeue_a_pushed_version_cancels_a_too_stale_remote_episode_and_reruns_it(cluster):
+    episodes = RayEpisodes(_waits_for_a_version(), RayPlacementConfig(num_workers=1, num_cpus_per_worker=0.5))
+    try:
+        episodes.wait_ready()
+        sched = RolloutScheduler(SchedulerConfig(env_pool_size=1, group_size=1, groups_per_step=1, staleness=0,
+                                                 over_staleness="requeue", episode_timeout_s=120),
+                                 episodes, iter(["t"]))
+        [t] = asyncio.run(_publish_while_running(sched, episodes, 1))
+    finally:
+        episodes.shutdown()
+    # the driver's watchdog woke on the publish (η = 0 exceeded), killed the episode's actor and the
+    # scheduler reran the task at v1 on a fresh one
+    assert (t.metadata["attempt"], t.metadata["start_version"], t.metadata["seen"]) == (1, 1, 1)
+    assert sched.stats.requeued_turn == 1 and sched.stats.requeued_group == 0 and episodes.replaced == 1
+
+
 @pytest.mark.model
 @pytest.mark.timeout(300)
 def test_engine_actor_serves_generate_to_a_client(cluster):
