@@ -29,6 +29,11 @@ from typing import Any, AsyncIterator
 
 import httpx
 
+try:
+    from orjson import loads as _loads  # stream chunks: one JSON object per token batch
+except ImportError:  # pragma: no cover
+    _loads = json.loads
+
 
 @dataclass
 class GenerateResult:
@@ -246,6 +251,13 @@ class EngineClient:
         return self._http.build_request("POST", "/generate", json=payload,
                                         timeout=httpx.Timeout(None, connect=t.connect_s))
 
+    async def post_generate(self, payload: dict, stream: bool):
+        """POST /generate; the response (read whole unless `stream`). The one place a
+        /generate request is sent: a leaner transport overrides it (`gym.proxy.engine_http`),
+        answering an object with httpx.Response's `status_code`, `json()`, `text`, `aread()`,
+        `aiter_lines()` and `aclose()`, and raising httpx's errors."""
+        return await self._http.send(self._generate_request(payload), stream=stream)
+
     def _result(self, body: dict, url: str) -> GenerateResult:
         try:
             meta = body["meta_info"]
@@ -281,8 +293,7 @@ class EngineClient:
                                 priority)
         url = self.base_url + "/generate"
         try:
-            resp = await bounded(self._http.send(self._generate_request(payload)), self.timeouts.total_s,
-                                  "total", url)
+            resp = await bounded(self.post_generate(payload, False), self.timeouts.total_s, "total", url)
         except httpx.ConnectTimeout as e:
             raise EngineTimeout(f"engine at {url} timed out connecting (EngineTimeouts.connect_s): {e}",
                                 "connect") from e
@@ -326,8 +337,7 @@ class EngineClient:
         left = StreamBudget(self.timeouts).left
         resp = None
         try:
-            resp = await bounded(self._http.send(self._generate_request(payload), stream=True),
-                                  *left("first_byte"), url)
+            resp = await bounded(self.post_generate(payload, True), *left("first_byte"), url)
             if resp.status_code >= 400:
                 await bounded(resp.aread(), *left("idle"), url)
                 raise EngineError(
@@ -347,7 +357,7 @@ class EngineClient:
                 if data == "[DONE]":
                     break
                 try:
-                    body = json.loads(data)
+                    body = _loads(data)
                 except ValueError as e:
                     raise EngineError(f"engine at {url} sent an unreadable stream chunk: {data[:200]!r}") from e
                 if isinstance(body, dict) and "error" in body:
