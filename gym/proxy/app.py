@@ -67,6 +67,20 @@ async def _parsed(parse, raw: bytes):
     return req
 
 
+def disconnect_probe(request: Request):
+    """An async check whether the client of `request` has gone. Under uvicorn, its
+    connection's own flag (set when the connection is lost, read in a few ns); elsewhere
+    Starlette's `is_disconnected` (a receive polled under an anyio cancel scope, ~0.1 ms of
+    CPU: a fifth of a call's budget)."""
+    cycle = getattr(request.receive, "__self__", None)
+    if getattr(cycle, "disconnected", None) is False:
+
+        async def gone() -> bool:
+            return cycle.disconnected
+        return gone
+    return request.is_disconnected
+
+
 def as_proxy_error(e: BaseException, engine_urls: Sequence[str] = ()) -> ProxyError:
     """What the harness is told about an exception raised while serving its call, never
     with an engine's address in it (the agent has no business calling the engine itself)."""
@@ -134,7 +148,7 @@ class ProxyApp:
             core.check_staleness(s)
             await core.admit()
             core.check_staleness(s)  # a weight update may have landed while it waited
-            p = Prepared(s, req, arrived, request.is_disconnected)
+            p = Prepared(s, req, arrived, disconnect_probe(request))
             if req.stream:
                 return await self.stream(p, dialect)
             async for c in core.run(p):

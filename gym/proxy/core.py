@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
 import time
-import uuid
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Awaitable, Callable
 
@@ -33,8 +33,7 @@ from .config import ProxyConfig
 from .dialects import dialect_module
 from .errors import ProxyError
 from .generation import Generation, PauseGate, VersionMap, generate
-from .offload import HEAVY_BYTES, offload
-from .recorder import Plan, Session, commit, plan
+from .recorder import Plan, Session, commit, plan_call
 from .render import Renderer
 from .rows import CallRow
 from .sampling import SamplingPolicy
@@ -354,9 +353,8 @@ class ProxyCore:
         s, req = p.session, p.req
         queue_s = time.monotonic() - p.arrived
         env_s = (p.arrived - s.last_response_at) if s.last_response_at is not None else None
-        # Rendering and tokenizing off the event loop: one huge prompt must not stall other sessions.
-        pl = await offload(plan, s, req, self.renderer, heavy=req.body_bytes > HEAVY_BYTES)
-        cid = dialect_module(req.dialect).ID_PREFIX + uuid.uuid4().hex[:24]
+        pl = await plan_call(s, req, self.renderer)  # a heavy render goes to a worker thread
+        cid = dialect_module(req.dialect).ID_PREFIX + secrets.token_hex(12)
         created = int(time.time())
         gen = Generation()
         writer = stream_cls(req, cid, req.model, created) if stream_cls is not None else None

@@ -263,9 +263,9 @@ class LeanEngineClient(EngineClient):
     Everything else (control routes, the contract, parsing, timeouts) is `EngineClient`'s."""
 
     def __init__(self, base_url: str, timeout: float = 600.0, timeouts: EngineTimeouts | None = None,
-                 transport: KeepAliveTransport | None = None):
+                 transport: KeepAliveTransport | None = None, api_key: str | None = None):
         self.transport = transport or KeepAliveTransport()
-        super().__init__(base_url, timeout=timeout, timeouts=timeouts, transport=self.transport)
+        super().__init__(base_url, timeout=timeout, timeouts=timeouts, transport=self.transport, api_key=api_key)
         old = self._http  # httpx's default headers (user agent, ...); json bodies by orjson from here on
         self._http = _OrjsonClient(base_url=self.base_url, timeout=timeout, headers=old.headers, transport=self.transport)
         url = httpx.URL(self.base_url)

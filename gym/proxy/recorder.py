@@ -33,7 +33,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .canonical import ChatRequest, Message
-from .render import Renderer, TemplateMismatch
+from .offload import HEAVY_BYTES, OFF_LOOP_BYTES, offload
+from .render import OverBudget, Renderer, TemplateMismatch
+
+INLINE_CHARS = 2048
+"""Most characters of uncached text a call's plan may tokenize on the event loop (~1 ms);
+a plan that needs more is made in a worker thread instead (`plan_call`)."""
 
 
 @dataclass
@@ -213,6 +218,21 @@ def plan(session: Session, req: ChatRequest, renderer: Renderer) -> Plan:
                     spawn, compacted)
     return Plan(renderer.full_prompt(req.messages, req.tools), session.n_segments, 0, "template_mismatch",
                 None, keys, tk)
+
+
+async def plan_call(session: Session, req: ChatRequest, renderer: Renderer) -> Plan:
+    """`plan(...)`, on the event loop when it is light (a body parsed on the loop, at most
+    `INLINE_CHARS` of text to tokenize that the piece cache does not hold: a thread hop
+    costs more than that), else in a worker (`offload`), so one long prompt never stalls the
+    other sessions. A plan found too heavy is abandoned before it tokenizes anything more
+    (`Renderer.budget`) and made again in the worker: `plan` changes no state."""
+    if req.body_bytes <= OFF_LOOP_BYTES:
+        try:
+            with renderer.budget(INLINE_CHARS):
+                return plan(session, req, renderer)
+        except OverBudget:
+            pass
+    return await offload(plan, session, req, renderer, heavy=req.body_bytes > HEAVY_BYTES)
 
 
 def commit(session: Session, p: Plan, req: ChatRequest, reply: Message, completion_ids: list[int],

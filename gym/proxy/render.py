@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import re
+import threading
 from collections import OrderedDict
 
 from .canonical import Message, Tool
@@ -71,6 +72,11 @@ class TemplateMismatch(Exception):
     """The template does not render a grown conversation as a prefix extension."""
 
 
+class OverBudget(Exception):
+    """A render met more text to tokenize than `Renderer.budget` allows (raised before
+    tokenizing it: the caller renders again where time does not matter)."""
+
+
 class Renderer:
     def __init__(self, tokenizer, tool_format: ToolFormat):
         if not getattr(tokenizer, "chat_template", None):
@@ -86,6 +92,7 @@ class Renderer:
         self.template_hash = template_hash(tokenizer)
         self.stop_token_ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
         self._pieces: OrderedDict[str, list[int]] = OrderedDict()
+        self._left = threading.local()  # per thread: renders run on the loop and in workers at once
         self._split = self._piecewise_split()
         anchor = [Message("system", "A"), Message("user", "B")]
         self._anchor_tmpl = self.template(anchor, None) + [{"role": "assistant", "content": _MARK}]
@@ -107,12 +114,33 @@ class Renderer:
     def render_text(self, tmsgs: list[dict], generation_prompt: bool) -> str:
         return self.tok.apply_chat_template(tmsgs, tokenize=False, add_generation_prompt=generation_prompt)
 
+    @contextlib.contextmanager
+    def budget(self, chars: int):
+        """In this thread, within the block: tokenize at most `chars` characters of text the
+        piece cache does not hold, else raise `OverBudget` before tokenizing. What the event
+        loop may render itself: a cached system prompt and a short new turn cost tens of
+        microseconds, a thread hop more; anything longer goes to a worker (`offload`)."""
+        self._left.chars = chars
+        try:
+            yield
+        finally:
+            self._left.chars = None
+
+    def _spend(self, text: str) -> None:
+        left = getattr(self._left, "chars", None)
+        if left is not None:
+            if len(text) > left:
+                raise OverBudget(f"{len(text)} characters to tokenize, {left} left")
+            self._left.chars = left - len(text)
+
     def _encode_raw(self, text: str) -> list[int]:
+        self._spend(text)
         if self._fast is not None:
             return _ids(self._fast, text)
         return self.tok.encode(text, add_special_tokens=False)
 
     def _encode_as_text(self, text: str) -> list[int]:
+        self._spend(text)
         if self._fast_text is not None:
             return _ids(self._fast_text, text)
         # python tokenizers only: this splits the tokens flagged special, not template-written plain ones
