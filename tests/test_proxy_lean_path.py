@@ -147,3 +147,29 @@ def test_the_budget_refuses_before_tokenizing_and_only_in_its_thread(renderer):
         t.start()
         t.join()
     assert other[0] == renderer.full_prompt(msgs, []) and len(other[0]) > 600
+
+
+def test_session_routes_front_only_model_calls_and_trust_no_forwarding_header():
+    import httpx
+
+    from harnessrl.gym.proxy import ProxyConfig, ProxyServer
+
+    tok = load_tokenizer("tiny-llama")
+    eng = StandinEngine()
+    with ServedApp(eng.app()) as e, ProxyServer(ProxyConfig(engine_url=e.url, served_models=["policy"]), tokenizer=tok) as p:
+        sid, key = p.open_session({"harness": "t"})
+        auth = {"Authorization": f"Bearer {key}"}
+        body = {"model": "policy", "messages": [{"role": "user", "content": "hi"}]}
+        ok = httpx.post(f"{p.url}/s/{sid}/v1/chat/completions", json=body, headers=auth)
+        wrong_method = httpx.get(f"{p.url}/s/{sid}/v1/chat/completions", headers=auth)
+        deeper = httpx.post(f"{p.url}/s/{sid}/v1/chat/completions/x", json=body, headers=auth)
+        no_sid = httpx.post(f"{p.url}/s//v1/chat/completions", json=body, headers=auth)
+        unknown = httpx.post(f"{p.url}/s/0123/v1/messages", json=dict(body, max_tokens=5), headers=auth)
+        # the admin API sees the connection's own address whatever a header claims
+        admin = httpx.get(f"{p.url}/admin/stats", headers={"Authorization": f"Bearer {p.admin_token}",
+                                                            "X-Forwarded-For": "203.0.113.7"})
+    assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == len(eng.calls[0]["output_ids"])
+    assert [wrong_method.status_code, deeper.status_code, no_sid.status_code] == [405, 404, 404]
+    assert unknown.status_code == 404 and unknown.json()["error"]["type"] == "not_found_error"
+    assert unknown.json()["type"] == "error"  # Anthropic's error shape, from the fast route
+    assert admin.status_code == 200 and admin.json()["calls"] == 1

@@ -188,18 +188,17 @@ class KeepAliveTransport(httpx.AsyncBaseTransport):
     async def _exchange(self, key, conn: _Conn, data: bytes) -> "RawResponse":
         try:
             conn.writer.write(data)
-            status_line = await conn.reader.readline()
-        except (ConnectionError, asyncio.IncompleteReadError) as e:
+            head = await conn.reader.readuntil(b"\r\n\r\n")  # the whole head in one read (HTTP/1.1: CRLF)
+        except asyncio.IncompleteReadError as e:
+            if e.partial:
+                raise httpx.RemoteProtocolError(f"the response head was cut off after {len(e.partial)} bytes") from e
+            raise _NoResponse("server closed the connection without a response") from e
+        except ConnectionError as e:
             raise _NoResponse(str(e)) from e
-        if not status_line:
-            raise _NoResponse("server closed the connection without a response")
-        parts = status_line.split(None, 2)
-        status = int(parts[1])
+        status_line, *lines = head[:-4].split(b"\r\n")
+        status = int(status_line.split(None, 2)[1])
         headers, length, chunked, keep = [], None, False, True
-        while True:
-            line = await conn.reader.readline()
-            if line in (b"\r\n", b"\n", b""):
-                break
+        for line in lines:
             k, _, v = line.partition(b":")
             k, v = k.strip(), v.strip()
             headers.append((k, v))

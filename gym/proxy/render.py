@@ -11,7 +11,8 @@ Only the new messages are templated and tokenized, so turn 40 costs what turn 1 
 they are rendered after a short fixed anchor conversation and the anchor's text is cut
 off. Whether `tokens(bridge) + tokens(suffix)` equals the tokens of a full render is
 checked once per template at start-up (`incremental_exact`). Long text pieces between
-added tokens (system prompts with tool lists) are tokenized once and cached. When the anchor trick does
+added tokens (system prompts with tool lists) are tokenized once and cached, and so are short ones
+(the template's own role headers). When the anchor trick does
 not hold for a template (it renders earlier turns differently), the renderer falls back to
 diffing two full renders of the real history.
 
@@ -68,6 +69,12 @@ def _backends(tokenizer_json: str, controls: tuple[str, ...]):
     return normal, text
 
 
+SHORT_PIECES = 4096
+"""Short pieces (under 1,024 characters) whose ids are kept: the template's own text between
+control tokens ("\n", "assistant\n", "user\n") costs a tokenizer call (~30 us) each time
+otherwise, several per render."""
+
+
 class TemplateMismatch(Exception):
     """The template does not render a grown conversation as a prefix extension."""
 
@@ -92,6 +99,7 @@ class Renderer:
         self.template_hash = template_hash(tokenizer)
         self.stop_token_ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
         self._pieces: OrderedDict[str, list[int]] = OrderedDict()
+        self._short: dict[str, list[int]] = {}
         self._left = threading.local()  # per thread: renders run on the loop and in workers at once
         self._split = self._piecewise_split()
         anchor = [Message("system", "A"), Message("user", "B")]
@@ -191,7 +199,14 @@ class Renderer:
         return self._encode_raw(piece)
 
     def _piece(self, piece: str) -> list[int]:
-        if len(piece) < 1024 or len(piece) > 256 * 1024:  # huge pieces are one-offs: 256 of them would pin GBs
+        if len(piece) < 1024:  # role headers, "\n", short turns: recur in every render
+            hit = self._short.get(piece)
+            if hit is None:
+                if len(self._short) >= SHORT_PIECES:
+                    self._short.clear()  # a flood of one-off short turns: start over (cheap, bounded)
+                hit = self._short[piece] = self._encode_piece(piece)
+            return hit
+        if len(piece) > 256 * 1024:  # huge pieces are one-offs: 256 of them would pin GBs
             return self._encode_piece(piece)
         hit = self._pieces.get(piece)
         if hit is None:

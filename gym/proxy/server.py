@@ -57,7 +57,8 @@ class ProxyServer:
         self.url = f"http://[{cfg.host}]:{port}" if ":" in cfg.host else f"http://{cfg.host}:{port}"
         ucfg = uvicorn.Config(build_app(self.core, self.admin_token), log_level="warning", lifespan="on",
                               loop=_best("uvloop", "asyncio"), http=_best("httptools", "h11"),
-                              timeout_keep_alive=75, backlog=4096)
+                              timeout_keep_alive=75, backlog=4096,
+                              proxy_headers=False)  # the peer is the connection's: no forwarding header is trusted
         self._server = uvicorn.Server(ucfg)
         started = threading.Event()
 
