@@ -173,3 +173,36 @@ def test_session_routes_front_only_model_calls_and_trust_no_forwarding_header():
     assert unknown.status_code == 404 and unknown.json()["error"]["type"] == "not_found_error"
     assert unknown.json()["type"] == "error"  # Anthropic's error shape, from the fast route
     assert admin.status_code == 200 and admin.json()["calls"] == 1
+
+
+def test_a_streamed_call_whose_client_left_stops_its_generation_without_waiting_for_a_keepalive():
+    """The SSE reply listens for the client's disconnect itself: with keep-alives 30 s apart
+    and ~6 s of generation, only that listener can stop the engine request before it ends."""
+    import time
+
+    import httpx
+
+    from harnessrl.gym.proxy import ProxyConfig, ProxyServer
+
+    tok = load_tokenizer("tiny-llama")
+    eng = StandinEngine(token_delay_s=1.0)
+    cfg = ProxyConfig(engine_url="", keepalive_s=30.0, stream_grace_s=0.0)
+    with ServedApp(eng.app()) as e, ProxyServer(cfg.model_copy(update={"engine_url": e.url}), tokenizer=tok) as p:
+        sid, key = p.open_session({})
+        with pytest.raises(httpx.ReadTimeout):
+            with httpx.stream("POST", p.openai_base_url(sid) + "/chat/completions",
+                              headers={"Authorization": f"Bearer {key}"}, timeout=httpx.Timeout(60, read=0.5),
+                              json={"model": "policy", "stream": True, "messages": [{"role": "user", "content": "x"}]}) as r:
+                chunks = r.iter_bytes()
+                first = next(chunks)
+                for _ in chunks:
+                    pass
+        deadline = time.monotonic() + 60
+        while not p.trajectory(sid).calls:
+            assert time.monotonic() < deadline, "the call was never recorded"
+            time.sleep(0.05)
+        t, stats = p.trajectory(sid), p.stats()
+    assert first.startswith(b'data: {"id":"chatcmpl-') and b'"role":"assistant"' in first
+    c = t.calls[0]
+    assert c.detached and c.flags["undelivered"] == "client_disconnected" and c.completion_ids == []
+    assert t.segments == [] and stats["undelivered"] == 1  # nothing generated reached the record: it stopped

@@ -28,7 +28,7 @@ from typing import Any, Sequence
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 from starlette.routing import Route
 
 from harnessrl.registry import DIALECTS as DIALECT_NAMES
@@ -39,7 +39,7 @@ from .core import Prepared, ProxyCore
 from .dialects import dialect_module
 from .errors import ProxyError
 from .offload import HEAVY_BYTES, OFF_LOOP_BYTES, offload
-from .wire import decode, json_response, read_body
+from .wire import SSEResponse, decode, json_response, read_body
 
 try:
     from jinja2 import TemplateError
@@ -184,8 +184,7 @@ class ProxyApp:
                 raise
             else:
                 nxt = None
-        return StreamingResponse(self.sse(p, dialect, agen, head, nxt), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache"})
+        return SSEResponse(self.sse(p, dialect, agen, head, nxt))
 
     async def sse(self, p: Prepared, dialect, agen, head: list[bytes], nxt):
         try:

@@ -1,10 +1,11 @@
 """JSON over HTTP, as every proxy route reads and writes it: bodies read up to a size limit
 (413 past it, the connection kept), decoded into a JSON object of bounded nesting (400
-otherwise), answers encoded with orjson."""
+otherwise), answers encoded with orjson, streamed answers as server-sent events (`SSEResponse`)."""
 from __future__ import annotations
 
+import asyncio
 import json
-from typing import Any
+from typing import Any, AsyncIterator
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -55,3 +56,44 @@ def decode(raw: bytes) -> dict:
         raise ProxyError(400, f"request body must be a JSON object, got {F.kind(body)}")
     F.check_depth(body)
     return body
+
+
+class SSEResponse:
+    """A 200 `text/event-stream` reply whose events come from `events` (an async generator,
+    closed when the reply ends, however it ends).
+
+    A client that hangs up mid-stream cancels the iteration at once (its `http.disconnect`,
+    awaited by a small listener task, cancels the task serving the reply), so the generator
+    sees the CancelledError where it waits (the proxy records the call undelivered and stops
+    the engine request there) and the reply ends quietly, as Starlette's StreamingResponse
+    does; without its anyio task group, cancel scopes and task names (~0.1 ms per reply)."""
+
+    HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
+
+    def __init__(self, events: AsyncIterator[bytes]):
+        self.events = events
+
+    async def __call__(self, scope, receive, send) -> None:
+        task, gone = asyncio.current_task(), []
+
+        async def listen() -> None:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            gone.append(True)
+            task.cancel()
+
+        await send({"type": "http.response.start", "status": 200, "headers": self.HEADERS})
+        listener = asyncio.ensure_future(listen())
+        try:
+            async for chunk in self.events:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            listener.cancel()
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except asyncio.CancelledError:
+            if not gone:
+                raise
+            if hasattr(task, "uncancel"):
+                task.uncancel()  # our own cancellation, for a client that left: the reply just ends
+        finally:
+            listener.cancel()
+            await self.events.aclose()
