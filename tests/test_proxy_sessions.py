@@ -472,7 +472,7 @@ def test_generations_carry_an_earliest_deadline_priority(env):
     """The engine `priority` ranks by the episode's oldest policy version (its start version
     until it has sampled, then its oldest sampled token's), then by its group, oldest first:
     -(version * GROUP_SPAN + group id); a session without a version sends none."""
-    from harnessrl.gym.proxy.core import GROUP_SPAN
+    from harnessrl.gym.proxy.sampling import GROUP_SPAN
 
     msgs = [{"role": "user", "content": "hi"}]
     env.eng.weight_version = "4"

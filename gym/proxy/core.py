@@ -1,8 +1,8 @@
 """The proxy's state and its call pipeline, independent of HTTP.
 
-One call: render (recorder.plan) -> generate (generation.generate) -> cut at stop strings
--> parse tool calls -> record durably (store.add_call) -> advance the session
-(recorder.commit) -> the dialect formats the reply. The record is written before the
+One call: render (recorder.plan_call) -> generate (generation.generate) -> cut at stop
+strings and parse tool calls (reply.finish_reply) -> record durably (store.add_call) ->
+advance the session (recorder.commit) -> the dialect formats the reply. The record is written before the
 reply's last byte leaves, for streamed calls too. Calls of one session run one at a time
 (the session lock), so its segments grow in a well-defined order.
 
@@ -34,18 +34,17 @@ from .dialects import dialect_module
 from .errors import ProxyError
 from .generation import Generation, PauseGate, VersionMap, generate
 from .recorder import Plan, Session, commit, plan_call
+from .reply import finish_reply
 from .render import Renderer
 from .rows import CallRow
-from .sampling import SamplingPolicy
+from .sampling import SamplingPolicy, priority
 from .store import Store
+from .streamtext import Detokenizer, safe_len
 from .teacher import TeacherChat, mark
 from .toolcalls import load_tool_format
 
 _HEALTH_PROBE_S = 2.0
 """How long a timed-out call waits for the engine's /health before answering the harness."""
-GROUP_SPAN = 1 << 20
-"""Groups one policy version's priority band holds: the engine priority is
--(oldest version * GROUP_SPAN + group id), the group id capped at GROUP_SPAN - 1 (absent: 0)."""
 
 
 @dataclass
@@ -54,8 +53,7 @@ class Prepared:
     req: ChatRequest
     arrived: float
     disconnected: Callable[[], Awaitable[bool]] | None = None
-    """True once the client of a plain (non-streamed) call is gone (Starlette's
-    `request.is_disconnected`): its reply is then recorded undelivered, never trained."""
+    """True once a plain call's client is gone (`app.disconnect_probe`): its reply is then undelivered."""
 
 
 @dataclass
@@ -81,37 +79,6 @@ class _Call:
 
 class _ClientGone(Exception):
     """A plain call's client disconnected while it was generating."""
-
-
-class Detokenizer:
-    """Incremental decode (prefix/read offsets) so streaming stays linear in output length."""
-
-    def __init__(self, renderer: Renderer):
-        self.r, self.ids, self.prefix, self.read = renderer, [], 0, 0
-
-    def add(self, ids: list[int]) -> str:
-        self.ids += ids
-        before = self.r.decode(self.ids[self.prefix:self.read])
-        after = self.r.decode(self.ids[self.prefix:])
-        if len(after) > len(before) and not after.endswith("\ufffd"):
-            self.prefix, self.read = self.read, len(self.ids)
-            return after[len(before):]
-        return ""
-
-
-def _safe_len(text: str, markers: list[str]) -> tuple[int, bool]:
-    """How much of `text` can be shown: up to the first marker, or a marker's partial start."""
-    cut, hit = len(text), False
-    for m in markers:
-        i = text.find(m)
-        if i >= 0:
-            cut, hit = min(cut, i), True
-            continue
-        for k in range(min(len(m) - 1, len(text)), 0, -1):
-            if text.endswith(m[:k]):
-                cut = min(cut, len(text) - k)
-                break
-    return cut, hit
 
 
 class ProxyCore:
@@ -265,27 +232,6 @@ class ProxyCore:
             raise ProxyError(429, "generation is paused for a weight update; retry shortly",
                              kind="rate_limit_error", headers={"Retry-After": str(self.config.retry_after_s)})
 
-    def _priority(self, s: Session) -> int | None:
-        """Higher first: the oldest policy version, then the oldest group (`GROUP_SPAN`)."""
-        if not self.config.staleness_priority:
-            return None
-        oldest = s.oldest_version if s.oldest_version is not None else s.meta.get("start_version")
-        if not isinstance(oldest, int) or isinstance(oldest, bool):
-            return None
-        group = s.meta.get("group_id")
-        group = min(group, GROUP_SPAN - 1) if isinstance(group, int) and not isinstance(group, bool) else 0
-        return max(-(1 << 63), -(oldest * GROUP_SPAN + group))  # an int64 for any engine
-
-    def _params(self, req: ChatRequest) -> tuple[dict[str, Any], list[str]]:
-        """Engine sampling params (temperature/top_p/top_k by `sampling_policy`, see
-        `sampling.SamplingPolicy`) and the harness sampling fields ignored as invalid."""
-        c = self.config
-        mt = req.max_tokens if isinstance(req.max_tokens, int) and req.max_tokens > 0 else c.default_max_tokens
-        sampling, ignored = self.sampling.effective(req)
-        return {"max_new_tokens": min(mt, c.max_tokens_cap), **sampling,
-                "stop_token_ids": self.renderer.stop_token_ids,
-                "seed": req.seed if c.honor_seed and isinstance(req.seed, int) else None}, ignored
-
     async def run(self, p: Prepared, stream_cls=None) -> AsyncIterator[Any]:
         """The whole call; yields SSE bytes when `stream_cls` (a dialect Stream) is given, else one Completion.
 
@@ -361,8 +307,8 @@ class ProxyCore:
         markers = list(req.stop)
         if req.tools and req.tool_choice != "none":
             markers.append(self.renderer.tool_format.start_marker)
-        params, ignored = self._params(req)
-        params["priority"] = self._priority(s)
+        params, ignored = self.sampling.engine_params(req, self.renderer.stop_token_ids)
+        params["priority"] = priority(s.oldest_version, s.meta) if self.config.staleness_priority else None
         budget = s.meta.get("max_tokens")
         if isinstance(budget, int):  # never sample past the episode's token budget
             params["max_new_tokens"] = max(1, min(params["max_new_tokens"], budget - s.completion_tokens))
@@ -388,7 +334,7 @@ class ProxyCore:
                     if held or not piece:
                         continue
                     text += piece
-                    cut, held = _safe_len(text, call.markers)
+                    cut, held = safe_len(text, call.markers)
                     if cut > len(call.sent):
                         delta = text[len(call.sent):cut]
                         call.sent += delta
@@ -413,8 +359,10 @@ class ProxyCore:
         p, req, gen, pl = call.p, call.p.req, call.gen, call.pl
         if self.teacher is not None:
             mark(gen)  # teacher tokens: no behaviour logprob, no policy version
-        c, reply, flags = self._finish(req, gen, call.cid, call.created, len(pl.prompt_ids),
+        c, reply, flags = finish_reply(self.renderer, req, gen, call.cid, call.created, len(pl.prompt_ids),
                                        call.sent if call.writer is not None else None)
+        if "tool_call" in flags:
+            self.counters["tool_call_flags"] += 1
         if self.teacher is not None:
             flags["teacher"] = self.teacher
         flags["sampling"] = self.sampling.record(req, call.params, space, call.ignored)
@@ -465,49 +413,3 @@ class ProxyCore:
         async for _ in generate(self.engine, self.gate, prompt, stream=False, params=params,
                                 max_interruptions=self.config.max_interruptions, rid=cid, out=gen):
             pass
-
-
-    def _finish(self, req: ChatRequest, gen: Generation, cid: str, created: int, n_prompt: int,
-                sent: str | None) -> tuple[Completion, Message, dict[str, Any]]:
-        r = self.renderer
-        flags: dict[str, Any] = {}
-        text = r.decode(gen.ids)
-        finish = "length" if gen.finish_reason == "length" else "stop"
-        stop_seq = None
-        if req.stop:
-            hits = [(text.find(st), st) for st in req.stop if st in text]
-            if hits:
-                pos, stop_seq = min(hits)
-                lo, hi = 1, len(gen.ids)  # shortest id prefix whose text holds the stop string
-                while lo < hi:
-                    mid = (lo + hi) // 2
-                    if stop_seq in r.decode(gen.ids[:mid]):
-                        hi = mid
-                    else:
-                        lo = mid + 1
-                flags["stop_cut"] = len(gen.ids) - lo
-                del gen.ids[lo:], gen.logprobs[lo:], gen.versions[lo:]
-                gen.finish_reason = "stop"
-                text, finish = text[:pos], "stop_sequence"
-        content, calls = text, []
-        if req.tools and req.tool_choice != "none":
-            parsed = r.tool_format.parse(text, req.tools)
-            content, calls = parsed.content, parsed.tool_calls
-            if parsed.flag:
-                flags["tool_call"] = parsed.flag
-                self.counters["tool_call_flags"] += 1
-            if calls:
-                finish = "tool_calls"
-        if gen.cached_tokens:
-            flags["cached_tokens"] = gen.cached_tokens  # prefix-cache hit (the engine's prefill it skipped)
-        if gen.interruptions:
-            flags["interruptions"] = gen.interruptions
-            flags["interrupted_wait_s"] = round(gen.wait_s, 4)
-        if len(set(gen.versions)) > 1 or (gen.versions and not gen.versions[0].lstrip("-").isdigit()):
-            flags["weight_versions"] = sorted(set(gen.versions))
-        if sent is not None:
-            # What the client accumulated is what it will send back: the canonical reply.
-            visible = content if content.startswith(sent) else sent
-            content = visible
-        c = Completion(cid, req.model, created, content, calls, finish, stop_seq, n_prompt, len(gen.ids))
-        return c, c.assistant_message(), flags

@@ -45,12 +45,38 @@ def _requested(x: Any) -> Any:
     return repr(x)[:40]
 
 
+GROUP_SPAN = 1 << 20
+"""Groups one policy version's priority band holds: the engine priority is
+-(oldest version * GROUP_SPAN + group id), the group id capped at GROUP_SPAN - 1 (absent: 0)."""
+
+
+def priority(oldest: int | None, meta: dict[str, Any]) -> int | None:
+    """A call's engine priority, higher first: the session's oldest policy version (else its
+    meta's `start_version`), then the oldest group (`GROUP_SPAN`); None without a version."""
+    if oldest is None:
+        oldest = meta.get("start_version")
+    if not isinstance(oldest, int) or isinstance(oldest, bool):
+        return None
+    group = meta.get("group_id")
+    group = min(group, GROUP_SPAN - 1) if isinstance(group, int) and not isinstance(group, bool) else 0
+    return max(-(1 << 63), -(oldest * GROUP_SPAN + group))  # an int64 for any engine
+
+
 class SamplingPolicy:
     """Resolves each call's effective sampling parameters and the engine's logprob space."""
 
     def __init__(self, config: ProxyConfig):
         self.config = config
         self._space: str | None = None if config.engine_logprobs == "auto" else config.engine_logprobs
+
+    def engine_params(self, req: ChatRequest, stop_token_ids: list[int]) -> tuple[dict[str, Any], list[str]]:
+        """A call's engine sampling params (max_new_tokens capped, temperature/top_p/top_k by
+        `sampling_policy`, stop ids, seed when honoured) and the harness fields ignored as invalid."""
+        c = self.config
+        mt = req.max_tokens if isinstance(req.max_tokens, int) and req.max_tokens > 0 else c.default_max_tokens
+        sampling, ignored = self.effective(req)
+        return {"max_new_tokens": min(mt, c.max_tokens_cap), **sampling, "stop_token_ids": stop_token_ids,
+                "seed": req.seed if c.honor_seed and isinstance(req.seed, int) else None}, ignored
 
     def effective(self, req: ChatRequest) -> tuple[dict[str, Any], list[str]]:
         """{"temperature", "top_p", "top_k"} to send, and the harness fields ignored as invalid."""
