@@ -9,13 +9,14 @@ recording through the engine contract (token ids in, token ids out).
         proxy.set_reward(sid, 1.0, "ok", "submitted")
         traj = proxy.trajectory(sid)             # harnessrl.gym.trajectory.Trajectory
 
-Modules: app (routes, auth, admin), core (the call pipeline), openai_chat /
+Modules: app (routes, auth, admin), core (the call pipeline), reply (generated ids -> the
+reply: stop strings, tool calls), streamtext (a streamed reply's text), openai_chat /
 openai_responses / anthropic_messages / gemini (one per dialect; `dialects` resolves a
 dialect's name from `harnessrl.registry.DIALECTS` to its module), render (chat template +
 incremental suffix), identity (tokenizer and template hashes), toolcalls (Hermes/Qwen format,
-registry), recorder (segments),
+registry), recorder (segments; where a plan renders), sampling (a call's engine params),
 generation (interruptible), store (SQLite WAL, JSONL/Parquet export), engine_http (lean
-transport under EngineClient), server. (The stand-in engine lives with the other test
+/generate path and transport under EngineClient), wire (JSON and SSE over HTTP), server. (The stand-in engine lives with the other test
 doubles, in `harnessrl.gym.doubles.standin`.)
 """
 from __future__ import annotations
