@@ -7,12 +7,16 @@ Paths, each driven by the same minimal keep-alive HTTP/1.1 load generator:
   (a) harnessrl's proxy (own process, durable SQLite store) -> stand-in `/generate`
   (b) straight to the stand-in's OpenAI-style `/v1/chat/completions`
   (c) LiteLLM's proxy server (own process) -> the same OpenAI-style stand-in
-Reported: latency p50/p99 and calls/s at concurrency 1, 64, 256; added p50 = (a) - (b);
-the CPU time per call of the proxy *process* (from /proc, so the load generator's share
-of these 2 cores does not count), non-streamed and streamed; and the proxy's CPU per call
-at turn 1 vs turn 40 of sessions that grow to ~16k tokens (only the new suffix is
-templated and tokenized). Ends with one JSON line; `target_met` is computed from:
-p50 added <= 2 ms at concurrency 1, proxy CPU <= 2 ms/call (both modes), turn 40 <= 1.5x turn 1.
+Reported: latency p50/p99 and calls/s at 1, 64 and 1,000 concurrent sessions (one
+connection each); added p50 = (a) - (b); the CPU time per call of the proxy *process* (from
+/proc schedstat, every thread, so the load generator's share of the cores does not count),
+non-streamed and streamed, and from it calls/s per core (1000 / CPU ms per call); the
+proxy's CPU per call at turn 1 vs turn 40 of sessions that grow to ~16k tokens (only the
+new suffix is templated and tokenized). One session is measured `--rounds` times (median);
+with `--baseline DIR` another harnessrl's proxy is measured alongside, round by round, on
+the same engine (old vs new in one run). Ends with one JSON line; `target_met` is computed
+from: p50 added <= 2 ms at one session, proxy CPU <= 1 ms/call at one session (plain and
+streamed), turn 40 <= 1.5x turn 1.
 """
 from __future__ import annotations
 
@@ -270,27 +274,63 @@ general_settings:
     return proc, port
 
 
+def start_proxy(eport: int, tmp: Path, token: str, tree: str | None = None) -> tuple[subprocess.Popen, int]:
+    """A proxy process on a free port with its own store; `tree`: a folder holding the
+    `harnessrl` package to run instead of this checkout's (the side-by-side baseline)."""
+    port = free_port()
+    env = dict(os.environ, PYTHONPATH=tree) if tree else None
+    p = subprocess.Popen([PY, "-m", "harnessrl.gym.proxy", "--engine-url", f"http://127.0.0.1:{eport}",
+                          "--port", str(port), "--db", str(tmp / f"bench-{port}.db"), "--admin-token", token],
+                         cwd=ROOT, stdout=subprocess.PIPE, env=env)
+    json.loads(p.stdout.readline())
+    return p, port
+
+
+def one_session_rounds(proxies: dict[str, tuple[subprocess.Popen, int]], token: str, n: int, rounds: int,
+                       body: dict) -> dict[str, dict[str, dict]]:
+    """CPU per call at one session, plain and streamed, each proxy in turn, `rounds` times
+    (so a load that comes and goes on a shared machine falls on all of them alike); per
+    proxy and mode: the median round's figures and every round's CPU per call."""
+    got: dict[str, dict[str, list[dict]]] = {k: {"plain": [], "streamed": []} for k in proxies}
+    for _ in range(rounds):
+        for name, (proc, port) in proxies.items():
+            for mode, b in (("plain", body), ("streamed", dict(body, stream=True))):
+                got[name][mode].append(measure_sessions(port, sessions(port, token, 1), n, 1, b, proc.pid))
+    out: dict[str, dict[str, dict]] = {}
+    for name, modes in got.items():
+        out[name] = {}
+        for mode, runs in modes.items():
+            runs.sort(key=lambda r: r["server_cpu_ms_per_call"])
+            out[name][mode] = dict(runs[len(runs) // 2], rounds_cpu_ms=[r["server_cpu_ms_per_call"] for r in runs])
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--litellm", default=shutil.which("litellm") or "/work/.venv-litellm/bin/litellm",
                     help="litellm binary (pip install 'litellm[proxy]' into its own venv); skipped if missing")
     ap.add_argument("--quick", action="store_true", help="fewer requests (a smoke run)")
     ap.add_argument("--turns", type=int, default=40)
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of the one-session measurement (median taken)")
+    ap.add_argument("--baseline", default=None,
+                    help="a folder holding another harnessrl package (e.g. `git archive main | tar -x -C DIR/harnessrl`): "
+                         "its proxy is measured at one session side by side with this one, round by round")
     a = ap.parse_args()
     scale = 0.25 if a.quick else 1.0
-    n_at = {1: int(400 * scale), 64: int(2000 * scale), 256: int(3000 * scale)}
+    n_at = {1: int(400 * scale), 64: int(2000 * scale), 1000: int(4000 * scale)}
     procs: list[subprocess.Popen] = []
     tmp = Path(tempfile.mkdtemp(prefix="proxy-bench-"))
     try:
         eport = free_port()
         procs.append(subprocess.Popen([PY, "-m", "harnessrl.gym.doubles.standin", "--port", str(eport)], cwd=ROOT))
         wait_http(eport, "/health", 60)
-        pport, token = free_port(), "bench-admin"
-        pp = subprocess.Popen([PY, "-m", "harnessrl.gym.proxy", "--engine-url", f"http://127.0.0.1:{eport}",
-                               "--port", str(pport), "--db", str(tmp / "bench.db"), "--admin-token", token],
-                              cwd=ROOT, stdout=subprocess.PIPE)
+        token = "bench-admin"
+        pp, pport = start_proxy(eport, tmp, token)
         procs.append(pp)
-        json.loads(pp.stdout.readline())
+        proxies = {"this": (pp, pport)}
+        if a.baseline:
+            proxies["baseline"] = start_proxy(eport, tmp, token, str(Path(a.baseline).resolve()))
+            procs.append(proxies["baseline"][0])
         body = {"model": "policy", "messages": MSGS}
         lproc, lport, litellm_skip = None, None, None
         if Path(a.litellm).exists():
@@ -302,11 +342,13 @@ def main() -> int:
         else:
             litellm_skip = f"no litellm binary at {a.litellm}"
 
-        results: dict = {"proxy": {}, "direct": {}, "litellm": {}}
+        one = one_session_rounds(proxies, token, n_at[1], a.rounds, body)
+        print(f"one session, median of {a.rounds} rounds: {one}", file=sys.stderr)
+        results: dict = {"proxy": {1: one["this"]["plain"]}, "direct": {}, "litellm": {}}
         for conc, n in n_at.items():
-            ss = sessions(pport, token, conc)
-            # every worker in its own session: route by worker (one path per connection)
-            results["proxy"][conc] = measure_sessions(pport, ss, n, conc, body, pp.pid)
+            if conc != 1:
+                # every worker in its own session: route by worker (one path per connection)
+                results["proxy"][conc] = measure_sessions(pport, sessions(pport, token, conc), n, conc, body, pp.pid)
             results["direct"][conc] = measure(eport, [("/v1/chat/completions", "")], n, conc, body, None)
             if lport:
                 ln = max(50, n // 5)
@@ -315,39 +357,11 @@ def main() -> int:
                     lproc.pid)
             print(f"concurrency {conc}: proxy {results['proxy'][conc]} | direct {results['direct'][conc]}"
                   + (f" | litellm {results['litellm'][conc]}" if lport else ""), file=sys.stderr)
-        ss = sessions(pport, token, 1)
-        streamed = measure_sessions(pport, ss, n_at[1], 1, dict(body, stream=True), pp.pid)
-        ss = sessions(pport, token, 64)
-        streamed64 = measure_sessions(pport, ss, n_at[64], 64, dict(body, stream=True), pp.pid)
+        streamed = one["this"]["streamed"]
+        streamed64 = measure_sessions(pport, sessions(pport, token, 64), n_at[64], 64, dict(body, stream=True), pp.pid)
         longs = long_session_overhead(pport, token, pp.pid, max(8, int(24 * scale)), a.turns)
         print(f"streamed c1 {streamed} | c64 {streamed64}\nlong session {longs}", file=sys.stderr)
-
-        added_p50 = results["proxy"][1]["p50_ms"] - results["direct"][1]["p50_ms"]
-        cpu_ns = results["proxy"][1]["server_cpu_ms_per_call"]
-        cpu_s_ = streamed["server_cpu_ms_per_call"]
-        ratio = longs["cpu_ratio"]
-        target = {"p50_added_ms_c1<=2": added_p50 <= 2.0, "proxy_cpu_ms_per_call<=2": cpu_ns <= 2.0,
-                  "proxy_cpu_ms_per_call_streamed<=2": cpu_s_ <= 2.0, f"turn{a.turns}/turn1<=1.5": ratio <= 1.5}
-        summary = {
-            "bench": "proxy_overhead",
-            "added_p50_ms": {str(c): round(results["proxy"][c]["p50_ms"] - results["direct"][c]["p50_ms"], 3)
-                             for c in n_at},
-            "added_p99_ms": {str(c): round(results["proxy"][c]["p99_ms"] - results["direct"][c]["p99_ms"], 3)
-                             for c in n_at},
-            "proxy": {str(k): v for k, v in results["proxy"].items()},
-            "direct": {str(k): v for k, v in results["direct"].items()},
-            "litellm": {str(k): v for k, v in results["litellm"].items()} if lport else {"skipped": litellm_skip},
-            "litellm_added_p50_ms": ({str(c): round(results["litellm"][c]["p50_ms"] - results["direct"][c]["p50_ms"], 3)
-                                      for c in n_at} if lport else None),
-            "proxy_cpu_ms_per_call": {"non_streamed": cpu_ns, "streamed": cpu_s_,
-                                      "non_streamed_c64": results["proxy"][64]["server_cpu_ms_per_call"],
-                                      "streamed_c64": streamed64["server_cpu_ms_per_call"]},
-            "litellm_cpu_ms_per_call": results["litellm"][1]["server_cpu_ms_per_call"] if lport else None,
-            "long_session": longs,
-            "targets": target,
-            "target_met": all(target.values()),
-        }
-        print(json.dumps(summary))
+        print(json.dumps(summarize(results, n_at, one, streamed64, longs, a.turns, lport, litellm_skip)))
         return 0
     finally:
         for p in procs:
@@ -358,6 +372,47 @@ def main() -> int:
             except subprocess.TimeoutExpired:
                 p.kill()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def summarize(results: dict, n_at: dict, one: dict, streamed64: dict, longs: dict, turns: int, lport, litellm_skip) -> dict:
+    """The JSON line: latencies, CPU per call, calls per second per core (1 / CPU per call:
+    what one core of proxy could serve), the side-by-side baseline if any, and the targets."""
+    added_p50 = results["proxy"][1]["p50_ms"] - results["direct"][1]["p50_ms"]
+    cpu_ns, cpu_s_ = results["proxy"][1]["server_cpu_ms_per_call"], one["this"]["streamed"]["server_cpu_ms_per_call"]
+    ratio = longs["cpu_ratio"]
+    target = {"p50_added_ms_c1<=2": added_p50 <= 2.0, "proxy_cpu_ms_per_call_c1<=1": cpu_ns <= 1.0,
+              "proxy_cpu_ms_per_call_streamed_c1<=1": cpu_s_ <= 1.0, f"turn{turns}/turn1<=1.5": ratio <= 1.5}
+    per_core = {str(c): round(1000.0 / results["proxy"][c]["server_cpu_ms_per_call"], 1) for c in n_at}
+    out = {
+        "bench": "proxy_overhead",
+        "added_p50_ms": {str(c): round(results["proxy"][c]["p50_ms"] - results["direct"][c]["p50_ms"], 3) for c in n_at},
+        "added_p99_ms": {str(c): round(results["proxy"][c]["p99_ms"] - results["direct"][c]["p99_ms"], 3) for c in n_at},
+        "proxy": {str(k): v for k, v in results["proxy"].items()},
+        "direct": {str(k): v for k, v in results["direct"].items()},
+        "litellm": {str(k): v for k, v in results["litellm"].items()} if lport else {"skipped": litellm_skip},
+        "litellm_added_p50_ms": ({str(c): round(results["litellm"][c]["p50_ms"] - results["direct"][c]["p50_ms"], 3)
+                                  for c in n_at} if lport else None),
+        "proxy_cpu_ms_per_call": {"non_streamed": cpu_ns, "streamed": cpu_s_,
+                                  "non_streamed_c64": results["proxy"][64]["server_cpu_ms_per_call"],
+                                  "non_streamed_c1000": results["proxy"][1000]["server_cpu_ms_per_call"],
+                                  "streamed_c64": streamed64["server_cpu_ms_per_call"]},
+        "calls_per_s_per_core": per_core,
+        "calls_per_s_per_core_streamed": {"1": round(1000.0 / cpu_s_, 1),
+                                          "64": round(1000.0 / streamed64["server_cpu_ms_per_call"], 1)},
+        "litellm_cpu_ms_per_call": results["litellm"][1]["server_cpu_ms_per_call"] if lport else None,
+        "long_session": longs,
+        "targets": target,
+        "target_met": all(target.values()),
+    }
+    if "baseline" in one:
+        b, t = one["baseline"], one["this"]
+        out["side_by_side_c1"] = {
+            "baseline_cpu_ms_per_call": {m: b[m]["server_cpu_ms_per_call"] for m in b},
+            "this_cpu_ms_per_call": {m: t[m]["server_cpu_ms_per_call"] for m in t},
+            "ratio": {m: round(t[m]["server_cpu_ms_per_call"] / b[m]["server_cpu_ms_per_call"], 3) for m in t},
+            "rounds_cpu_ms": {"baseline": {m: b[m]["rounds_cpu_ms"] for m in b},
+                              "this": {m: t[m]["rounds_cpu_ms"] for m in t}}}
+    return out
 
 
 def measure_sessions(port: int, ss: list[tuple[str, str]], n: int, conc: int, body: dict, pid: int) -> dict:

@@ -186,14 +186,23 @@ def spawner(branches: list[Branch], messages: list[Message]) -> dict[str, Any] |
     if not first:
         return None
     for br in reversed(branches):
-        if _quotes_results(br, first):  # a transcript of it (a summary request), not a task for a sub-agent
-            continue
-        replies = [m for m in br.history if m.role == "assistant"]
-        for j in range(len(replies) - 1, -1, -1):
-            for tc in replies[j].tool_calls:
-                if any(len(a) >= MIN_SPAWN_ARG and a in first for a in _strings(tc.arguments_obj())):
-                    k = j - (len(replies) - br.n_calls)
-                    return {"segment": br.index, "tool": tc.name, "tool_call_id": tc.id, "call": k if k >= 0 else None}
+        found = _spawning_call(br, first)
+        # a transcript of the branch (a summary request) is not a task for a sub-agent
+        if found is not None and not _quotes_results(br, first):
+            return found
+    return None
+
+
+def _spawning_call(br: Branch, first: str) -> dict[str, Any] | None:
+    """The most recent tool call in `br` with a (long enough) string argument inside `first`."""
+    if not any(m.tool_calls for m in br.history):
+        return None  # most branches: no tool call, nothing to search
+    replies = [m for m in br.history if m.role == "assistant"]
+    for j in range(len(replies) - 1, -1, -1):
+        for tc in replies[j].tool_calls:
+            if any(len(a) >= MIN_SPAWN_ARG and a in first for a in _strings(tc.arguments_obj())):
+                k = j - (len(replies) - br.n_calls)
+                return {"segment": br.index, "tool": tc.name, "tool_call_id": tc.id, "call": k if k >= 0 else None}
     return None
 
 
