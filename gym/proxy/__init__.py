@@ -9,8 +9,8 @@ recording through the engine contract (token ids in, token ids out).
         proxy.set_reward(sid, 1.0, "ok", "submitted")
         traj = proxy.trajectory(sid)             # harnessrl.gym.trajectory.Trajectory
 
-Modules: app (routes, auth, admin), core (the call pipeline), reply (generated ids -> the
-reply: stop strings, tool calls), streamtext (a streamed reply's text), openai_chat /
+Modules: app (routes, auth, admin), core (the call pipeline), call (a call's state), reply
+(generated ids -> the reply: stop strings, tool calls), streamtext (a streamed reply's text), openai_chat /
 openai_responses / anthropic_messages / gemini (one per dialect; `dialects` resolves a
 dialect's name from `harnessrl.registry.DIALECTS` to its module), render (chat template +
 incremental suffix), identity (tokenizer and template hashes), toolcalls (Hermes/Qwen format,

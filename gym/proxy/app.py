@@ -35,7 +35,8 @@ from harnessrl.registry import DIALECTS as DIALECT_NAMES
 from . import anthropic_messages, gemini, openai_chat, openai_responses
 from harnessrl.gym.backends.engine_client import EngineError
 from .admin import admin_routes
-from .core import Prepared, ProxyCore
+from .call import Prepared
+from .core import ProxyCore
 from .dialects import dialect_module
 from .errors import ProxyError
 from .offload import HEAVY_BYTES, OFF_LOOP_BYTES, offload

@@ -22,8 +22,7 @@ import asyncio
 import contextlib
 import secrets
 import time
-from dataclasses import dataclass
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any, AsyncIterator
 
 from ..backends import make_routed
 from ..backends.protocol import SESSION, GenerationBackend
@@ -33,7 +32,8 @@ from .config import ProxyConfig
 from .dialects import dialect_module
 from .errors import ProxyError
 from .generation import Generation, PauseGate, VersionMap, generate
-from .recorder import Plan, Session, commit, plan_call
+from .call import Call, Prepared
+from .recorder import Session, commit, plan_call
 from .reply import finish_reply
 from .render import Renderer
 from .rows import CallRow
@@ -45,36 +45,6 @@ from .toolcalls import load_tool_format
 
 _HEALTH_PROBE_S = 2.0
 """How long a timed-out call waits for the engine's /health before answering the harness."""
-
-
-@dataclass
-class Prepared:
-    session: Session
-    req: ChatRequest
-    arrived: float
-    disconnected: Callable[[], Awaitable[bool]] | None = None
-    """True once a plain call's client is gone (`app.disconnect_probe`): its reply is then undelivered."""
-
-
-@dataclass
-class _Call:
-    """One call while it runs: what `ProxyCore.run`'s steps hand each other."""
-
-    p: Prepared
-    pl: Plan
-    """The rendered prompt and where it goes (`recorder.plan`)."""
-    cid: str
-    created: int
-    gen: Generation
-    writer: Any
-    """The dialect's Stream of a streamed call; None for a plain one."""
-    markers: list[str]
-    """Where streamed text is held back: the stop strings and the tool-call start."""
-    params: dict[str, Any]
-    ignored: list[str]
-    rec: CallRow
-    sent: str = ""
-    """The text a streamed call has sent so far."""
 
 
 class _ClientGone(Exception):
@@ -292,7 +262,7 @@ class ProxyCore:
         where = getattr(self.engine, "engine_of", None)
         return where(sid) if where is not None else None
 
-    async def _open(self, p: Prepared, stream_cls) -> _Call:
+    async def _open(self, p: Prepared, stream_cls) -> Call:
         """The call's first step, under its session's lock: its timings, its prompt rendered
         (off the event loop), its reply id, its sampling capped by the episode's token budget,
         and the writer of its row."""
@@ -313,9 +283,9 @@ class ProxyCore:
         if isinstance(budget, int):  # never sample past the episode's token budget
             params["max_new_tokens"] = max(1, min(params["max_new_tokens"], budget - s.completion_tokens))
         rec = CallRow(self.store, self.versions, self.counters, s, pl, req, cid, gen, queue_s, env_s)
-        return _Call(p, pl, cid, created, gen, writer, markers, params, ignored, rec)
+        return Call(p, pl, cid, created, gen, writer, markers, params, ignored, rec)
 
-    async def _generate(self, call: _Call) -> AsyncIterator[bytes]:
+    async def _generate(self, call: Call) -> AsyncIterator[bytes]:
         """A streamed call's start event, then the generation: the engine's token stream
         relayed as text (`engine_stream`), or one engine request meanwhile sending keep-alives
         (streamed) or watching the client (plain: a client gone stops the engine request)."""
@@ -352,7 +322,7 @@ class ProxyCore:
             if not task.done():
                 task.cancel()  # closing the engine request aborts it there
 
-    async def _record(self, call: _Call, space: str) -> tuple[Completion, Message, list[int]]:
+    async def _record(self, call: Call, space: str) -> tuple[Completion, Message, list[int]]:
         """The generated call cut, parsed and flagged, its row written (durable before the
         reply's last byte leaves) and the counters advanced; a plain call whose client is gone
         is recorded undelivered instead, and refused (499)."""
