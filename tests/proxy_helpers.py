@@ -3,6 +3,7 @@ scripted responder, and small HTTP helpers. Real HTTP, real tokenizer; no mocks.
 from __future__ import annotations
 
 import contextlib
+import re
 from collections import deque
 
 import httpx
@@ -47,7 +48,7 @@ def sse_events(text: str) -> list[tuple[str | None, str]]:
     out = []
     for block in text.split("\n\n"):
         ev, data = None, []
-        for line in block.splitlines():
+        for line in re.split(r"\r\n|\r|\n", block):  # SSE's line ends only: splitlines() also cuts at U+0085, U+2028
             if line.startswith("event:"):
                 ev = line[6:].strip()
             elif line.startswith("data:"):
