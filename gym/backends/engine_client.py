@@ -230,7 +230,7 @@ class EngineClient:
         if seed is not None:
             params["sampling_seed"] = seed
         payload: dict[str, Any] = {
-            "input_ids": list(input_ids),
+            "input_ids": input_ids if input_ids.__class__ is list else list(input_ids),  # no copy of a 16k-id list
             "sampling_params": params,
             "return_logprob": True,
             "logprob_start_len": -1,

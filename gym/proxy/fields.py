@@ -116,8 +116,9 @@ def objects(o: dict, key: str, where: str = "") -> Iterator[tuple[str, dict]]:
     """The array `key` of objects, each with its path (e.g. "tools[2]"); absent: nothing.
     Lazy: an item that is not an object is refused when it is reached, so a caller checking
     each item as it goes names the first bad field in order."""
+    base = path(where, key)
     for i, v in enumerate(array(o, key, where) or []):
-        p = path(path(where, key), i)
+        p = f"{base}[{i}]"
         if v.__class__ is not dict:
             raise _wrong(p, "an object", v)
         yield p, v
