@@ -107,7 +107,7 @@ def _in_child_with_the_client(request, tmp_path) -> None:
     report = tmp_path / "child.xml"
     env = dict(os.environ, **{_CHILD: "1"},
                PYTHONPATH=os.pathsep.join(p for p in (client, os.environ.get("PYTHONPATH")) if p))
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", f"--junitxml={report}",
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-n", "0", "-p", "no:cacheprovider", f"--junitxml={report}",
                         f"--basetemp={tmp_path / 'child'}", f"{__file__}::{request.node.name}"],
                        cwd=request.config.rootpath, env=env, capture_output=True, text=True, timeout=2300)
     out = (r.stdout + r.stderr)[-6000:]
