@@ -319,3 +319,48 @@ def test_scripted_teacher_tells_apart_tasks_that_share_a_title():
     policy = ScriptedPolicy(None, {a: ["plan a"], b: ["plan b"]})
     for st in (a, b):
         assert policy._task(f"<|im_start|>user\nPlease solve this issue: {st}\nYou can execute bash commands") == st
+
+
+# -- the harder level: the edit in words, whole files held out ------------------------------------
+def test_split_by_file_holds_out_every_function_of_a_file():
+    keys = [("p", f"p/f{i}.py", f"fn{j}") for i in range(5) for j in range(3)]
+    held = split.heldout_files(keys, seed=0, fraction=0.4)
+    files = {(k[0], k[1]) for k in held}
+    assert len(files) == 2 and held == {k for k in keys if (k[0], k[1]) in files}  # 2 of 5 files, whole
+    assert held == split.heldout_files(reversed(keys), seed=0, fraction=0.4)
+    rows = [{"split": "heldout" if k in held else "train", "functions": [list(k)]} for k in keys]
+    assert split.crossing(rows) == {"functions": [], "files": []}
+    rows.append({"split": "train", "functions": [list(sorted(held)[0])]})
+    assert split.crossing(rows) == {"functions": [sorted(held)[0]], "files": [sorted(files)[0]]}
+
+
+def test_the_shipped_fix_level_set_is_split_by_function_not_by_file():
+    """The copy level's shipped set (the quick check) shares files, never functions, with training."""
+    from harnessrl.gym.tasks.loaders import suite_meta
+
+    rows = _meta(suite_meta("fix-train").parent)
+    assert {r["split"] for r in rows} == {"train", "heldout"}
+    crossed = split.crossing(rows)
+    assert crossed["functions"] == [] and len(crossed["files"]) >= 1
+
+
+def test_prose_level_split_by_file_states_the_edit_without_a_command(tmp_path):
+    out = tmp_path / "prose"
+    manifest = synthesize(SynthConfig(project="builtin:cachekit", out=str(out), seed=0, max_tasks=8, verify=False,
+                                      fix_only=True, fix_hint="prose", split_by="file", heldout_fraction=0.4),
+                          log=lambda line: None)
+    meta = _meta(out)
+    assert manifest["tasks"] == len(meta) >= 6
+    assert {m["hint"] for m in meta} == {"prose"} and {m["difficulty"] for m in meta} == {"easy"}
+    assert {m["split"] for m in meta} == {"train", "heldout"}  # both sides hold tasks
+    assert split.crossing(meta) == {"functions": [], "files": []}  # no held-out file in training
+    train_files = {f[1] for m in meta if m["split"] == "train" for f in m["functions"]}
+    held_files = {f[1] for m in meta if m["split"] == "heldout" for f in m["functions"]}
+    assert train_files and held_files and not train_files & held_files
+    tasks = {t.instance_id: t for t in load_jsonl(out / "train.jsonl") + load_jsonl(out / "heldout.jsonl")}
+    for m in meta:
+        task = tasks[m["instance_id"]]
+        (cmd,) = task.gold_plan  # the teacher still makes the edit with one sed call
+        wrong, right = re.match(r"sed -i '\d+s/(.*)/(.*)/' ", cmd).groups()
+        assert cmd.startswith("sed -i '") and "sed" not in task.problem_statement and "```bash" not in task.problem_statement
+        assert f"replace `{wrong}` with `{right}`." in task.problem_statement

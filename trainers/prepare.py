@@ -136,7 +136,9 @@ def _synth(p: PrepareConfig, log) -> dict[str, Any]:
     if manifest.exists():
         have = json.loads(manifest.read_text()).get("config", {})
         want = json.loads(sc.model_dump_json())
-        differ = sorted(k for k in want if k not in ("out", "backend", "verify_workers") and have.get(k) != want[k])
+        fields = type(sc).model_fields  # a field added since the folder was made counts at its default
+        differ = sorted(k for k in want if k not in ("out", "backend", "verify_workers")
+                        and have.get(k, fields[k].default) != want[k])
         if differ:
             raise PrepareError(f"prepare.tasks_dir: {sc.out} was synthesized with other settings ({', '.join(differ)}: "
                              f"{[have.get(k) for k in differ]} there, {[want[k] for k in differ]} asked); "

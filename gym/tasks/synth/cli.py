@@ -32,6 +32,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="share of single-mutation tasks given the exact one-line edit (difficulty trivial)")
     parser.add_argument("--fix-only", action="store_true",
                         help="only tasks with a one-line copyable fix, all at the fix level (trivial); no hard tasks")
+    parser.add_argument("--fix-hint", choices=("fix", "prose"), default="fix",
+                        help="how a one-line fix is stated: the sed command (fix) or in words only (prose)")
+    parser.add_argument("--split-by", choices=("function", "file"), default="function",
+                        help="hold out whole functions, or whole files (no held-out file in training)")
     parser.add_argument("--canaries-from", metavar="SUITE", default=None,
                         help="instead of mutating a project: a canary of every task of SUITE (hidden tests that "
                              "contradict the statement: only cheating passes), into OUT/canaries.jsonl")
@@ -45,7 +49,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg = SynthConfig(project=args.project, seed=args.seed, max_tasks=args.max_tasks, out=args.out,
                           verify=not args.no_verify, backend=args.backend, verify_workers=args.verify_workers,
                           heldout_fraction=args.heldout_fraction, hard_fraction=args.hard_fraction,
-                          fix_fraction=args.fix_fraction, fix_only=args.fix_only)
+                          fix_fraction=args.fix_fraction, fix_only=args.fix_only,
+                          fix_hint=args.fix_hint, split_by=args.split_by)
     except ValidationError as e:
         err = e.errors()[0]
         print(f"harnessrl tasks synth: --{'-'.join(str(p) for p in err['loc']).replace('_', '-')}: {err['msg']}",

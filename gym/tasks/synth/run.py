@@ -1,4 +1,4 @@
-"""One synthesis run: projects -> screened mutants -> verified SWE-bench-form tasks, split by function.
+"""One synthesis run: projects -> screened mutants -> verified SWE-bench-form tasks, split by function or file.
 
 Contract (`synthesize(SynthConfig)`), per project, deterministic for a seed:
 1. the clean repository (`source.clean_repo`) and one host test run of it; tests failing there
@@ -13,8 +13,9 @@ Contract (`synthesize(SynthConfig)`), per project, deterministic for a seed:
 4. per task a parentless bug commit, gold patch = the diff back to clean, a statement from the
    failing tests (`statement`), a gold_plan of exact string edits (for the scripted policy);
    singles are `trivial` (with `fix_fraction`, where a one-line copyable fix exists: the
-   statement gives the exact edit, the plan is one `sed -i`; `fixhint`), `easy` (statement
-   names file, function and wrong expression) or `medium` (tests only), by `easy_fraction`;
+   statement gives the exact edit, the plan is one `sed -i`; `fixhint`; with `fix_hint = "prose"`
+   the same edit in words, no command, difficulty `easy`), `easy` (statement names file,
+   function and wrong expression) or `medium` (tests only), by `easy_fraction`;
    multi-mutation tasks are `hard` (tests only);
 5. one bundle per project (`<out>/repos/<project>.bundle`) holding the clean commit and every
    task's bug commit; with `verify` (the default) every task is checked through the real grader
@@ -40,6 +41,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -50,7 +52,7 @@ from harnessrl.gym.tasks import DEFAULT_TEST_COMMAND
 __all__ = ["SynthConfig", "synthesize", "expand_projects", "DIFFICULTY"]
 
 #: Difficulty of a single-mutation task by its statement's hint level.
-DIFFICULTY = {"fix": "trivial", "location": "easy", "tests": "medium"}
+DIFFICULTY = {"fix": "trivial", "prose": "easy", "location": "easy", "tests": "medium"}
 
 
 class SynthConfig(BaseModel):
@@ -86,6 +88,15 @@ class SynthConfig(BaseModel):
     """Only `fix`-level tasks: candidates without a one-line copyable fix are skipped before
     they are screened, there are no multi-mutation tasks (hard_fraction is not used), and every
     kept task gets the `fix` hint. The quick way to a task set for a small model's learning run."""
+    fix_hint: Literal["fix", "prose"] = "fix"
+    """How a task with a one-line fix (`fix_only`, `fix_fraction`) states it: "fix" shows the
+    exact `sed -i` command (difficulty trivial: copying); "prose" names the file, function,
+    line and the wrong and right expressions in words, no command (difficulty easy: the agent
+    writes the edit itself). The gold plan is the same `sed -i` either way."""
+    split_by: Literal["function", "file"] = "function"
+    """What is held out whole (`split`): "function" (held-out tasks mutate no function a
+    training task mutates, but may share its files) or "file" (`heldout_fraction` of the
+    files, every function in them: no held-out file appears in training)."""
     max_mutations: int = Field(default=3, ge=2)
     """Most mutations in one hard task."""
     test_command: str = DEFAULT_TEST_COMMAND
@@ -193,10 +204,10 @@ def _hint(k: _Kept, p: _Project, u: float, cfg: SynthConfig) -> str:
     if len(k.mutations) > 1:
         return "tests"
     if cfg.fix_only:  # every candidate was checked to have the edit before it was screened
-        return "fix"
+        return cfg.fix_hint
     m = k.mutations[0]
     if cfg.fix_fraction and u < cfg.fix_fraction and _has_fix(p, m):
-        return "fix"
+        return cfg.fix_hint
     v = u / cfg.fix_fraction if u < cfg.fix_fraction else (u - cfg.fix_fraction) / (1 - cfg.fix_fraction or 1)
     return "location" if v < cfg.easy_fraction else "tests"
 
@@ -290,7 +301,7 @@ def _task_row(p: _Project, k: _Kept, index: int, hint: str, difficulty: str, cfg
         "FAIL_TO_PASS": k.f2p, "PASS_TO_PASS": k.p2p, "environment_setup_commit": p.clean,
         "version": "synth-1", "created_at": "2025-01-01T00:00:00Z",
         "source": f"repos/{p.name}.bundle", "difficulty": difficulty, "test_command": cfg.test_command,
-        "gold_plan": _fix_plan(k, p) if hint == "fix" else _gold_plan(bug_texts, {f: p.texts[f] for f in bug_texts}),
+        "gold_plan": _fix_plan(k, p) if hint in ("fix", "prose") else _gold_plan(bug_texts, {f: p.texts[f] for f in bug_texts}),
     }
     return row, bug
 
@@ -307,7 +318,8 @@ def synthesize(cfg: SynthConfig, log=lambda line: print(line, file=sys.stderr)) 
     try:
         loaded = [_Project(project, work, cfg) for project in projects]
         universe = {p.key(m) for p in loaded for m in p.candidates}
-        held = split.heldout_functions(universe, cfg.seed, cfg.heldout_fraction)
+        pick = split.heldout_files if cfg.split_by == "file" else split.heldout_functions
+        held = pick(universe, cfg.seed, cfg.heldout_fraction)
         per_project = None if cfg.max_tasks is None else -(-cfg.max_tasks // len(loaded))
         staged: list[tuple[_Project, dict, str, dict]] = []
         for p in loaded:

@@ -9,7 +9,9 @@ wrong expression (for a removed statement: the line after which something is mis
 `hint="fix"` (trivial, `gym.tasks.synth.fixhint`) says what `location` says and also gives the exact
 edit: on that line, replace this expression with that one, and the one `sed -i` command that
 makes it (`fixhint.sed_command`, the task's gold plan); a ValueError when the mutation has no
-such one-line edit. At that level a task measures a correct tool call through the harness
+such one-line edit. `hint="prose"` says the same edit in words only (file, function, line,
+replace this expression with that one) and shows no command: the agent must write the edit
+itself with the harness's tools. At the `fix` level a task measures a correct tool call through the harness
 (copying a command), not diagnosis: the rung a small model can climb first.
 """
 from __future__ import annotations
@@ -19,7 +21,7 @@ from harnessrl.gym.tasks.synth.mutate import Mutation
 
 __all__ = ["write", "HINTS", "MAX_LISTED"]
 
-HINTS = ("fix", "location", "tests")
+HINTS = ("fix", "prose", "location", "tests")
 MAX_LISTED = 6
 
 
@@ -45,13 +47,15 @@ def _location(m: Mutation, bug_text: str) -> str:
             f"The expression `{wrong}` there is wrong.\n")
 
 
-def _fix(m: Mutation, bug_text: str) -> str:
+def _fix(m: Mutation, bug_text: str, command: bool = True) -> str:
     edit = fix_edit(m, bug_text)
     if edit is None:
-        raise ValueError(f"{m.file}:{m.line}: this mutation has no one-line copyable fix (hint 'fix')")
-    return (f"The bug is in `{m.file}`, in `{m.function}`, line {edit.line}:\n\n```python\n{edit.source_line}\n```\n\n"
-            f"The fix: on line {edit.line} of `{m.file}`, replace `{edit.wrong}` with `{edit.right}`. "
-            f"This command makes exactly that edit:\n\n```bash\n{sed_command(m.file, edit)}\n```\n")
+        raise ValueError(f"{m.file}:{m.line}: this mutation has no one-line copyable fix (hint 'fix' or 'prose')")
+    said = (f"The bug is in `{m.file}`, in `{m.function}`, line {edit.line}:\n\n```python\n{edit.source_line}\n```\n\n"
+            f"The fix: on line {edit.line} of `{m.file}`, replace `{edit.wrong}` with `{edit.right}`.")
+    if not command:
+        return said + "\n"
+    return said + f" This command makes exactly that edit:\n\n```bash\n{sed_command(m.file, edit)}\n```\n"
 
 
 def write(project: str, hint: str, mutations: list[Mutation], bug_texts: dict[str, str], f2p: list[str],
@@ -61,7 +65,7 @@ def write(project: str, hint: str, mutations: list[Mutation], bug_texts: dict[st
     if not f2p:
         raise ValueError("a statement needs at least one failing test (f2p is empty)")
     first = f2p[0].split("::")[-1]
-    if hint in ("fix", "location"):
+    if hint in ("fix", "prose", "location"):
         m = mutations[0]
         title = f"`{m.function}` in `{m.file}` is broken"
     else:
@@ -73,8 +77,8 @@ def write(project: str, hint: str, mutations: list[Mutation], bug_texts: dict[st
     if len(f2p) > MAX_LISTED:
         lines.append(f"- ... and {len(f2p) - MAX_LISTED} more")
     lines.append("")
-    if hint == "fix":
-        lines.append(_fix(mutations[0], bug_texts[mutations[0].file]))
+    if hint in ("fix", "prose"):
+        lines.append(_fix(mutations[0], bug_texts[mutations[0].file], command=hint == "fix"))
     elif hint == "location":
         lines.append(_location(mutations[0], bug_texts[mutations[0].file]))
     lines.append("Fix the library code so that these tests pass; the tests that pass now must keep "
