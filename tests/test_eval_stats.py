@@ -63,3 +63,19 @@ def test_compare_pairs_tasks_and_reads_greedy_episodes():
     assert c["permutation_p"] == 0.5 and c["sign_p"] == 0.5  # 2 of 4 sign assignments reach |1.25|
     assert c["greedy_mcnemar"] == {"tasks": 4, "fail_to_pass": 2, "pass_to_fail": 0, "p": 0.5}
     assert "greedy_mcnemar" not in st.compare({"by_task": a["by_task"]}, b)
+
+
+# -- SFT order: seeded by the trainer seed, so seeds are independent from the first step ----------
+def test_sft_order_depends_on_the_seed_and_covers_each_pass():
+    from harnessrl.trainers.sft import sft_batches
+
+    s0, s1 = sft_batches(8, 2, 8, seed=0), sft_batches(8, 2, 8, seed=1)
+    assert s0 == sft_batches(8, 2, 8, seed=0) and s0 != s1  # same seed same order, other seed another
+    for run in (s0, s1):
+        assert all(len(b) == 2 and b == sorted(b) for b in run)
+        assert sorted(i for b in run[:4] for i in b) == list(range(8))  # each pass takes every record once
+        assert sorted(i for b in run[4:] for i in b) == list(range(8))
+    assert sft_batches(5, 2, 3, seed=None) == [[0, 1], [2, 3], [0, 4]]  # file order, cycled, as before
+    assert sft_batches(3, 0, 2, seed=7) == [[0, 1, 2], [0, 1, 2]]  # batch 0: the whole file every step
+    b = sft_batches(3, 2, 6, seed=3)  # a batch across two passes never repeats a record
+    assert all(len(set(x)) == 2 for x in b)

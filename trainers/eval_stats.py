@@ -16,7 +16,8 @@ Contract (pure functions of per-task results; nothing here runs an episode):
   differences, `draws` random assignments from a fixed seed (the observed one counted in).
 - `compare(a, b)`: point `a` then point `b` (two `trainers.evaluate.summarize` dicts): the paired
   permutation test and the sign test on per-task pass@1, and McNemar on the greedy episodes
-  when both points ran them.
+  when both points ran them. `paired_points(evals, order)`: that comparison for each pair of
+  consecutive points (and each harness's own, `by_harness`), keyed "a->b"; `paired_line` prints one.
 """
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ import math
 import random
 from typing import Any, Iterable
 
-__all__ = ["pass_at_1", "binom_two_sided", "mcnemar_exact", "sign_flip", "sign_test", "compare", "task_rates"]
+__all__ = ["pass_at_1", "binom_two_sided", "mcnemar_exact", "sign_flip", "sign_test", "compare", "task_rates", "paired_points",
+           "paired_line"]
 
 BOOTSTRAP_DRAWS = 2000
 
@@ -104,3 +106,28 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     if ga is not None and gb is not None:
         out["greedy_mcnemar"] = mcnemar_exact({t: bool(v) for t, v in ga.items()}, {t: bool(v) for t, v in gb.items()})
     return out
+
+
+def paired_points(evals: dict[str, dict[str, Any]], order: Iterable[str]) -> dict[str, dict[str, Any]]:
+    """`compare` for each consecutive pair of the points present (in `order`), with each harness's
+    own comparison under `by_harness` when both points ran several."""
+    names = [p for p in order if p in evals and evals[p].get("n")]
+    out = {}
+    for a, b in zip(names, names[1:]):
+        c = compare(evals[a], evals[b])
+        ha, hb = evals[a].get("by_harness") or {}, evals[b].get("by_harness") or {}
+        if set(ha) & set(hb):
+            c["by_harness"] = {h: compare(ha[h], hb[h]) for h in ha if h in hb}
+        out[f"{a}->{b}"] = c
+    return out
+
+
+def paired_line(name: str, c: dict[str, Any]) -> str:
+    """`a->b: pass@1 +d (better/worse of tasks), permutation p, sign p[, greedy McNemar]`."""
+    if not c["tasks"]:
+        return f"{name}: no task scored at both points"
+    g = c.get("greedy_mcnemar")
+    return (f"{name}: pass@1 {100 * c['pass_at_1_diff']:+.1f} points ({c['better']} tasks better, {c['worse']} worse "
+            f"of {c['tasks']}), paired permutation p {c['permutation_p']:.3g}, sign p {c['sign_p']:.3g}"
+            + (f"; greedy {g['fail_to_pass']} fail->pass, {g['pass_to_fail']} pass->fail, McNemar p {g['p']:.3g}"
+               if g else ""))

@@ -7,8 +7,13 @@ returns that point's figures (`summarize`): n, successes, success rate with its 
 interval, mean reward, and why each episode that did not succeed failed (`outcome`, read
 from its record). Records go to `out_dir/eval/<point>/` and carry `metadata["eval"]`; no
 trainer takes them (`trainers.samples` refuses them; they are never handed to the scheduler).
-With several harnesses (`rollout.harnesses`) every held-out task runs through each of them, and
-the summary adds `by_harness`: each harness's own figures, one printed line each.
+With several harnesses (`rollout.harnesses`, or `eval.harnesses`: a harness the policy was not
+trained with measures transfer) every held-out task runs through each of them, and the summary
+adds `by_harness`: each harness's own figures, one printed line each. With
+`episodes_per_task` k > 1 the summary's `pass_at_1` is the mean over tasks of each task's share
+of successes, with a task-bootstrap 95% interval (`trainers.eval_stats`); with `greedy`, one
+more greedy episode per task (`summary["greedy"]`, per-task 0/1 for the McNemar test between
+points: `eval_stats.paired_points`).
 
 `guard_disjoint(...)` refuses a run whose held-out tasks reach SFT or RL: by instance id, by
 gold patch, and by mutated function when the task files sit beside their `meta.jsonl`
@@ -24,11 +29,13 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Callable, Iterable, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from harnessrl.adapters import HarnessName
 from harnessrl.gym.rollout import Rollout, RolloutConfig
 from harnessrl.gym.stack import load_suite_tasks
 from harnessrl.gym.trajectory import CallRecord, Trajectory
+from harnessrl.trainers.eval_stats import pass_at_1
 
 Point = Literal["pre_sft", "post_sft", "post_rl"]
 POINTS: tuple[str, ...] = ("pre_sft", "post_sft", "post_rl")
@@ -53,15 +60,31 @@ class EvalConfig(BaseModel):
     """N held-out tasks spread evenly over the instance ids in order (so over the projects),
     the same at every point (None: all); fixed before any result is seen."""
     episodes_per_task: int = Field(1, ge=1)
-    """Episodes of each task at each point."""
+    """Episodes of each task at each point, at `temperature` (k: pass@1 is the mean over them)."""
     temperature: float | None = Field(None, ge=0)
     """Sampling temperature of evaluation episodes (0: greedy; None: `rollout.temperature`)."""
+    greedy: bool = False
+    """Also one greedy episode (temperature 0) of every task at every point, apart from the
+    sampled ones (records in eval/<point>/greedy/; the exact McNemar test between points reads them)."""
+    harnesses: list[HarnessName] | None = None
+    """The harnesses every held-out task runs through, each reported on its own (`by_harness`):
+    name one the policy was not trained with to measure transfer (e.g. ["mini-swe-agent",
+    "aider"] for a run trained through mini-swe-agent); names as `rollout.harness` takes them.
+    None: the run's own harnesses."""
     points: list[Point] | None = None
     """When to evaluate: "pre_sft" (the starting weights), "post_sft" (after the sft stage),
     "post_rl" (after the last RL step); only points the run's stages reach are allowed.
     None: every point the stages reach."""
     concurrency: int = Field(2, ge=1)
     """Evaluation episodes at once."""
+
+    @model_validator(mode="after")
+    def _greedy_apart(self) -> "EvalConfig":
+        if self.greedy and self.temperature == 0:
+            raise ValueError("eval.greedy: the sampled episodes are already greedy (eval.temperature = 0)")
+        if self.harnesses is not None and (not self.harnesses or len(set(self.harnesses)) != len(self.harnesses)):
+            raise ValueError(f"eval.harnesses: {self.harnesses} must name at least one harness, none twice")
+        return self
 
     @property
     def enabled(self) -> bool:
@@ -78,9 +101,12 @@ class EvalConfig(BaseModel):
 def rollout_config(ev: EvalConfig, base: RolloutConfig) -> RolloutConfig:
     """The run's rollout settings (harness, sandboxes, episode limits, model) on the held-out tasks."""
     assert ev.suite is not None
-    return base.model_copy(update={
-        "suite": ev.suite, "source_root": ev.source_root, "tasks": None, "difficulties": ev.difficulties,
-        "temperature": base.temperature if ev.temperature is None else ev.temperature})
+    update = {"suite": ev.suite, "source_root": ev.source_root, "tasks": None, "difficulties": ev.difficulties,
+              "temperature": base.temperature if ev.temperature is None else ev.temperature}
+    if ev.harnesses is not None:  # validated as `rollout.harnesses` is (names, equal weights)
+        update |= {"harness": ev.harnesses[0], "harnesses": list(ev.harnesses) if len(ev.harnesses) > 1 else None}
+        return RolloutConfig.model_validate(base.model_dump() | update)
+    return base.model_copy(update=update)
 
 
 def eval_task_ids(ev: EvalConfig, base: RolloutConfig, tasks: list | None = None) -> list[str]:
@@ -100,6 +126,7 @@ async def evaluate(point: str, ev: EvalConfig, base: RolloutConfig, engine_url: 
                    tasks: list | None = None) -> dict[str, Any]:
     """Run the point's episodes, write `<out_dir>/eval/<point>/summary.json`, return the summary.
     An episode past `episode_timeout_s` is cancelled (its sandbox closed) and counted as masked.
+    With `ev.greedy`, one greedy episode per task and harness follows (`summary["greedy"]`).
     `tasks`: the held-out suite, loaded once by the run (None: loaded now)."""
     folder = Path(out_dir) / "eval" / point
     cfg = rollout_config(ev, base)
@@ -107,13 +134,34 @@ async def evaluate(point: str, ev: EvalConfig, base: RolloutConfig, engine_url: 
         tasks = load_suite_tasks(cfg)
     ids = eval_task_ids(ev, base, tasks)
     t0 = time.monotonic()
-    picked = set(ids)
-    with Rollout(cfg.model_copy(update={"tasks": ids, "difficulties": None}), engine_url, folder,
-                 generation_backend=generation_backend, tasks=[t for t in tasks if t.instance_id in picked]) as ro:
+    picked = [t for t in tasks if t.instance_id in set(ids)]
+    run = cfg.model_copy(update={"tasks": ids, "difficulties": None})
+    kw = dict(generation_backend=generation_backend, episode_timeout_s=episode_timeout_s, concurrency=ev.concurrency)
+    summary = await _point(point, run, engine_url, folder, ids, picked, ev.episodes_per_task, **kw)
+    if ev.greedy:
+        greedy = await _point(point, run.model_copy(update={"temperature": 0.0}), engine_url, folder / "greedy",
+                              ids, picked, 1, **kw)
+        summary["greedy"] = _greedy_view(greedy)
+        for h, sub in (greedy.get("by_harness") or {}).items():
+            summary["by_harness"][h]["greedy"] = _greedy_view(sub)
+    summary["wall_s"] = round(time.monotonic() - t0, 1)
+    summary["tasks"] = len(ids)
+    summary["samples_per_task"] = ev.episodes_per_task
+    summary["records"] = str(folder / "trajectories.jsonl")
+    (folder / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+async def _point(point: str, run: RolloutConfig, engine_url: str, folder: Path, ids: list[str], tasks: list,
+                 k: int, *, generation_backend: Any, episode_timeout_s: float | None,
+                 concurrency: int) -> dict[str, Any]:
+    """`k` episodes of every task through every harness of `run`, summarized (with `by_harness`
+    when there are several), records in `folder`."""
+    with Rollout(run, engine_url, folder, generation_backend=generation_backend, tasks=tasks) as ro:
         harnesses = list(ro.stack.adapters)  # every held-out task through each harness of the run
-        order = [(t, h) for h in harnesses for t in ids for _ in range(ev.episodes_per_task)]
-        ro.prewarm([t for t, _ in order[:ev.concurrency]], [h for _, h in order[:ev.concurrency]])
-        sem = asyncio.Semaphore(ev.concurrency)
+        order = [(t, h) for h in harnesses for t in ids for _ in range(k)]
+        ro.prewarm([t for t, _ in order[:concurrency]], [h for _, h in order[:concurrency]])
+        sem = asyncio.Semaphore(concurrency)
 
         async def one(task_id: str, harness: str) -> Trajectory | None:
             async with sem:
@@ -134,11 +182,13 @@ async def evaluate(point: str, ev: EvalConfig, base: RolloutConfig, engine_url: 
             h: summarize(point, [t for t in trajs if t.harness == h], made_tool_call,
                          timed_out=sum(1 for t, (_, oh) in zip(done, order) if t is None and oh == h))
             for h in harnesses}
-    summary["wall_s"] = round(time.monotonic() - t0, 1)
-    summary["tasks"] = len(ids)
-    summary["records"] = str(folder / "trajectories.jsonl")
-    (folder / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
+
+
+def _greedy_view(s: dict[str, Any]) -> dict[str, Any]:
+    """A greedy point's figures: one episode a task, so `by_task` is 1 (passed) or 0."""
+    return {"n": s["n"], "successes": s["successes"], "success_rate": s["success_rate"], "ci95": s["ci95"],
+            "outcomes": s["outcomes"], "by_task": {t: int(r[0] >= 1.0) for t, r in s["by_task"].items() if r}}
 
 
 def tool_call_reader(renderer: Any) -> Callable[[CallRecord], bool]:
@@ -196,6 +246,8 @@ def summarize(point: str, trajs: Iterable[Trajectory], made_tool_call: Callable[
     k, n = counts["success"], len(scored)
     lo, hi = wilson(k, n)
     calls = [c for t in scored for c in t.delivered_calls]
+    by_task = {tid: [t.reward for t in scored if t.task_id == tid] for tid in sorted({t.task_id for t in scored})}
+    p1, p1_ci = pass_at_1(by_task)
     return {
         "point": point, "n": n, "episodes": len(trajs) + timed_out, "successes": k,
         "success_rate": k / n if n else None, "ci95": [lo, hi],
@@ -203,7 +255,7 @@ def summarize(point: str, trajs: Iterable[Trajectory], made_tool_call: Callable[
         "outcomes": dict(counts),
         "tool_call_rate": sum(made_tool_call(c) for c in calls) / len(calls) if calls else None,
         "calls_per_episode": len(calls) / n if n else None,
-        "by_task": {tid: [t.reward for t in scored if t.task_id == tid] for tid in sorted({t.task_id for t in scored})},
+        "by_task": by_task, "pass_at_1": p1, "pass_at_1_ci95": p1_ci,
     }
 
 
@@ -221,8 +273,14 @@ def _one_line(s: dict[str, Any]) -> str:
         return f"eval {s['point']:<8} no scored episode ({s['episodes']} run): {s['outcomes']}"
     lo, hi = s["ci95"]
     why = ", ".join(f"{k} {v}" for k, v in s["outcomes"].items() if v and k != "success") or "none"
+    p1, (plo, phi) = s.get("pass_at_1"), s.get("pass_at_1_ci95") or (None, None)
+    g = s.get("greedy")
     return (f"eval {s['point']:<8} success {s['successes']}/{s['n']} = {s['success_rate']:.2f} "
-            f"(95% CI {lo:.2f}-{hi:.2f})  reward {s['reward_mean']:.3f}  failed: {why}")
+            f"(95% CI {lo:.2f}-{hi:.2f})  reward {s['reward_mean']:.3f}"
+            + (f"  pass@1 {p1:.3f} (95% CI {plo:.2f}-{phi:.2f}, {s['samples_per_task']} a task)"
+               if p1 is not None and s.get("samples_per_task", 1) > 1 else "")
+            + (f"  greedy {g['successes']}/{g['n']}" if g and g["n"] else "")
+            + f"  failed: {why}")
 
 
 # -- the guard: held-out tasks never reach SFT or RL ------------------------------------------------

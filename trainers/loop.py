@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import dataclasses
 import json
 import time
@@ -54,6 +53,7 @@ from harnessrl.gym.stack import Publisher
 from harnessrl.trainers import evaluate as ev
 from harnessrl.trainers.curriculum import Curriculum
 from harnessrl.trainers.dynamic_sampling import Selection, outcome, select
+from harnessrl.trainers.eval_stats import paired_line, paired_points
 from harnessrl.trainers.harness_figures import HarnessTally, step_figures
 from harnessrl.trainers.harness_figures import line as harness_line
 from harnessrl.trainers.live import LiveSource, step_metrics as live_metrics
@@ -104,7 +104,7 @@ async def train(cfg: TrainConfig, tasks: list | None = None) -> list[dict[str, A
     async with contextlib.AsyncExitStack() as held:  # closed on every way out, a cancellation in start-up too
         history, run, evals = await _stages(cfg, out, t_start, held, run_tasks)
     if run or evals:
-        run = run | ({"eval": evals} if evals else {}) | ({"prepare": prepared} if prepared else {}) | (
+        run = run | ({"eval": evals, "eval_paired": paired_points(evals, ev.POINTS)} if evals else {}) | ({"prepare": prepared} if prepared else {}) | (
             {"context": context} if context else {})
         (out / "report.json").write_text(json.dumps(run, indent=2))
     plot(history if "rl" in cfg.stages else [], out / "plots.png", evals)
@@ -349,19 +349,20 @@ def _eval_report(evals: dict[str, dict[str, Any]]) -> str:
     for a, b in zip(rated, rated[1:]):
         d = 100 * (evals[b]["success_rate"] - evals[a]["success_rate"])
         lines.append(f"  {a} -> {b}: {d:+.1f} points")
+    for name, c in paired_points(evals, ev.POINTS).items():
+        lines.append("  " + paired_line(name, c))
+        lines += [f"    {h}: " + paired_line(name, x) for h, x in (c.get("by_harness") or {}).items()]
     return "\n".join(lines)
 
 
 async def _sft_stage(cfg: TrainConfig, trainer, out: Path, writer) -> list[dict[str, Any]]:
     """`sft.steps` SFT steps over the teacher file (module `trainers.sft`), one line each."""
-    from harnessrl.trainers.sft import load_teacher_file
+    from harnessrl.trainers.sft import load_teacher_file, sft_batches
 
     data = load_teacher_file(cfg.sft.data)
-    n = cfg.sft.batch_size or len(data)
-    order = itertools.cycle(range(len(data)))
+    seed = cfg.trainer.seed if cfg.sft.shuffle else None  # the sft stage runs on the built-in trainer only
     history = []
-    for _ in range(cfg.sft.steps):
-        picks = sorted({next(order) for _ in range(min(n, len(data)))})
+    for picks in sft_batches(len(data), cfg.sft.batch_size, cfg.sft.steps, seed):
         m = await asyncio.to_thread(trainer.sft_step, [data[i] for i in picks], cfg.sft.min_reward, cfg.sft.lr)
         history.append(m)
         _record(out, m, writer)

@@ -10,6 +10,10 @@ Contract:
   wrote), never widened. Teacher tokens have no behaviour logprob and no policy version:
   the sample carries logprob 0.0 and version -1 everywhere, advantage 0, and its share of
   its trajectory's weight by token count.
+- `sft_batches(records, batch_size, steps, seed)` is which records each SFT step takes: passes
+  over the file, each pass a fresh permutation drawn from `random.Random(seed)` (the trainer's
+  seed, so runs of different seeds see the teacher data in different orders and are
+  independent), batches taken back to back across passes; `seed` None keeps file order.
 - `sft_loss` is the token-mean negative log-likelihood of the masked tokens:
   L = -Σ m_t·log p(x_t) / D, with D the loss-mask token count of the whole update (pass
   it so micro-batches add up to the update's loss). No label smoothing, no KL, no weights.
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 from pathlib import Path
 
 from torch import Tensor
@@ -30,6 +35,32 @@ from harnessrl.trainers.samples import RecordError, Sample, is_teacher
 def sft_loss(logp: Tensor, mask: Tensor, denominator: float | Tensor | None = None) -> Tensor:
     """-Σ m·logp / denominator (default Σ m): masked token-mean cross-entropy (module doc)."""
     return aggregate(-logp, mask, mode="token", denominator=denominator)
+
+
+def sft_batches(records: int, batch_size: int, steps: int, seed: int | None) -> list[list[int]]:
+    """Each step's record indices, sorted (module doc); `batch_size` 0: every record every step."""
+    if records < 1:
+        raise ValueError("sft.data: no record to train on")
+    size = min(batch_size or records, records)
+    rng = random.Random(seed)
+
+    def stream():
+        while True:
+            order = list(range(records))
+            if seed is not None:
+                rng.shuffle(order)
+            yield from order
+
+    it = stream()
+    out = []
+    for _ in range(steps):
+        picked: list[int] = []
+        while len(picked) < size:  # a batch spanning two passes never holds a record twice
+            i = next(it)
+            if i not in picked:
+                picked.append(i)
+        out.append(sorted(picked))
+    return out
 
 
 def load_teacher_file(path: str | Path) -> list[Trajectory]:

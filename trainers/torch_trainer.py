@@ -116,7 +116,8 @@ class TorchTrainerConfig(BaseModel):
     kl_coef: float = Field(0.0, ge=0)
     """Weight of the k3 KL(policy || reference) term; 0 loads no reference model."""
     seed: int = 0
-    """Seed of the trainer's own generator (the shuffle into minibatches)."""
+    """Seed of the trainer's own generator (the shuffle into minibatches) and of the order the
+    sft stage takes teacher records in (`sft.shuffle`)."""
     samples: SampleConfig = Field(default_factory=SampleConfig)
     """How trajectories become samples: advantages, weights, truncated episodes."""
     lora: LoraConfig | None = None

@@ -72,7 +72,11 @@ class SFTConfig(BaseModel):
     steps: int = Field(1, ge=1)
     """SFT steps; each is one optimizer update per `trainer.minibatches` shard of its batch."""
     batch_size: int = Field(0, ge=0)
-    """Teacher trajectories per step, taken in file order and cycled; 0: the whole file every step."""
+    """Teacher trajectories per step, taken in passes over the file (`shuffle`); 0: the whole file every step."""
+    shuffle: bool = True
+    """Each pass over the teacher file in a fresh order drawn from the trainer's seed
+    (`trainer.seed`; `trainers.sft.sft_batches`), so runs of different seeds are independent
+    from SFT on; False: file order (every seed shares the SFT stage)."""
     lr: float | None = Field(None, gt=0)
     """Learning rate of the SFT updates (None: `trainer.lr`)."""
     min_reward: float | None = 1.0
