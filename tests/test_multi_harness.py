@@ -328,3 +328,68 @@ def test_a_harness_whose_first_prompt_does_not_fit_is_refused_before_the_run_nam
     assert "tiny-agent" not in msg and f"task {TASK}" in msg
     assert not (out / "metrics.jsonl").exists() and not (out / "weights").exists()
     assert not (out / "rollouts").exists()  # no episode of the run started
+
+
+# -- transfer: the held-out tasks through a harness the run did not train with ------------------------
+def test_eval_harnesses_override_the_run_s_harness_and_are_checked():
+    from harnessrl.trainers import evaluate as ev
+
+    base = RolloutConfig(harness="mini-swe-agent", temperature=0.7)
+    two = ev.rollout_config(ev.EvalConfig(suite="fix-heldout", harnesses=["mini-swe-agent", "aider"]), base)
+    assert two.harness_weights == {"mini-swe-agent": 1.0, "aider": 1.0} and two.temperature == 0.7
+    one = ev.rollout_config(ev.EvalConfig(suite="fix-heldout", harnesses=["aider"]), base)
+    assert (one.harness, one.harnesses) == ("aider", None)
+    assert ev.rollout_config(ev.EvalConfig(suite="fix-heldout"), base).harness_weights == {"mini-swe-agent": 1.0}
+    for bad, msg in ((["nope"], "unknown harness 'nope'"), (["aider", "aider"], "none twice"), ([], "at least one")):
+        with pytest.raises(ValueError, match=msg):
+            ev.EvalConfig(suite="x", harnesses=bad)
+    with pytest.raises(ValueError, match="eval.greedy"):
+        ev.EvalConfig(suite="x", temperature=0.0, greedy=True)
+
+
+@pytest.mark.docker
+@pytest.mark.harness
+@pytest.mark.timeout(1200)
+def test_transfer_eval_reports_k_samples_greedy_and_paired_tests_per_harness(tmp_path):
+    """A run trained through mini-swe-agent evaluated through it and through tiny-agent: k = 2
+    sampled episodes plus one greedy per task and harness, at two points (the scripted policy
+    fails, then solves); each harness's pass@1, greedy figures and paired tests are its own."""
+    _need_stack()
+    from harnessrl.gym.doubles.scripted import ScriptedEngine
+    from harnessrl.gym.episode import EpisodeConfig
+    from harnessrl.gym.models import load_tokenizer
+    from harnessrl.gym.served import ServedApp
+    from harnessrl.gym.tasks.loaders import load_suite
+    from harnessrl.trainers import evaluate as ev
+    from harnessrl.trainers.eval_stats import paired_points
+
+    task = next(t for t in load_suite("builtin") if t.instance_id == TASK)
+    engine = ScriptedEngine(load_tokenizer("tiny-llama"))
+    base = RolloutConfig(harness="mini-swe-agent", model="tiny-llama", sandbox="docker", sandbox_pool_size=0,
+                         temperature=0.7, episode=EpisodeConfig(max_calls=8, wall_time_s=240))
+    cfg = ev.EvalConfig(suite="builtin", harnesses=["mini-swe-agent", TINY], episodes_per_task=2, greedy=True,
+                        concurrency=2)
+    evals = {}
+    with ServedApp(engine.app()) as served:
+        for point, gold in (("post_sft", False), ("post_rl", True)):
+            engine.set_tasks([task], gold=gold)
+            evals[point] = asyncio.run(ev.evaluate(point, cfg, base, served.url, tmp_path, tasks=[task]))
+    pre, post = evals["post_sft"], evals["post_rl"]
+    assert (pre["n"], pre["successes"], pre["pass_at_1"]) == (4, 0, 0.0)
+    assert (post["n"], post["successes"], post["pass_at_1"], post["pass_at_1_ci95"]) == (4, 4, 1.0, [1.0, 1.0])
+    assert post["samples_per_task"] == 2 and post["greedy"]["by_task"] == {TASK: 1} and pre["greedy"]["by_task"] == {TASK: 0}
+    for h in ("mini-swe-agent", "tiny-agent"):
+        assert post["by_harness"][h]["by_task"] == {TASK: [1.0, 1.0]} and post["by_harness"][h]["greedy"]["n"] == 1
+        assert pre["by_harness"][h]["greedy"]["by_task"] == {TASK: 0}
+    paired = paired_points(evals, ev.POINTS)["post_sft->post_rl"]
+    assert (paired["tasks"], paired["better"], paired["pass_at_1_diff"], paired["permutation_p"]) == (1, 1, 1.0, 1.0)
+    assert paired["greedy_mcnemar"] == {"tasks": 1, "fail_to_pass": 1, "pass_to_fail": 0, "p": 1.0}
+    assert sorted(paired["by_harness"]) == ["mini-swe-agent", "tiny-agent"]
+    folder = tmp_path / "eval" / "post_rl"
+    sampled = [Trajectory.from_dict(json.loads(x)) for x in (folder / "trajectories.jsonl").read_text().splitlines()]
+    greedy = [Trajectory.from_dict(json.loads(x)) for x in (folder / "greedy" / "trajectories.jsonl").read_text().splitlines()]
+    assert Counter(t.harness for t in sampled) == {"mini-swe-agent": 2, "tiny-agent": 2}
+    assert Counter(t.harness for t in greedy) == {"mini-swe-agent": 1, "tiny-agent": 1}
+    assert {c.flags["sampling"]["temperature"] for t in sampled for c in t.calls} == {0.7}
+    assert {c.flags["sampling"]["temperature"] for t in greedy for c in t.calls} == {0.0}
+    assert "pass@1 1.000 (95% CI 1.00-1.00, 2 a task)  greedy 2/2" in ev.line(post).splitlines()[0]
