@@ -103,7 +103,8 @@ class RunTasks:
 
 
 async def check_context(cfg: Any, tasks: RunTasks, log=print) -> dict[str, Any]:
-    """Before anything starts: every harness of the run (`rollout.harnesses`, else `harness`) has
+    """Before anything starts: every harness of the run (`rollout.harnesses`, else `harness`, and
+    `eval.harnesses`) has
     its first prompt measured by a probe episode (`gym.context_probe`) on the longest of the
     tasks the run rolls out (RL and held-out), and a harness whose prompt does not fit the context
     (`rollout.context_length`, else the model's) is refused, named (`ContextTooLong`).
@@ -113,7 +114,12 @@ async def check_context(cfg: Any, tasks: RunTasks, log=print) -> dict[str, Any]:
 
     context = cfg.rollout.context_length or context_length(cfg.model)
     pool = (tasks.rl if "rl" in cfg.stages else []) + tasks.held
-    sizes = await probe(cfg.rollout.model_copy(update={"model": cfg.model}), pool, context)
+    run = cfg.rollout.model_copy(update={"model": cfg.model})
+    sizes = await probe(run, pool, context)
+    if cfg.eval.enabled and cfg.eval.harnesses and set(cfg.eval.harnesses) - set(sizes):
+        from harnessrl.trainers.evaluate import rollout_config  # the held-out tasks' harnesses too (transfer)
+
+        sizes |= await probe(rollout_config(cfg.eval, run), tasks.held, context)
     log("context: first prompt " + ", ".join(f"{h} {n}" for h, n in sizes.items()) + f" tokens of {context}")
     return {"length": context, "first_prompt_tokens": sizes}
 
