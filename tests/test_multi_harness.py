@@ -392,4 +392,7 @@ def test_transfer_eval_reports_k_samples_greedy_and_paired_tests_per_harness(tmp
     assert Counter(t.harness for t in greedy) == {"mini-swe-agent": 1, "tiny-agent": 1}
     assert {c.flags["sampling"]["temperature"] for t in sampled for c in t.calls} == {0.7}
     assert {c.flags["sampling"]["temperature"] for t in greedy for c in t.calls} == {0.0}
-    assert "pass@1 1.000 (95% CI 1.00-1.00, 2 a task)  greedy 2/2" in ev.line(post).splitlines()[0]
+    lines = ev.line(post).splitlines()
+    assert "pass@1 1.000 (95% CI 1.00-1.00, 2 a task)  greedy 2/2" in lines[0]
+    assert [x.split(":")[0].strip() for x in lines[1:]] == ["mini-swe-agent", "tiny-agent"]
+    assert all("pass@1 1.000 (95% CI 1.00-1.00, 2 a task)  greedy 1/1" in x for x in lines[1:])

@@ -146,7 +146,8 @@ async def evaluate(point: str, ev: EvalConfig, base: RolloutConfig, engine_url: 
             summary["by_harness"][h]["greedy"] = _greedy_view(sub)
     summary["wall_s"] = round(time.monotonic() - t0, 1)
     summary["tasks"] = len(ids)
-    summary["samples_per_task"] = ev.episodes_per_task
+    for sub in [summary, *(summary.get("by_harness") or {}).values()]:
+        sub["samples_per_task"] = ev.episodes_per_task
     summary["records"] = str(folder / "trajectories.jsonl")
     (folder / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
