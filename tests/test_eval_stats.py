@@ -79,3 +79,14 @@ def test_sft_order_depends_on_the_seed_and_covers_each_pass():
     assert sft_batches(3, 0, 2, seed=7) == [[0, 1, 2], [0, 1, 2]]  # batch 0: the whole file every step
     b = sft_batches(3, 2, 6, seed=3)  # a batch across two passes never repeats a record
     assert all(len(set(x)) == 2 for x in b)
+
+
+def test_paired_points_and_the_printed_line():
+    a = {"n": 8, "by_task": {"t1": [0.0] * 4, "t2": [0.0] * 4}, "greedy": {"by_task": {"t1": 0, "t2": 0}}}
+    b = {"n": 8, "by_task": {"t1": [1.0] * 4, "t2": [1.0, 0.0, 0.0, 0.0]}, "greedy": {"by_task": {"t1": 1, "t2": 0}}}
+    empty = {"n": 0, "by_task": {}}
+    got = st.paired_points({"pre_sft": empty, "post_sft": a, "post_rl": b}, ("pre_sft", "post_sft", "post_rl"))
+    assert list(got) == ["post_sft->post_rl"]  # a point with no scored episode pairs with nothing
+    assert st.paired_line("post_sft->post_rl", got["post_sft->post_rl"]) == (
+        "post_sft->post_rl: pass@1 +62.5 points (2 tasks better, 0 worse of 2), paired permutation p 0.5, "
+        "sign p 0.5; greedy 1 fail->pass, 0 pass->fail, McNemar p 1")
