@@ -90,3 +90,16 @@ def test_paired_points_and_the_printed_line():
     assert st.paired_line("post_sft->post_rl", got["post_sft->post_rl"]) == (
         "post_sft->post_rl: pass@1 +62.5 points (2 tasks better, 0 worse of 2), paired permutation p 0.5, "
         "sign p 0.5; greedy 1 fail->pass, 0 pass->fail, McNemar p 1")
+
+
+def test_the_plot_draws_a_point_whose_wilson_bound_sits_just_above_zero(tmp_path):
+    """wilson(0, 6)'s lower bound is 2.8e-17, not 0: the run's plot once died on it (a negative
+    error bar) after a whole learning run."""
+    from harnessrl.trainers.evaluate import wilson
+    from harnessrl.trainers.plots import plot
+
+    assert wilson(0, 6)[0] > 0.0
+    evals = {p: {"n": 6, "successes": k, "success_rate": k / 6, "ci95": list(wilson(k, 6))}
+             for p, k in (("post_sft", 0), ("post_rl", 6))}
+    out = plot([], tmp_path / "plots.png", evals)
+    assert out == tmp_path / "plots.png" and out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

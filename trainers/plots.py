@@ -50,8 +50,9 @@ def plot(history: list[dict[str, Any]], path: Path, evals: dict[str, dict[str, A
 def _eval_panel(ax, evals: dict[str, dict[str, Any]]) -> None:
     names = [p for p in POINTS if p in evals]
     rates = [evals[p]["success_rate"] for p in names]
-    lo = [r - evals[p]["ci95"][0] for p, r in zip(names, rates)]
-    hi = [evals[p]["ci95"][1] - r for p, r in zip(names, rates)]
+    # clamped: at 0 or n successes the Wilson bound can sit 1e-17 inside the rate (matplotlib refuses < 0)
+    lo = [max(0.0, r - evals[p]["ci95"][0]) for p, r in zip(names, rates)]
+    hi = [max(0.0, evals[p]["ci95"][1] - r) for p, r in zip(names, rates)]
     ax.errorbar(range(len(names)), rates, yerr=[lo, hi], fmt="o-", capsize=6, label="success (95% Wilson CI)")
     for i, p in enumerate(names):
         ax.annotate(f"{evals[p]['successes']}/{evals[p]['n']}", (i, rates[i]), textcoords="offset points",
