@@ -76,3 +76,24 @@ def real_model_stack(cap: int, model: str = "smollm2-135m"):
             ProxyServer(ProxyConfig(engine_url=eng.url, model=model, max_tokens_cap=cap)) as proxy:
         yield ProxyHandle.of(proxy), backend
     backend.reap(run_id=backend.run_id)
+
+
+def check_sampled_episode(res, cap: int) -> None:
+    """A sampling policy's episode ended with a reason and its record is whole and token-exact:
+    every call sampled 1..`cap` tokens with their logprobs, and each segment holds its last
+    call's prompt + completion with the loss mask on exactly its calls' completions."""
+    traj = res.trajectory
+    assert res.reason in ("submitted", "harness_exited", "call_limit", "harness_crashed", "timeout"), \
+        (res.reason, res.error, traj.metadata.get("harness_stderr_tail"))
+    assert traj.termination == res.reason and traj.status == res.status
+    assert res.status in ("ok", "truncated") and traj.reward in (0.0, 1.0)
+    assert traj.calls, "the harness made no model call"
+    traj.validate()
+    for call in traj.calls:
+        assert call.prompt_ids and 0 < len(call.completion_ids) <= cap
+        assert len(call.logprobs) == len(call.completion_ids) and all(lp <= 0 for lp in call.logprobs)
+    for i, seg in enumerate(traj.segments):
+        calls = [c for c in traj.calls if c.segment == i]
+        last = calls[-1]
+        assert seg.token_ids[:len(last.prompt_ids) + len(last.completion_ids)] == last.prompt_ids + last.completion_ids
+        assert [t for t, m in zip(seg.token_ids, seg.loss_mask) if m] == [t for c in calls for t in c.completion_ids]

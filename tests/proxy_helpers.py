@@ -125,3 +125,18 @@ def dialect_env(tok, engine_stream: bool):
     cfg = ProxyConfig(engine_url="", served_models=["policy", "probe-model"], engine_stream=engine_stream)
     with ServedApp(eng.app()) as e, ProxyServer(cfg.model_copy(update={"engine_url": e.url}), tokenizer=tok) as p:
         yield SimpleNamespace(eng=eng, script=script, proxy=p)
+
+
+@contextlib.contextmanager
+def tiny_dialect_env(engine_stream: bool = False):
+    """`dialect_env` on tiny-llama's tokenizer (SmolLM2's); skips the test where it is not prepared."""
+    import pytest
+
+    from harnessrl.gym.models import load_tokenizer
+
+    try:
+        tok = load_tokenizer("tiny-llama")
+    except Exception as e:  # noqa: BLE001
+        pytest.skip(f"tiny-llama tokenizer not prepared: {e}")
+    with dialect_env(tok, engine_stream) as e:
+        yield e
