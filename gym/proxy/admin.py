@@ -8,7 +8,10 @@ JSON objects (`admin_max_body_bytes`, 413 past it) and every value is checked be
 stored: rewards finite numbers or null, policy versions integers in [0, 2**63), session
 meta an object of short keys whose counts are such integers. Refusals are 4xx JSON errors;
 nothing raised escapes to the server (that would reset the connection).
-`POST /admin/policy_version {"version": V}` tells the proxy the trainer's current version.
+`POST /admin/policy_version {"version": V}` tells the proxy the trainer's current version;
+`POST /admin/lora {"name": N}` and `POST /admin/engines {"urls": [...]}` do what a weight sync
+asks of an in-process proxy (`ProxyServer.use_lora`, `use_engines`) for one in another process
+(`gym.proxies`): `{"applied": false}` when its generation backend has no such choice.
 """
 from __future__ import annotations
 
@@ -186,6 +189,29 @@ async def policy_version(core: ProxyCore, request: Request, body: Any):
     return {"policy_version": core.policy_version}
 
 
+async def lora(core: ProxyCore, request: Request, body: Any):
+    """Name LoRA adapter `name` in every generation from now on (null: the base weights)."""
+    name = body.get("name")
+    if name is not None and (name.__class__ is not str or not 0 < len(name) <= 256):
+        raise ProxyError(400, f"name must be null or a string of 1..256 characters, got {repr(name)[:60]}",
+                         param="name")
+    select = getattr(core.engine, "use_lora", None)
+    if select is not None:
+        select(name)
+    return {"applied": select is not None}
+
+
+async def engines(core: ProxyCore, request: Request, body: Any):
+    """Route generations only to these engines from now on (each one of the proxy's own)."""
+    urls = body.get("urls")
+    if urls.__class__ is not list or not urls or len(urls) > 1024 or any(u.__class__ is not str for u in urls):
+        raise ProxyError(400, f"urls must be a non-empty list of engine URLs, got {repr(urls)[:60]}", param="urls")
+    serve = getattr(core.engine, "serve_only", None)
+    if serve is not None:
+        serve(urls)  # an engine that is not one of this proxy's: a ValueError naming it (400)
+    return {"applied": serve is not None}
+
+
 async def stats(core: ProxyCore, request: Request, body: Any):
     return core.stats()
 
@@ -201,6 +227,8 @@ ADMIN_ROUTES = (
     ("/admin/resume", resume, "POST"),
     ("/admin/stats", stats, "GET"),
     ("/admin/policy_version", policy_version, "POST"),
+    ("/admin/lora", lora, "POST"),
+    ("/admin/engines", engines, "POST"),
 )
 """(path, handler, method) of every admin route."""
 

@@ -3,10 +3,14 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from harnessrl.gym.backends import BackendName, engine_urls
 from harnessrl.gym.proxy.toolcalls import ToolFormatName
+
+ADMIN_TOKEN_ENV = "HARNESSRL_PROXY_ADMIN_TOKEN"
+"""The environment variable a proxy process (`python -m harnessrl.gym.proxy`) takes its admin
+token from: a command line is readable by every local user, an environment is not."""
 
 
 class ProxyConfig(BaseModel):
@@ -56,7 +60,9 @@ class ProxyConfig(BaseModel):
     """SQLite synchronous mode: NORMAL survives a killed proxy, FULL also a power loss (fsync per call)."""
 
     admin_token: str | None = None
-    """Bearer token of the admin API; None generates a random one (`ProxyServer.admin_token`)."""
+    """Bearer token of the admin API; None generates a random one (`ProxyServer.admin_token`). With
+    `admin_clients = "any"` a given token must have at least 16 characters: it is then all that
+    stands between the network and the run's rewards."""
 
     tool_format: ToolFormatName = "hermes"
     """Tool prompt/parse format for templates without tool support (registry name or module:Class)."""
@@ -181,6 +187,13 @@ class ProxyConfig(BaseModel):
     def engine_urls(self) -> list[str]:
         """`engine_url` as a list (one URL: a list of one)."""
         return list(self.engine_url) if isinstance(self.engine_url, list) else [self.engine_url]
+
+    @model_validator(mode="after")
+    def _token_off_loopback(self) -> "ProxyConfig":
+        if self.admin_clients == "any" and self.admin_token is not None and len(self.admin_token) < 16:
+            raise ValueError(f"admin_token: {len(self.admin_token)} characters is guessable, and admin_clients = "
+                             "\"any\" opens the admin API to the network; use at least 16 (None: a random one)")
+        return self
 
     @field_validator("top_k")
     @classmethod

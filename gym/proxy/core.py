@@ -147,6 +147,7 @@ class ProxyCore:
         """The counters; with several engines also `engines`, each one's service state and load."""
         out = dict(self.counters, sessions_open=sum(not s.closed for s in list(self.sessions.values())),
                    sessions=len(self.sessions), paused=bool(self.gate and self.gate.paused),
+                   policy_version=self.policy_version,
                    chat_template_hash=self.renderer.template_hash,
                    incremental_exact=self.renderer.incremental_exact, stored_calls=self.store.call_count())
         engines = getattr(self.engine, "report", None)

@@ -162,6 +162,10 @@ class ProxyServer:
         self._on_loop(lambda: serve(urls))
         return True
 
+    def set_policy_version(self, version: int) -> None:
+        """The trainer's current version (the per-turn staleness check and the record use it)."""
+        self.core.set_policy_version(version)
+
     def stats(self) -> dict[str, Any]:
         return self.core.stats()
 
