@@ -4,7 +4,7 @@ Contract: `run_episode` always returns an `EpisodeResult` (whatever raises where
 KeyboardInterrupt and SystemExit pass through) whose trajectory is closed and stored with a
 reward, a status and a termination reason, one of submitted | harness_exited | call_limit |
 timeout | harness_crashed | sandbox_died | engine_error | infra | stale | cancelled |
-context_exceeded (the engine refused the last prompt as longer than its context: truncated); an
+proxy_lost (the episode's proxy could not be reached: its process died) | context_exceeded (the engine refused the last prompt as longer than its context: truncated); an
 unexpected exception is `infra` with the stage and the exception in `error`. The harness's exit
 code, the tails of its stdout/stderr and the ending in words (`ending`) go into the record's
 metadata; a harness that never started (exit 126/127, no model call) is `infra`. The record is
@@ -49,7 +49,7 @@ from harnessrl.adapters.base import SOCKET_NAME, Endpoint, HarnessAdapter, Harne
 from harnessrl.adapters.relay import Relay
 from harnessrl.gym.canary import canary_record, withheld
 from harnessrl.gym.failures import describe
-from harnessrl.gym.proxy_admin import EpisodeAdmin, ProxyAdmin, ProxyHandle, engine_down
+from harnessrl.gym.proxy_admin import EpisodeAdmin, ProxyAdmin, ProxyHandle, ProxyUnreachable, engine_down
 from harnessrl.gym.grading.score import score
 from harnessrl.gym.grading.verdict import RewardConfig, RewardResult
 from harnessrl.gym.sandbox_source import SandboxLease, SandboxSource
@@ -110,6 +110,12 @@ class Stale(EpisodeEnded):
     reason, status = "stale", "infra_error"
 
 
+class ProxyLost(EpisodeEnded):
+    # The episode's proxy went away (a run's extra proxy process died, `gym.proxies`): its
+    # record is gone with it, so nothing can be judged.
+    reason, status = "proxy_lost", "infra_error"
+
+
 class Cancelled(EpisodeEnded):
     # Abandoned by the scheduler (episode timeout, shutdown): its sandbox and harness are
     # taken away mid-run, so whatever it did is not scored.
@@ -118,7 +124,7 @@ class Cancelled(EpisodeEnded):
 
 ENDINGS: dict[str, type[EpisodeEnded]] = {c.reason: c for c in (
     Submitted, HarnessExited, HarnessCrashed, CallLimit, Timeout, SandboxGone, EngineFailed, InfraFailed, Stale,
-    Cancelled, ContextExceeded)}
+    Cancelled, ContextExceeded, ProxyLost)}
 
 
 # -- plain data in and out ------------------------------------------------------------------
@@ -387,7 +393,9 @@ def run_episode(task: Task, adapter: HarnessAdapter, make_sandbox: SandboxFactor
         except BaseException as e:
             if _fatal(e):
                 raise
-            final, status, reason = None, "infra_error", Cancelled.reason if run.cancel.is_set() else "infra"
+            final, status = None, "infra_error"
+            reason = (Cancelled.reason if run.cancel.is_set() else
+                      ProxyLost.reason if isinstance(e, ProxyUnreachable) else InfraFailed.reason)
             error = ending_text = f"{run.stage}: {describe(e)}"
             if sid is not None and admin is not None:
                 _record_failure(admin, sid, played is None, status, reason, cleanup)

@@ -3,7 +3,9 @@
 `ProxyHandle.of(proxy_server)` is the one way to build a handle: it carries the engine URL
 from the proxy's own config, so no episode can judge engine failures without it.
 `ProxyAdmin` is the `EpisodeAdmin` an episode uses: open a session, close it, read its record
-once, set its reward, over the admin HTTP API with the admin token.
+once, set its reward, over the admin HTTP API with the admin token. A proxy that cannot be
+reached at all (its process is gone: the connection is refused or dropped) raises
+`ProxyUnreachable`, which ends the episode masked as `proxy_lost` (`gym.proxies`).
 """
 from __future__ import annotations
 
@@ -62,6 +64,11 @@ class EpisodeAdmin(Protocol):
     def close(self) -> None: ...
 
 
+class ProxyUnreachable(RuntimeError):
+    """The proxy's admin API could not be reached (refused or dropped connection): the proxy
+    is gone, and whatever its episode did since its last record is lost with it."""
+
+
 class ProxyAdmin:
     """The admin calls an episode needs (loopback HTTP, admin token)."""
 
@@ -71,7 +78,13 @@ class ProxyAdmin:
                                  headers={"Authorization": f"Bearer {proxy.admin_token}"})
 
     def _call(self, method: str, path: str, **kw: Any) -> dict:
-        r = self.http.request(method, path, **kw)
+        try:
+            r = self.http.request(method, path, **kw)
+        except httpx.TimeoutException:  # alive but slow: not a lost proxy
+            raise
+        except httpx.TransportError as e:
+            raise ProxyUnreachable(f"the proxy at {self.proxy.url} is unreachable ({method} {path}: "
+                                   f"{type(e).__name__}: {e})") from e
         if r.status_code >= 400:
             raise RuntimeError(f"proxy admin {method} {path}: HTTP {r.status_code}: {r.text[:300]}")
         return r.json()

@@ -1,6 +1,6 @@
-"""Rollouts: many episodes of a run's harnesses on a suite, through one proxy, with a report.
+"""Rollouts: many episodes of a run's harnesses on a suite, through the run's proxies, with a report.
 
-Contract: `Rollout` owns a proxy (in front of an engine it is handed by URL), a sandbox
+Contract: `Rollout` owns the run's proxies (`gym.proxies`) in front of an engine it is handed by URL, a sandbox
 backend and a harness adapter, built by the one stack builder (`gym.stack.EpisodeStack`);
 `episode(task, slot)` runs one episode in a worker thread
 (sandboxes and harnesses block) and returns its closed trajectory. `report(...)` turns
@@ -100,6 +100,9 @@ class RolloutConfig(BaseModel):
     too), or a "module:Class" path. Weight sync still uses SGLang's control routes."""
     vllm_route: Literal["generate", "completions"] = "generate"
     """With backend "vllm": `/inference/v1/generate`, or `/v1/completions` with a token-id prompt."""
+    proxies: int = Field(1, ge=1, le=64)
+    """Proxies serving the run: this process's and `proxies - 1` processes (`gym.proxies`), each with
+    its own store, listed in `stores.json` (`view` and `export` read them as one run)."""
     engine_timeout_s: float = Field(900.0, gt=0)
     """The longest one engine call may take (the proxy's `engine_total_timeout_s`; its first
     token must also come within min(this, 300 s)). Past it the call fails and is recorded, and
@@ -194,13 +197,16 @@ class Rollout:
         self.tasks = self.stack.tasks
         self.adapter, self.backend, self.sandboxes = self.stack.adapter, self.stack.backend, self.stack.sandboxes
         self.proxy = self.stack.proxy(engine_url, self.out_dir, generation_backend, **(proxy_fields or {}))
+        from harnessrl.gym.proxies import ProxyFleet
+
+        self.proxies = ProxyFleet(self.proxy, cfg.proxies - 1, self.out_dir)  # `proxy` first; one per episode
         self.results: list[Any] = []
         self.release_wait_s = 120.0
         """How long a cancelled `episode` waits for its thread to release everything."""
         self._file = None
 
     def __enter__(self) -> "Rollout":
-        self.proxy.start()
+        self.proxies.start()
         for adapter in self.stack.adapters.values():
             warm = getattr(adapter, "warm", None)  # e.g. a beside harness's fork server
             if warm is not None:
@@ -215,7 +221,7 @@ class Rollout:
         if self._file:
             self._file.close()
         self.stack.close()
-        self.proxy.stop()
+        self.proxies.stop()
 
     def prewarm(self, task_ids, harnesses=None) -> None:
         """Start the pool's sandboxes for these tasks' repositories in the background (each for
@@ -230,7 +236,8 @@ class Rollout:
                 cancel: Cancel | None = None, harness: str | None = None) -> Trajectory:
         """One episode through `harness` (None: the run's first), blocking; the trajectory is
         appended to trajectories.jsonl."""
-        result = self.stack.run(task_id, self.handle, session_meta=session_meta, cancel=cancel, harness=harness)
+        with self.proxies.lease() as handle:  # one proxy for the episode's whole life
+            result = self.stack.run(task_id, handle, session_meta=session_meta, cancel=cancel, harness=harness)
         self.results.append(result)
         traj = result.trajectory
         assert self._file is not None
@@ -241,7 +248,7 @@ class Rollout:
     def set_policy_version(self, version: int) -> None:
         """Tell the proxy the trainer's current version (its per-turn staleness check uses it);
         a run publishes through `gym.stack.Publisher`, which calls this in its order."""
-        self.proxy.core.set_policy_version(version)
+        self.proxies.set_policy_version(version)
 
     async def episode(self, slot: Any) -> Trajectory:
         """An episode function for `RolloutScheduler` (the slot names the task, and the harness of

@@ -192,7 +192,8 @@ class EpisodeStack:
 
 class Publisher:
     """Publishes policy versions to the engine, the scheduler, the proxy and the workers, in
-    that module doc's order. `proxy`: the run's `ProxyServer` (None: no proxy to tell); `sync`:
+    that module doc's order. `proxy`: the run's `ProxyServer`, or its `ProxyFleet` when several
+    proxies serve it (`gym.proxies`: each told in turn; None: no proxy to tell); `sync`:
     the weight sync that loads a trainer's weights into the engine (`push(trainer) -> version`);
     its gate becomes the proxy when it has none; `workers`: where episodes run, told last
     (anything with an async `publish(version)`: a `gym.placement` placement, `RayEpisodes`)."""
@@ -206,7 +207,7 @@ class Publisher:
         """The engine already serves `version`: the scheduler, the proxy, then the workers move to it."""
         await self.scheduler.advance_version(version)
         if self.proxy is not None:
-            self.proxy.core.set_policy_version(self.scheduler.version)
+            self.proxy.set_policy_version(self.scheduler.version)
         if self.workers is not None:
             await self.workers.publish(self.scheduler.version)
         return self.scheduler.version

@@ -238,7 +238,7 @@ async def _rl_stage(cfg: TrainConfig, trainer, sync, engine_url: str | list[str]
         mixed = len(mix.names) > 1
         episodes = placement.episodes(ro, rollout_cfg)  # after the canaries joined the run's tasks
         sched = RolloutScheduler(cfg.scheduler, episodes, draws, harness_for=mix)
-        publisher = Publisher(sched, ro.proxy, sync, placement)  # weight updates pause proxy admission too
+        publisher = Publisher(sched, ro.proxies, sync, placement)  # weight updates pause every proxy's admission too
         await publisher.publish(trainer.version)  # 0, the SFT policy's, or the resumed checkpoint's
         await sched.start()
         bar = tqdm(total=cfg.steps, unit="step", disable=not cfg.progress, dynamic_ncols=True)
@@ -256,7 +256,7 @@ async def _rl_stage(cfg: TrainConfig, trainer, sync, engine_url: str | list[str]
                 batch_report = report(sel.seen)
                 m |= cheat_metrics(sel.seen) | {
                     "env_latency_p95_s": batch_report["env_latency_s"]["p95"], "sync_s": round(sync.last_sync_s, 3),
-                    **_engine_metrics(sync, ro.proxy),
+                    **_engine_metrics(sync, ro.proxies),
                     "wall_s": time.monotonic() - t_start, "scheduler": sched.stats.as_dict(),
                     "batch_report": batch_report}
                 if mixed:

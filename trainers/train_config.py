@@ -239,6 +239,15 @@ class TrainConfig(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _proxies_here(self) -> "TrainConfig":
+        """Extra proxy processes (`rollout.proxies`) serve local episodes in front of engine URLs."""
+        if self.rollout.proxies > 1 and (self.placement != "local" or self.tinker is not None):
+            raise ValueError(f"rollout.proxies: {self.rollout.proxies} proxies serve episodes of placement "
+                             f"\"local\" generating on engine URLs; this run has placement {self.placement!r}"
+                             f"{' and samples on Tinker' if self.tinker is not None else ''} (use proxies = 1)")
+        return self
+
+    @model_validator(mode="after")
     def _tinker_raw_sampling(self) -> "TrainConfig":
         r = self.rollout
         if self.tinker is not None and (r.temperature, r.top_p, r.top_k) != (1.0, 1.0, -1):
