@@ -3,7 +3,8 @@
 Contract: RUN is a run folder (a rollout's, or a train run's with `rollouts/` inside) or a
 file: `trajectories.jsonl` is read when there (each trajectory as its episode closed it, with
 the grading metadata), else the proxy's SQLite store `trajectories.db` (the durable record of
-every finished call, e.g. of a run that was killed). `atif` writes one `<session_id>.json` ATIF document per trajectory into
+every finished call, e.g. of a run that was killed), or, for a run served by several proxies,
+every store its `stores.json` lists, as one run (a session id in two stores is refused). `atif` writes one `<session_id>.json` ATIF document per trajectory into
 the folder PATH, each validated before it is written (gym.tools.formats.atif); `jsonl` one
 Trajectory per line; `parquet` one row per segment with per-token list columns (the store's
 export schema). Messages in ATIF are decoded with the tokenizer of the run's model (`--model`
@@ -17,6 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
+from harnessrl.gym.proxy.run_stores import STORES_FILE, RunStoresError, read_index, session_owners
 from harnessrl.gym.trajectory import Trajectory
 
 FORMATS = ("atif", "jsonl", "parquet")
@@ -27,28 +29,28 @@ class ExportError(ValueError):
 
 
 def find_record(run: str | Path) -> Path:
-    """The JSONL (preferred) or store of a run folder, or `run` itself when it is a file."""
+    """The JSONL (preferred), store index or store of a run folder, or `run` itself when it is a file."""
     run = Path(run)
     if run.is_file():
         return run
     for folder in (run, run / "rollouts"):
-        for name in ("trajectories.jsonl", "trajectories.db"):
+        for name in ("trajectories.jsonl", STORES_FILE, "trajectories.db"):
             if (folder / name).is_file():
                 return folder / name
-    raise ExportError(f"{run}: no trajectories.jsonl or trajectories.db here or in {run / 'rollouts'}; "
+    raise ExportError(f"{run}: no trajectories.jsonl, {STORES_FILE} or trajectories.db here or in {run / 'rollouts'}; "
                       "fix: pass a rollout or train run folder (or one of those files)")
 
 
 def read_trajectories(run: str | Path) -> list[Trajectory]:
     path = find_record(run)
-    if path.suffix == ".db":
-        from harnessrl.gym.proxy.store import Store
-
-        store = Store(path)
+    if path.name == STORES_FILE:
         try:
-            return [store.trajectory(sid) for sid in store.session_ids()]
-        finally:
-            store.close()
+            owners = session_owners(read_index(path.parent) or [])
+        except RunStoresError as e:
+            raise ExportError(str(e)) from None
+        return [t for store in dict.fromkeys(owners.values()) for t in _from_store(store)]
+    if path.suffix == ".db":
+        return _from_store(path)
     out = []
     with open(path) as f:
         for n, line in enumerate(f, 1):
@@ -58,6 +60,16 @@ def read_trajectories(run: str | Path) -> list[Trajectory]:
                 except (ValueError, TypeError) as e:
                     raise ExportError(f"{path}:{n}: not a trajectory record: {e}") from None
     return out
+
+
+def _from_store(path: Path) -> list[Trajectory]:
+    from harnessrl.gym.proxy.store import Store
+
+    store = Store(path)
+    try:
+        return [store.trajectory(sid) for sid in store.session_ids()]
+    finally:
+        store.close()
 
 
 def write_parquet(trajs: list[Trajectory], path: str | Path) -> int:
@@ -119,7 +131,7 @@ def export(run: str | Path, fmt: str, out: str | Path, model: str | None = None,
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="harnessrl export", description=(__doc__ or "").splitlines()[0])
-    p.add_argument("run", help="run folder (or its trajectories.db / trajectories.jsonl)")
+    p.add_argument("run", help=f"run folder (or its trajectories.db / trajectories.jsonl / {STORES_FILE})")
     p.add_argument("--format", required=True, choices=FORMATS)
     p.add_argument("--out", required=True, help="atif: a folder (one <session_id>.json each); jsonl/parquet: a file")
     p.add_argument("--model", default=None, help="tokenizer for ATIF messages (default: the run's model)")

@@ -1,13 +1,14 @@
 """What a run folder holds, and paged queries over its episodes.
 
 Contract: `RunFiles.find(path)` locates a run's record: the proxy's SQLite store
-(`trajectories.db`), the episodes' JSONL (`trajectories.jsonl`, each trajectory as its
+(`trajectories.db`; a run served by several proxies lists its stores in `stores.json`,
+`gym.proxy.run_stores`, and all of them are read as one run), the episodes' JSONL (`trajectories.jsonl`, each trajectory as its
 episode closed it, with the grading metadata), and for a train run `metrics.jsonl`,
 `report.json` and `config.json`; a rollout folder, a train folder (`rollouts/` inside) or a
 `harnessrl collect` folder (`episodes/` inside) all work. `RunIndex` builds a small in-memory
 SQLite index of one row per episode (task, harness, reward, status, termination, calls,
-segments, tokens, sampled tokens, split reasons) straight from the store's tables (the store
-is attached read-only; no token blob is read, sizes come from blob lengths) and one row per
+segments, tokens, sampled tokens, split reasons) straight from each store's tables (attached
+read-only, one after the other; a session id found in two stores is refused, naming both; no token blob is read, sizes come from blob lengths) and one row per
 call with its timings. The JSONL is only scanned for each session's byte offset (its records
 are read one at a time, when an episode is opened); a run that has no store is indexed from
 its JSONL one line at a time. `episodes()` filters, sorts and pages in SQL, so a run of any
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harnessrl.gym.proxy.run_stores import STORES_FILE, RunStoresError, read_index
 from harnessrl.gym.trajectory import Trajectory
 
 #: Columns the episodes table sorts by (API name -> SQL column).
@@ -46,7 +48,7 @@ SELECT s.id, s.created, s.task_id, s.harness, s.model, s.reward, s.status, s.ter
                 THEN length(c.new_prompt) / 4 + length(c.completion) / 4 END), 0),
   COALESCE(SUM(CASE WHEN json_extract(c.flags, '$.detached') IS NULL THEN length(c.completion) / 4 END), 0),
   GROUP_CONCAT(DISTINCT CASE WHEN json_extract(c.flags, '$.detached') IS NULL THEN c.split_reason END),
-  NULL, 1
+  NULL, ?
 FROM store.sessions s LEFT JOIN store.calls c ON c.session_id = s.id GROUP BY s.id"""
 _CALLS_FROM_STORE = """INSERT INTO calls SELECT session_id, idx, queue_s, gen_s, env_s,
   json_extract(flags, '$.detached') IS NOT NULL, created, queue_s + gen_s FROM store.calls"""
@@ -60,15 +62,18 @@ class RunFolderError(ValueError):
 class RunFiles:
     root: Path
     store: Path | None
+    """The run's first store (its only one, unless `stores` lists more)."""
     jsonl: Path | None
     metrics: Path | None
     report: Path | None
     config: Path | None
+    stores: tuple[Path, ...] = ()
+    """Every store of the run: those `stores.json` lists, else `store` alone."""
 
     @classmethod
     def find(cls, path: str | Path) -> "RunFiles":
         root = Path(path)
-        if root.is_file() and root.name in ("trajectories.db", "trajectories.jsonl"):
+        if root.is_file() and root.name in ("trajectories.db", "trajectories.jsonl", STORES_FILE):
             root = root.parent
         if not root.is_dir():
             raise RunFolderError(f"{path}: no such run folder")
@@ -79,7 +84,12 @@ class RunFiles:
                     return folder / name
             return None
 
-        store, jsonl = first("trajectories.db"), first("trajectories.jsonl")
+        store, jsonl, index = first("trajectories.db"), first("trajectories.jsonl"), first(STORES_FILE)
+        try:
+            stores = tuple(read_index(index.parent) or ()) if index is not None else ((store,) if store else ())
+        except RunStoresError as e:
+            raise RunFolderError(str(e)) from None
+        store = stores[0] if stores else None
         if store is None and jsonl is None:
             raise RunFolderError(f"{path}: no trajectories.db or trajectories.jsonl here, in rollouts/ or in "
                                  "episodes/; fix: pass a rollout, train or collect run folder")
@@ -88,7 +98,7 @@ class RunFiles:
             return root / name if (root / name).is_file() else None
 
         return cls(root, store, jsonl, here("metrics.jsonl"), here("report.json") or first("report.json"),
-                   here("config.json"))
+                   here("config.json"), stores)
 
     def jsonl_stamp(self) -> tuple | None:
         """Size and mtime of the JSONL (it is only ever appended to)."""
@@ -113,17 +123,24 @@ class RunIndex:
         self._checked = 0.0
         self.builds = 0
         """How many times the index was built (once, then once per change of the record)."""
-        self._ro = None if self.files.store is None else sqlite3.connect(
-            f"file:{self.files.store.resolve()}?mode=ro", uri=True, check_same_thread=False)
+        self._ros = [sqlite3.connect(f"file:{store.resolve()}?mode=ro", uri=True, check_same_thread=False)
+                     for store in self.files.stores]
         self._build()
 
     # -- building -------------------------------------------------------------------------
     def _build(self) -> None:
         db = sqlite3.connect("file::memory:", uri=True, check_same_thread=False)
         db.executescript(_EPISODES)
-        if self.files.store is not None:
-            db.execute("ATTACH DATABASE ? AS store", (f"file:{self.files.store.resolve()}?mode=ro",))
-            db.execute(_FROM_STORE)
+        for n, store in enumerate(self.files.stores, 1):
+            db.execute("ATTACH DATABASE ? AS store", (f"file:{store.resolve()}?mode=ro",))
+            clash = db.execute("SELECT s.id, e.in_store FROM store.sessions s JOIN episodes e ON e.sid = s.id "
+                               "LIMIT 1").fetchone()
+            if clash is not None:
+                db.close()
+                raise RunFolderError(f"session {clash[0]!r} is in two stores of run {self.name}: "
+                                     f"{self.files.stores[clash[1] - 1]} and {store}; a run's session ids are "
+                                     "unique, so one of them is not this run's")
+            db.execute(_FROM_STORE, (n,))
             db.execute(_CALLS_FROM_STORE)
             db.commit()
             db.execute("DETACH DATABASE store")
@@ -165,7 +182,7 @@ class RunIndex:
                     t = Trajectory.from_dict(json.loads(line))
                 except (ValueError, TypeError) as e:
                     raise RunFolderError(f"{self.files.jsonl}:{n}: not a trajectory record: {e}") from None
-                last = last + 1e-6 if self.files.store is not None else float(n)
+                last = last + 1e-6 if self.files.stores else float(n)
                 self._insert(db, t, off, last)
                 known[t.session_id] = last
 
@@ -194,13 +211,12 @@ class RunIndex:
         """Changes when the record does: the store's content (calls added, sessions opened, closed
         or rewarded; file times would change on a mere read, which checkpoints the WAL) and the
         JSONL's size. A reply marked undelivered after the fact shows at the next other change."""
-        content = None
-        if self._ro is not None:
-            content = self._ro.execute(
-                "SELECT (SELECT COUNT(*) FROM calls), (SELECT MAX(rowid) FROM calls), (SELECT COUNT(*) FROM sessions), "
-                "(SELECT TOTAL(reward) FROM sessions), (SELECT COUNT(reward) FROM sessions), "
-                "(SELECT COUNT(closed) FROM sessions), "
-                "(SELECT TOTAL(rowid * (length(status) + 7 * length(termination))) FROM sessions)").fetchone()
+        content = tuple(ro.execute(
+            "SELECT (SELECT COUNT(*) FROM calls), (SELECT MAX(rowid) FROM calls), (SELECT COUNT(*) FROM sessions), "
+            "(SELECT TOTAL(reward) FROM sessions), (SELECT COUNT(reward) FROM sessions), "
+            "(SELECT COUNT(closed) FROM sessions), "
+            "(SELECT TOTAL(rowid * (length(status) + 7 * length(termination))) FROM sessions)").fetchone()
+            for ro in self._ros)
         return content, self.files.jsonl_stamp()
 
     def stamp(self) -> tuple:
@@ -263,7 +279,7 @@ class RunIndex:
                 return Trajectory.from_dict(json.loads(f.readline()))
         from harnessrl.gym.proxy.store import Store
 
-        store = Store(self.files.store)  # type: ignore[arg-type]
+        store = Store(self.files.stores[in_store - 1])
         try:
             return store.trajectory(sid)
         finally:
