@@ -147,7 +147,7 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
     from harnessrl.gym.tasks.loaders import TaskFileError
 
     cfg = RolloutConfig(harness=args.harness, suite=args.suite, source_root=args.source_root, model=args.model, tasks=args.tasks,
-                        sandbox=args.sandbox, max_new_tokens=args.max_new_tokens,
+                        sandbox=args.sandbox, max_new_tokens=args.max_new_tokens, proxies=args.proxies,
                         sampling_policy=args.sampling_policy, temperature=args.temperature, top_p=args.top_p,
                         top_k=args.top_k, episode=EpisodeConfig(max_calls=args.max_calls, wall_time_s=args.wall_time,
                                                                 reward=_reward_config(args)))
@@ -303,6 +303,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tasks", nargs="*", default=None, help="instance ids (default: all)")
     p.add_argument("--episodes", type=int, default=4)
     p.add_argument("--concurrency", type=int, default=2)
+    p.add_argument("--proxies", type=int, default=1,
+                   help="proxies serving the run: this process's and N-1 proxy processes, each with its own store")
     p.add_argument("--max-calls", type=int, default=10)
     p.add_argument("--max-new-tokens", type=int, default=512)
     p.add_argument("--sampling-policy", default="run", choices=["run", "honor"],
