@@ -5,8 +5,8 @@ Contract:
   it and `extra` processes (`python -m harnessrl.gym.proxy --config FILE --watch-stdin`), each
   with the local proxy's config (`gym.stack.proxy_config`: same engines, backend, sampling,
   limits) except its own store and unix socket, `<folder>/proxies/<k>/trajectories.db` and
-  `proxy.sock`, a port of its own, and its own admin token, handed over in its environment
-  (never its command line). With extra proxies, `<folder>/stores.json` lists every store of the
+  `proxy.sock`, a port of its own, and its own admin token, written to its stdin (so it is in
+  neither its command line nor its environment, which /proc shows). With extra proxies, `<folder>/stores.json` lists every store of the
   run (`gym.proxy.run_stores`), with each proxy's URL and pid.
 - `lease()` pins an episode to one proxy for its whole life: the handle of the proxy in service
   with the fewest episodes now (ties: the one after the last chosen, round the fleet).
@@ -74,12 +74,15 @@ class ProxyProcess:
         with open(os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
             f.write(self.config.model_dump_json(indent=1))
         package_parent = str(Path(__file__).parents[2])  # the folder holding this harnessrl: the child imports it
-        env = {**os.environ, ADMIN_TOKEN_ENV: self.admin_token,
-               "PYTHONPATH": os.pathsep.join(p for p in (package_parent, os.environ.get("PYTHONPATH")) if p)}
+        env = {k: v for k, v in os.environ.items() if k != ADMIN_TOKEN_ENV}
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, os.environ.get("PYTHONPATH")) if p)
         with open(self.folder / "proxy.log", "ab") as err:
             self.proc = subprocess.Popen([sys.executable, "-m", "harnessrl.gym.proxy", "--config", str(conf),
-                                          "--watch-stdin"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                         stderr=err, env=env, cwd=str(self.folder))
+                                          "--admin-token-stdin", "--watch-stdin"], stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, stderr=err, env=env, cwd=str(self.folder))
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(self.admin_token.encode() + b"\n")
+        self.proc.stdin.flush()  # the pipe stays open: its end is the child's signal that this process died
 
     def ready(self, timeout_s: float) -> None:
         """Wait for its one JSON line (it accepts calls from then on); a RuntimeError says why not."""

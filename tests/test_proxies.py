@@ -315,7 +315,8 @@ def _own_address() -> str | None:
 def test_a_proxy_process_off_loopback_wants_its_token_and_dies_with_its_parent(tmp_path):
     """A run's extra proxy bound to every interface with `admin_clients = "any"`: from a
     non-loopback address its admin API answers 401 without the token or with a wrong one, 400
-    (naming the field) for bad values, and 200 with the token; its token is in no command line.
+    (naming the field) for bad values, and 200 with the token; its token is in neither its
+    command line nor its environment.
     Its parent SIGKILLed, it exits too (its stdin closed)."""
     import harnessrl
 
@@ -325,7 +326,8 @@ def test_a_proxy_process_off_loopback_wants_its_token_and_dies_with_its_parent(t
     try:
         said = json.loads(parent.stdout.readline())
         pid, token = said["pid"], said["token"]
-        assert token.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes()
+        for shown in ("cmdline", "environ"):  # handed over on its stdin: in no /proc file
+            assert token.encode() not in Path(f"/proc/{pid}/{shown}").read_bytes()
         ip = _own_address()
         base = said["url"].replace("0.0.0.0", ip or "127.0.0.1")
         with httpx.Client(base_url=base, timeout=30) as c:

@@ -2,10 +2,11 @@
 as its own process; prints one JSON line {url, admin_token, pid} once it accepts calls.
 
 `--config FILE` takes a whole `ProxyConfig` as JSON instead of the flags (how a run's extra
-proxies start, `gym.proxies`). The admin token is read from the environment variable
-`HARNESSRL_PROXY_ADMIN_TOKEN` when set (a command line is readable by every local user; an
-environment is not), else `--admin-token`, else a random one. `--watch-stdin`: exit when
-standard input closes (the parent that holds its other end died), so no proxy outlives its run."""
+proxies start, `gym.proxies`). The admin token comes from the first line of standard input with
+`--admin-token-stdin` (it then appears in no /proc file), else the environment variable
+`HARNESSRL_PROXY_ADMIN_TOKEN` (readable by the same user only; a command line is readable by
+every local user), else `--admin-token`, else a random one. `--watch-stdin`: exit when standard
+input closes (the parent that holds its other end died), so no proxy outlives its run."""
 from __future__ import annotations
 
 import argparse
@@ -34,12 +35,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--uds", default=None)
     ap.add_argument("--db", default=":memory:")
     ap.add_argument("--admin-token", default=None, help=f"prefer the environment variable {TOKEN_ENV}")
+    ap.add_argument("--admin-token-stdin", action="store_true", help="read the admin token from stdin's first line")
     ap.add_argument("--watch-stdin", action="store_true", help="exit when standard input closes")
     a = ap.parse_args(argv)
     from .config import ProxyConfig
     from .server import ProxyServer
 
     token = os.environ.pop(TOKEN_ENV, None) or a.admin_token
+    if a.admin_token_stdin:
+        token = sys.stdin.buffer.readline().decode().strip()
+        if not token:
+            ap.error("--admin-token-stdin: standard input's first line is empty")
     if a.config is not None:
         with open(a.config) as f:
             cfg = ProxyConfig.model_validate_json(f.read())
