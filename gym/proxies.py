@@ -16,7 +16,9 @@ Contract:
   `engines` merged (out of service on one proxy: out).
 - A proxy process that exits is lost: no episode is pinned to it any more and the fan-outs
   skip it; its in-flight episodes find it unreachable (`ProxyUnreachable`) and end masked as
-  `proxy_lost`; the run goes on with the others. The local proxy lives as long as the run.
+  `proxy_lost`; the run goes on with the others. One that fails a fan-out's admin call (no
+  answer within `admin_timeout_s`, a 5xx) is killed and lost the same way: a run never waits
+  on a hung proxy. The local proxy lives as long as the run.
 - `stop()` stops every process (SIGTERM, then SIGKILL after `stop_wait_s`) and the local proxy;
   a process whose parent dies sees its stdin close and exits too: no proxy outlives its run.
 """
@@ -45,12 +47,20 @@ from harnessrl.gym.proxy_admin import ProxyHandle
 log = logging.getLogger(__name__)
 
 
+class ProxyRefused(RuntimeError):
+    """A proxy process answered an admin call with an HTTP error (`status`)."""
+
+    def __init__(self, message: str, status: int):
+        super().__init__(message)
+        self.status = status
+
+
 class ProxyProcess:
     """One proxy served by a child process, with the attributes `ProxyHandle.of` reads (`url`,
     `admin_token`, `config`) and its admin calls over HTTP."""
 
-    def __init__(self, index: int, config: Any, folder: Path):
-        self.index, self.folder = index, folder
+    def __init__(self, index: int, config: Any, folder: Path, admin_timeout_s: float = 30.0):
+        self.index, self.folder, self.admin_timeout_s = index, folder, admin_timeout_s
         sock = str(folder / "proxy.sock")
         self.config = config.model_copy(update={  # a socket path past sun_path's 108 bytes: TCP only
             "db_path": str(folder / "trajectories.db"), "uds_path": sock if len(sock.encode()) < 100 else None,
@@ -102,13 +112,14 @@ class ProxyProcess:
         if said.get("admin_token") != self.admin_token or said.get("pid") != self.proc.pid:
             raise RuntimeError(f"proxy {self.index}: its first line is not its own: {line[:200]!r}")
         self.url = said["url"]
-        self.http = httpx.Client(base_url=self.url, timeout=30, headers={"Authorization": f"Bearer {self.admin_token}"})
+        self.http = httpx.Client(base_url=self.url, timeout=self.admin_timeout_s, headers={"Authorization": f"Bearer {self.admin_token}"})
 
     def admin(self, path: str, body: dict[str, Any] | None = None, method: str = "POST") -> dict[str, Any]:
         assert self.http is not None
         r = self.http.request(method, path, json=body)
         if r.status_code >= 400:
-            raise RuntimeError(f"proxy {self.index} {method} {path}: HTTP {r.status_code}: {r.text[:300]}")
+            raise ProxyRefused(f"proxy {self.index} {method} {path}: HTTP {r.status_code}: {r.text[:300]}",
+                               r.status_code)
         return r.json()
 
     def stop(self, wait_s: float) -> None:
@@ -139,12 +150,13 @@ class ProxyFleet:
     """The proxies of one run (module doc): `members[0]` the local `ProxyServer`, then the processes."""
 
     def __init__(self, local: Any, extra: int, folder: str | Path, start_timeout_s: float = 120.0,
-                 stop_wait_s: float = 10.0):
+                 stop_wait_s: float = 10.0, admin_timeout_s: float = 30.0):
         if extra and not any(local.config.engine_urls):
             raise ValueError(f"rollout.proxies: {extra + 1} proxies need an engine URL they all reach; this run "
                              "generates through an object in this process (a trainer's or bridge's own backend)")
         self.local, self.folder = local, Path(folder)
-        self.members: list[Any] = [local] + [ProxyProcess(k, local.config, self.folder.absolute() / "proxies" / str(k))
+        self.members: list[Any] = [local] + [ProxyProcess(k, local.config, self.folder.absolute() / "proxies" / str(k),
+                                                          admin_timeout_s)
                                              for k in range(1, extra + 1)]
         self.episodes = [0] * len(self.members)
         """Episodes pinned to each proxy now."""
@@ -213,19 +225,24 @@ class ProxyFleet:
 
     # -- fan-out ------------------------------------------------------------------------------
     def _each(self, local_fn: Any, path: str, body: dict[str, Any] | None = None) -> list[Any]:
-        """`local_fn()` on the local proxy, then `path` on each process in service; a process
-        that fails because it is gone is lost, one that fails alive raises."""
+        """`local_fn()` on the local proxy, then `path` on each process in service. A process
+        that cannot be reached, does not answer within `admin_timeout_s` or answers a 5xx is
+        broken: it is killed (so its episodes end, masked, instead of hanging) and lost. A 4xx
+        is this caller's mistake and raises."""
         out = [local_fn()]
         for k, m in enumerate(self.members[1:], 1):
             if k in self.lost:
                 continue
             try:
                 out.append(m.admin(path, body))
-            except (httpx.TransportError, RuntimeError):
-                if m.alive:
+            except (httpx.TransportError, ProxyRefused) as e:
+                if isinstance(e, ProxyRefused) and e.status < 500:
                     raise
                 with self._lock:
                     self._check()
+                    if k not in self.lost:
+                        m.proc.kill()
+                        self._lose(k, f"its admin call {path} failed ({type(e).__name__}: {e}); it was killed")
         return out
 
     def pause(self) -> None:
@@ -255,7 +272,7 @@ class ProxyFleet:
         for k, m in enumerate(self.members):
             s = out if k == 0 else None
             if k and k not in lost:
-                with contextlib.suppress(httpx.TransportError, RuntimeError):
+                with contextlib.suppress(httpx.TransportError, ProxyRefused):
                     s = m.admin("/admin/stats", method="GET")
             per.append({"proxy": k, "url": m.url, "pid": m.pid if k else os.getpid(), "episodes": episodes[k],
                         "in_service": k not in lost, "reason": lost.get(k, ""),

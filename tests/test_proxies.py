@@ -227,7 +227,8 @@ def test_the_viewer_and_export_read_both_stores_as_one_run(fleet_run, tmp_path):
 
 def test_a_fleet_pins_episodes_to_the_least_busy_proxy_and_reaches_every_proxy(tmp_path):
     """Two proxies in front of a stand-in engine: leases alternate and follow load; a version, a
-    pause and a resume reach both; a killed process is lost, takes no episode and is skipped."""
+    pause and a resume reach both; a hung process is killed and lost, then takes no episode and
+    is skipped."""
     from harnessrl.gym.doubles.standin import StandinEngine
     from harnessrl.gym.proxies import ProxyFleet
     from harnessrl.gym.proxy import ProxyConfig, ProxyServer
@@ -235,7 +236,7 @@ def test_a_fleet_pins_episodes_to_the_least_busy_proxy_and_reaches_every_proxy(t
 
     with ServedApp(StandinEngine().app()) as eng:
         cfg = ProxyConfig(engine_url=eng.url, model="tiny-llama", db_path=str(tmp_path / "trajectories.db"))
-        with ProxyFleet(ProxyServer(cfg), 1, tmp_path) as fleet:
+        with ProxyFleet(ProxyServer(cfg), 1, tmp_path, admin_timeout_s=2.0) as fleet:
             local, child = fleet.members
             with fleet.lease() as a, fleet.lease() as b, fleet.lease() as c:
                 assert [h.url for h in (a, b, c)] == [local.url, child.url, local.url]
@@ -251,11 +252,11 @@ def test_a_fleet_pins_episodes_to_the_least_busy_proxy_and_reaches_every_proxy(t
             fleet.resume()
             assert [p["in_service"] for p in fleet.stats()["proxies"]] == [True, True]
             assert child.admin("/admin/stats", method="GET")["paused"] is False
-            os.kill(child.pid, signal.SIGKILL)
-            child.proc.wait()
-            fleet.set_policy_version(8)  # the lost proxy is skipped, not an error
-            assert local.stats()["policy_version"] == 8 and fleet.lost == {1: f"its process (pid {child.pid}) exited "
-                                                                               "with code -9"}
+            os.kill(child.pid, signal.SIGSTOP)  # hung: it holds its port but answers nothing
+            fleet.set_policy_version(8)  # no answer within admin_timeout_s: killed and lost, not a hang or an error
+            assert child.proc.wait() == -9 and local.stats()["policy_version"] == 8
+            assert fleet.lost[1].startswith("its admin call /admin/policy_version failed (ReadTimeout")
+            assert fleet.lost[1].endswith("; it was killed")
             with fleet.lease() as e, fleet.lease() as f:
                 assert e.url == f.url == local.url
             assert [(p["proxy"], p["in_service"]) for p in fleet.stats()["proxies"]] == [(0, True), (1, False)]
