@@ -112,6 +112,15 @@ class CommandConfig(BaseModel):
     """The toolchain npm prefix (<toolchain>/npm/<it>) whose bin/ goes on PATH inside; an npm
     `install` goes there (default: name)."""
     completion: CompletionConfig = Field(default_factory=CompletionConfig)
+    after_install: list[str] = Field(default_factory=list)
+    """A command `harnessrl harness install` runs once on the host right after installing, before
+    the install's stamp is written, in the install's folder: argv templates over `prefix` (that
+    folder) and `toolchain` (the toolchain root), with the prefix's bin/ and the toolchain's node
+    first on PATH. What it writes into the folder is the install's, read-only in episodes: a
+    harness that unpacks a bundled package on every start (Copilot CLI) unpacks it here once.
+    Part of the stamp: changing it reinstalls. Not for inside pip installs (built elsewhere)."""
+    after_install_env: dict[str, str] = Field(default_factory=dict)
+    """Environment templates for `after_install` (same variables), on top of the host's."""
 
     @field_validator("install")
     @classmethod
@@ -176,6 +185,9 @@ class CommandAdapter:
                              "\"inside\" (it is checked against the sandbox's python3)")
         if c.node_runtime is not None and (self.spec is None or self.spec.kind != "npm"):
             raise ValueError(f"command adapter {c.name!r}: node_runtime needs an npm install (it goes in its prefix)")
+        if (c.after_install or c.after_install_env) and (self.spec is None or self.pip_inside or not c.after_install):
+            raise ValueError(f"command adapter {c.name!r}: after_install needs an npm or beside pip install, and "
+                             "after_install_env needs after_install")
         if self.spec is not None and self.spec.kind == "npm" and c.npm_prefix is None:
             self.config = c = c.model_copy(update={"npm_prefix": c.name})
         self.extra_mounts = parse_mounts(c.mounts)
@@ -215,6 +227,11 @@ class CommandAdapter:
         c = self.config
         return self.spec.subdir_for(c.placement), (c.npm_prefix if self.spec.kind == "npm" else c.venv) or c.name
 
+    @property
+    def after(self) -> tuple[list[str], dict[str, str]] | None:
+        """`after_install` and its env (templates), or None."""
+        return (list(self.config.after_install), dict(self.config.after_install_env)) if self.config.after_install else None
+
     def install_hint(self) -> str:
         """The command that installs this harness."""
         return f"harnessrl harness install {self.source or '<this config file>'}"
@@ -227,7 +244,7 @@ class CommandAdapter:
         root, own = toolchain or toolchain_root(), self.config.node_runtime
         if self.pip_inside:
             return self._check_pip_inside(root, where[1])
-        require(where[0], where[1], stamp_for(self.spec, own), root, fix=self.install_hint())
+        require(where[0], where[1], stamp_for(self.spec, own, self.after), root, fix=self.install_hint())
         if self.config.node:
             check_node(self.config.node, own or node_version(root), f"harness {self.name!r} ({self.spec.spec})",
                        "its node_runtime" if own else "the toolchain's")

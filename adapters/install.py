@@ -62,7 +62,7 @@ def install_node(root: Path, log: Callable[[str], None] = print) -> Installed:
 
 def install(spec: InstallSpec, dirname: str, root: Path | None = None, node: str | None = None,
             python: str | None = None, log: Callable[[str], None] = print,
-            node_runtime: str | None = None) -> Installed:
+            node_runtime: str | None = None, after: tuple[list[str], dict[str, str]] | None = None) -> Installed:
     """Install `spec` as <root>/<npm|venvs>/<dirname> (see the module docstring). `node`: the
     config's node requirement, checked against the toolchain's node, or against `node_runtime`
     (an exact node version that npm installs into the harness's own prefix, from the package
@@ -80,7 +80,7 @@ def install(spec: InstallSpec, dirname: str, root: Path | None = None, node: str
             own = node_runtime is not None
             check_node(node, node_runtime if own else node_version(root), f"harness {dirname!r} ({spec.spec})",
                        "its node_runtime" if own else "the toolchain's")
-    stamp = stamp_for(spec, node_runtime)
+    stamp = stamp_for(spec, node_runtime, after)
     if installed_spec(spec.subdir, dirname, root) == stamp:
         return Installed(dest, stamp, "present")
     t0 = time.monotonic()
@@ -89,8 +89,31 @@ def install(spec: InstallSpec, dirname: str, root: Path | None = None, node: str
     else:
         python = python or os.environ.get("HARNESSRL_HARNESS_PYTHON") or shutil.which("python3") or sys.executable
         _pip(spec, dest, python)
+    if after:
+        _after(after, dest, root)
     (dest / STAMP).write_text(stamp + "\n")
     return Installed(dest, stamp, "installed", time.monotonic() - t0)
+
+
+def _after(after: tuple[list[str], dict[str, str]], dest: Path, root: Path) -> None:
+    """A config's `after_install` in `dest` (see adapters/command.py); InstallFailed leaves no stamp."""
+    import string
+
+    where = {"prefix": str(dest), "toolchain": str(root)}
+    try:
+        argv = [string.Template(a).substitute(where) for a in after[0]]
+        extra = {k: string.Template(v).substitute(where) for k, v in after[1].items()}
+    except (KeyError, ValueError) as e:
+        raise InstallFailed(f"after_install: unknown or bad variable {e}; known: {sorted(where)}") from None
+    env = {**os.environ, "PATH": f"{dest / 'bin'}:{root / 'node' / 'bin'}:{os.environ.get('PATH', '')}", **extra}
+    try:
+        res = subprocess.run(argv, cwd=dest, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                             timeout=600)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise InstallFailed(f"after_install {argv}: {e}") from None
+    if res.returncode != 0:
+        raise InstallFailed(f"after_install {argv} failed (exit {res.returncode}): "
+                            f"{(res.stdout + res.stderr)[-3000:].strip()}")
 
 
 def _run(argv: list[str], what: str, env: dict[str, str] | None = None) -> None:
@@ -176,7 +199,8 @@ def install_config(path: str, root: Path | None = None, log: Callable[[str], Non
     if adapter.pip_inside:
         return install_pip_inside(adapter.spec, where[1], root, adapter.config.python,
                                   runtime=adapter.config.python_runtime)
-    return install(adapter.spec, where[1], root, adapter.config.node, log=log, node_runtime=adapter.config.node_runtime)
+    return install(adapter.spec, where[1], root, adapter.config.node, log=log, node_runtime=adapter.config.node_runtime,
+                   after=adapter.after)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -99,9 +99,17 @@ def node_runtime_spec(version: str) -> str:
     return f"{NODE_PACKAGES[machine]}@{version}"
 
 
-def stamp_for(spec: InstallSpec, node_runtime: str | None = None) -> str:
-    """What an install's stamp says: the spec, plus the harness's own node when it has one."""
-    return spec.spec if node_runtime is None else f"{spec.spec} + node {node_runtime}"
+def stamp_for(spec: InstallSpec, node_runtime: str | None = None,
+              after: tuple[list[str], dict[str, str]] | None = None) -> str:
+    """What an install's stamp says: the spec, plus the harness's own node when it has one,
+    plus a digest of the config's `after_install` command and env (templates) when it has one."""
+    stamp = spec.spec if node_runtime is None else f"{spec.spec} + node {node_runtime}"
+    if after:
+        import hashlib
+        import json
+
+        stamp += " + after " + hashlib.sha256(json.dumps(after, sort_keys=True).encode()).hexdigest()[:12]
+    return stamp
 
 
 def parse_install(value: str) -> InstallSpec | None:

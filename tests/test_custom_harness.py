@@ -19,7 +19,7 @@ import pytest
 
 from harnessrl.adapters.command import CommandAdapter
 from harnessrl.adapters.host_mounts import parse_mount
-from harnessrl.adapters.install import install_config, main as harness_main
+from harnessrl.adapters.install import InstallFailed, install_config, main as harness_main
 from harnessrl.adapters.toolchain import HarnessNotInstalled, NodeTooOld, installed_spec, node_version, toolchain_root
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -64,6 +64,38 @@ def test_npm_install_is_stamped_a_second_run_is_a_no_op_and_a_new_version_reinst
     third = install_config(str(cfg), root)
     assert third.action == "installed" and installed_spec("npm", "semver-cli", root) == "semver@7.6.2"
     assert not (root / "npm" / "semver-cli.tmp").exists()
+
+
+@pytest.mark.harness
+@pytest.mark.timeout(600)
+def test_after_install_runs_once_in_the_prefix_before_the_stamp_and_is_part_of_it(tmp_path):
+    """`after_install` (Copilot CLI's unpack-once) runs on the real installed CLI, in its prefix,
+    with its bin/ and the toolchain's node on PATH; a failing one leaves no stamp; changing it
+    reinstalls, and an install without it no longer counts."""
+    root = tmp_path / "toolchain"
+    body = ('install = "npm:semver@7.6.3"\ndialect = "openai-chat"\nplacement = "inside"\ncommand = ["semver", "1.2.3"]\n'
+            'after_install = ["bash", "-c", "semver -i minor 1.2.3 > \\"$$OUT\\"; echo $$PWD >> \\"$$OUT\\""]\n'
+            '[after_install_env]\nOUT = "${prefix}/unpacked.txt"\n')
+    cfg = _config(tmp_path, "semver-after", body)
+    done = install_config(str(cfg), root)
+    prefix = root / "npm" / "semver-after"
+    assert done.action == "installed" and (prefix / "unpacked.txt").read_text() == f"1.3.0\n{prefix}\n"
+    stamp = installed_spec("npm", "semver-after", root)
+    assert stamp.startswith("semver@7.6.3 + after ") and len(stamp) == len("semver@7.6.3 + after ") + 12
+    CommandAdapter.from_file(cfg).check_installed(root)
+    assert install_config(str(cfg), root).action == "present"
+    cfg.write_text(cfg.read_text().replace("-i minor", "-i major"))
+    with pytest.raises(HarnessNotInstalled, match="installed at 'semver@7.6.3 \\+ after [0-9a-f]{12}', want "
+                                                  "'semver@7.6.3 \\+ after [0-9a-f]{12}'"):
+        CommandAdapter.from_file(cfg).check_installed(root)
+    assert install_config(str(cfg), root).action == "installed" and (prefix / "unpacked.txt").read_text().startswith("2.0.0\n")
+    failing = _config(tmp_path, "semver-fails", body.replace("semver -i minor", "exit 3; semver"))
+    with pytest.raises(InstallFailed, match=r"after_install \[.*\] failed \(exit 3\)"):
+        install_config(str(failing), root)
+    assert installed_spec("npm", "semver-fails", root) is None
+    with pytest.raises(ValueError, match="after_install needs an npm or beside pip install"):
+        CommandAdapter({"name": "x", "dialect": "openai-chat", "placement": "inside", "command": ["x"],
+                        "after_install": ["true"]})
 
 
 @pytest.mark.harness
