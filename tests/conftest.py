@@ -197,7 +197,7 @@ end, group), to see a run's critical path (scripts/suite_timeline.py)."""
 @contextlib.contextmanager
 def _timed(item: pytest.Item):
     folder = os.environ.get(TIMES)
-    start = time.time()
+    start, cpu = time.time(), _cpu()
     try:
         yield
     finally:
@@ -205,5 +205,15 @@ def _timed(item: pytest.Item):
             worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
             group = item.get_closest_marker("xdist_group")
             with open(Path(folder) / f"{worker}.tsv", "a") as f:
-                f.write(f"{worker}\t{item.nodeid}\t{start:.3f}\t{time.time():.3f}\t{group.args[0] if group else ''}\n")
+                f.write(f"{worker}\t{item.nodeid}\t{start:.3f}\t{time.time():.3f}\t{group.args[0] if group else ''}"
+                        f"\t{_cpu() - cpu:.2f}\n")
+
+
+def _cpu() -> float:
+    """CPU seconds of this worker and of its children that ended (engines, harnesses, git, a
+    child pytest: reaped ones only; sandboxes' processes are the container engine's, not here)."""
+    import resource
+
+    return sum(r.ru_utime + r.ru_stime for r in (resource.getrusage(resource.RUSAGE_SELF),
+                                                  resource.getrusage(resource.RUSAGE_CHILDREN)))
 
