@@ -7,7 +7,6 @@ import json
 import sys
 from pathlib import Path
 
-import anthropic
 import httpx
 import pytest
 
@@ -96,6 +95,8 @@ def test_tool_use_round_trip_records_exact_ids(env, stream):
 
 
 def test_anthropic_sdk_sync_and_streaming(env):
+    import anthropic  # here, not at collection: 2.7 s that every xdist worker would pay
+
     sid, key, url, n0 = _session(env)
     client = anthropic.Anthropic(base_url=env.proxy.anthropic_base_url(sid), api_key=key, max_retries=0)
     env.script.say(CALL, "All clear.")
