@@ -12,9 +12,8 @@ Three rules, applied at collection, so `python -m pytest` alone gets them:
   (`tests/durations.json`, written by `scripts/suite_timeline.py --write`), else by an estimate
   from their markers (slow, docker, model, harness), so the run does not end waiting on one long
   file that started last (`--no-loadscope-reorder` keeps this order).
-- **A few tests run alone** (`SERIAL`): they observe or change the whole machine (every
-  harnessrl container of the Docker engine, every process's CPU affinity) or time a kill under
-  load. Such a test takes a lock every other test shares, so it starts only when the tests in
+- **A few tests run alone** (`SERIAL`): they change the whole machine (every process's CPU
+  affinity) or time a kill under load. Such a test takes a lock every other test shares, so it starts only when the tests in
   flight on the other workers have finished, and they start their next only after it.
 
 Without xdist (`-n 0`, one process) the groups and the lock change nothing.
@@ -57,9 +56,6 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
         sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 SERIAL = {
-    # counts every container labelled harnessrl.managed=1 that appears while it runs
-    "tests/test_rollout_and_train.py::test_sigterm_stops_train_like_ctrl_c_and_leaves_no_container":
-        "counts every harnessrl container on the Docker engine",
     # CoreReservation binds every process of the machine to one core, then gives the masks back
     "tests/test_cpu_priority.py::test_core_reservation_keeps_the_engines_core_for_it_and_gives_every_mask_back":
         "rebinds every process of the machine",

@@ -303,9 +303,12 @@ def test_sigterm_stops_train_like_ctrl_c_and_leaves_no_container(tmp_path: Path,
     import time
 
     _need_stack()
-    from harnessrl.sandboxes.docker import MANAGED_LABEL
+    import uuid
+
+    from harnessrl.sandboxes.docker import RUN_LABEL
 
     client = docker_backend().client
+    run_id = f"sigterm-{uuid.uuid4().hex[:10]}"  # this run's containers, not others' running beside it
     config = tmp_path / "train.toml"
     config.write_text(f'''model = "tiny-llama"
 steps = 50
@@ -319,6 +322,8 @@ points = []
 tasks = ["{TASK}"]
 max_new_tokens = 32
 sandbox = "docker"
+[rollout.docker]
+run_id = "{run_id}"
 [rollout.episode]
 max_calls = 2
 wall_time_s = 180
@@ -330,11 +335,10 @@ groups_per_step = 1
 lr = 1e-5
 device = "cpu"
 ''')
-    label = {"label": f"{MANAGED_LABEL}=1"}
-    before = {c["Id"] for c in client.api.containers(all=True, filters=label)}
+    label = {"label": f"{RUN_LABEL}={run_id}"}
 
     def ours() -> set[str]:  # the low-level list: no per-container inspect racing a removal
-        return {c["Id"] for c in client.api.containers(all=True, filters=label)} - before
+        return {c["Id"] for c in client.api.containers(all=True, filters=label)}
 
     def stop_after(delay_s: float) -> tuple[int, str, str]:
         proc = subprocess.Popen([sys.executable, "-m", "harnessrl.cli", "train", "--config", str(config)],
