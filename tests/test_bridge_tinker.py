@@ -164,6 +164,12 @@ def test_two_tinker_steps_through_the_proxy_move_the_policy_and_bump_the_version
     monkeypatch.setenv("TINKER_API_KEY", "tml-local-skyrl")  # SkyRL checks none; the SDK wants the prefix
     model = "tiny-llama"  # the name the service serves, loaded from the prepared folder
     with TinkerServer(model, checkpoint=resolve_model(model), workdir=tmp_path / "server") as server:
+        # the JAX backend keeps what it compiles (a restarted server reuses it), under harnessrl's home
+        env = dict(kv.split("=", 1) for kv in Path(f"/proc/{server.proc.pid}/environ").read_text().split("\0") if "=" in kv)
+        from harnessrl.adapters.toolchain import harnessrl_home
+
+        cache = Path(env["JAX_COMPILATION_CACHE_DIR"])
+        assert cache == Path(os.environ.get("JAX_COMPILATION_CACHE_DIR") or harnessrl_home() / "jax-cache")
         trainer = TinkerTrainer(TinkerTrainerConfig(base_url=server.url, model=model, lora_rank=4, lr=2e-2))
         assert trainer.version == 0 and trainer.backend.version == "0"
         v0_client = trainer.backend.client
@@ -191,6 +197,7 @@ def test_two_tinker_steps_through_the_proxy_move_the_policy_and_bump_the_version
                 assert m.mismatch_tokens == m.tokens and m.staleness_max == 0
                 assert m.logprob_mismatch_mean is not None and m.logprob_mismatch_mean < 1e-3, m
                 assert m.grad_norm > 0
+            assert any(cache.iterdir()), "nothing compiled was kept"
             # after the swap the proxy's calls sample the newest weights and say so
             last = proxy.trajectory(_chat(proxy, 7))
             assert set(last.calls[0].versions) == {2}
