@@ -16,6 +16,9 @@ from harnessrl.gym.models import load_tokenizer, resolve_model
 from harnessrl.trainers.engine import EngineServer
 from harnessrl.trainers.engine.prefix_cache import PrefixCache
 
+#: One client for the module's requests: a new one per request (httpx.get/post) loads the CA bundle, ~34 ms of CPU.
+HTTP = httpx.Client()
+
 pytestmark = pytest.mark.timeout(600)
 TOL = 1e-5
 
@@ -35,7 +38,7 @@ def engines():
 
 
 def _gen(url, ids, n, **sp):
-    r = httpx.post(url + "/generate", json={"input_ids": ids, "return_logprob": True, "sampling_params": {
+    r = HTTP.post(url + "/generate", json={"input_ids": ids, "return_logprob": True, "sampling_params": {
         "max_new_tokens": n, "temperature": 0, **sp}}, timeout=300)
     assert r.status_code == 200, r.text
     body = r.json()
@@ -44,7 +47,7 @@ def _gen(url, ids, n, **sp):
 
 
 def _stats(url):
-    return httpx.get(url + "/get_model_info", timeout=30).json()["prefix_cache"]
+    return HTTP.get(url + "/get_model_info", timeout=30).json()["prefix_cache"]
 
 
 def _same(a, b):
@@ -155,7 +158,7 @@ def test_weight_update_and_flush_never_serve_old_kv(engines, tok, tmp_path):
         assert h[2]["weight_version"] == "v2"
         # /flush_cache drops entries of the current weights too
         assert _gen(hot.url, prompt, 4)[2]["cached_tokens"] > 0
-        assert httpx.post(hot.url + "/flush_cache", timeout=30).status_code == 200
+        assert HTTP.post(hot.url + "/flush_cache", timeout=30).status_code == 200
         assert _stats(hot.url)["entries"] == 0 and _gen(hot.url, prompt, 4)[2]["cached_tokens"] == 0
     finally:
         for url in (hot.url, cold.url):

@@ -24,6 +24,9 @@ from harnessrl.gym.proxy import ProxyConfig, ProxyServer, Store
 sys.path.insert(0, str(Path(__file__).parent))  # --import-mode=importlib: helpers sit beside us
 from proxy_helpers import ServedApp, check_exact, post, standin
 
+#: One client for the module's requests: a new one per request (httpx.get/post) loads the CA bundle, ~34 ms of CPU.
+HTTP = httpx.Client()
+
 pytestmark = pytest.mark.timeout(180)
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -62,7 +65,7 @@ def test_keys_sessions_and_isolation(env):
     assert r.status_code == 401 and "invalid API key" in r.json()["error"]["message"]
     r = _chat(env, "nosuchsession", ka, msgs)
     assert r.status_code == 404 and "nosuchsession" in r.json()["error"]["message"]
-    r = httpx.post(env.proxy.openai_base_url(a) + "/chat/completions", json={"model": "policy", "messages": msgs},
+    r = HTTP.post(env.proxy.openai_base_url(a) + "/chat/completions", json={"model": "policy", "messages": msgs},
                    headers={"x-api-key": ka})
     assert r.status_code == 200
     env.proxy.close_session(b)
@@ -171,32 +174,32 @@ def test_timings_and_env_time(env):
 def test_admin_api_over_http(env):
     url, tok = env.proxy.url, env.proxy.admin_token
     h = {"Authorization": f"Bearer {tok}"}
-    assert httpx.post(url + "/admin/sessions", json={}, headers={"Authorization": "Bearer nope"}).status_code == 401
-    r = httpx.post(url + "/admin/sessions", json={"meta": {"task_id": "t1", "harness": "aider"}}, headers=h)
+    assert HTTP.post(url + "/admin/sessions", json={}, headers={"Authorization": "Bearer nope"}).status_code == 401
+    r = HTTP.post(url + "/admin/sessions", json={"meta": {"task_id": "t1", "harness": "aider"}}, headers=h)
     sid, key = r.json()["session_id"], r.json()["key"]
     assert r.json()["openai_base_url"] == f"/s/{sid}/v1"
     env.script.say("hello")
     assert _reply(_chat(env, sid, key, [{"role": "user", "content": "x"}]))["content"] == "hello"
-    r = httpx.post(url + f"/admin/sessions/{sid}/reward", json={"reward": 1.0, "status": "ok",
+    r = HTTP.post(url + f"/admin/sessions/{sid}/reward", json={"reward": 1.0, "status": "ok",
                                                                "termination": "submitted"}, headers=h)
     assert r.status_code == 200
-    assert httpx.post(url + f"/admin/sessions/{sid}/reward", json={"reward": 1, "status": "bogus"},
+    assert HTTP.post(url + f"/admin/sessions/{sid}/reward", json={"reward": 1, "status": "bogus"},
                       headers=h).status_code == 400
-    t = httpx.get(url + f"/admin/sessions/{sid}/trajectory", headers=h).json()
+    t = HTTP.get(url + f"/admin/sessions/{sid}/trajectory", headers=h).json()
     assert (t["reward"], t["status"], t["termination"], t["task_id"], t["harness"]) == \
         (1.0, "ok", "submitted", "t1", "aider")
     assert t["segments"][0]["loss_mask"].count(1) == len(t["calls"][0]["completion_ids"])
-    assert httpx.get(url + "/admin/sessions/nope/trajectory", headers=h).status_code == 404
-    stats = httpx.get(url + "/admin/stats", headers=h).json()
+    assert HTTP.get(url + "/admin/sessions/nope/trajectory", headers=h).status_code == 404
+    stats = HTTP.get(url + "/admin/stats", headers=h).json()
     assert stats["calls"] >= 1 and stats["incremental_exact"] is True
-    assert httpx.post(url + f"/admin/sessions/{sid}/close", headers=h).json() == {"closed": True}
+    assert HTTP.post(url + f"/admin/sessions/{sid}/close", headers=h).json() == {"closed": True}
     assert _chat(env, sid, key, [{"role": "user", "content": "x"}]).status_code == 404
 
 
 def test_pause_makes_new_calls_wait_then_429_with_retry_after(env):
     sid, key = env.proxy.open_session({})
     h = {"Authorization": f"Bearer {env.proxy.admin_token}"}
-    httpx.post(env.proxy.url + "/admin/pause", headers=h)
+    HTTP.post(env.proxy.url + "/admin/pause", headers=h)
     try:
         r = _chat(env, sid, key, [{"role": "user", "content": "x"}])
         assert r.status_code == 429 and r.headers["retry-after"] == "7"
@@ -246,10 +249,10 @@ def test_interrupted_generation_resumes_and_tokens_keep_their_version(tok, strea
         assert started.wait(30)
         time.sleep(0.12)  # a few tokens in (10 tokens take 0.5 s)
         p.pause()  # the trainer: pause admission, abort the engine, update weights, resume
-        httpx.post(e.url + "/pause_generation", json={"mode": "abort"})
+        HTTP.post(e.url + "/pause_generation", json={"mode": "abort"})
         eng.weight_version = "4"
         time.sleep(0.2)
-        httpx.post(e.url + "/continue_generation", json={})
+        HTTP.post(e.url + "/continue_generation", json={})
         p.resume()
         th.join(60)
         assert out["r"].status_code == 200
@@ -321,11 +324,11 @@ def test_killed_proxy_loses_no_finished_call(tok, tmp_path):
         try:
             info = json.loads(proc.stdout.readline())
             h = {"Authorization": "Bearer adm"}
-            s = httpx.post(info["url"] + "/admin/sessions", json={"meta": {"task_id": "k"}}, headers=h).json()
+            s = HTTP.post(info["url"] + "/admin/sessions", json={"meta": {"task_id": "k"}}, headers=h).json()
             msgs = [{"role": "user", "content": "x"}]
             replies = []
             for i in range(3):
-                r = httpx.post(info["url"] + f"/s/{s['session_id']}/v1/chat/completions",
+                r = HTTP.post(info["url"] + f"/s/{s['session_id']}/v1/chat/completions",
                                headers={"Authorization": f"Bearer {s['key']}"},
                                json={"model": "policy", "messages": msgs}, timeout=60)
                 replies.append(r.json()["choices"][0]["message"])

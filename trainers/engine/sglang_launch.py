@@ -136,13 +136,15 @@ class SGLangServer:
     def _wait_healthy(self, url: str) -> None:
         deadline = time.monotonic() + self.launch.startup_timeout_s
         headers = {"Authorization": f"Bearer {self.launch.api_key}"} if self.launch.api_key else {}
+        http = httpx.Client(timeout=5)  # one client for the polls: each new one loads the CA bundle (~34 ms)
         while True:
             code = self.proc.poll()
             if code is not None:
                 raise SGLangLaunchError(f"sglang exited with status {code} before {url}/health answered "
                                         "(its output is above)")
             try:
-                if httpx.get(f"{url}/health", headers=headers, timeout=5).status_code == 200:
+                if http.get(f"{url}/health", headers=headers).status_code == 200:
+                    http.close()
                     return
             except httpx.HTTPError:
                 pass  # not listening yet
