@@ -8,6 +8,7 @@ proxy, mini-swe-agent or a command harness, hidden tests."""
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import re
 import sys
@@ -15,20 +16,14 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("verl", reason="verl is not installed (scripts/setup.sh installs verl==0.9.1)")
-
-from omegaconf import OmegaConf  # noqa: E402
-from verl.experimental.agent_loop.agent_loop import (AgentLoopWorker, DictConfigWrap, ToolListWrap,  # noqa: E402
-                                                     _agent_loop_registry)
-from verl.protocol import DataProto  # noqa: E402
-from verl.utils.dataset.rl_dataset import RLHFDataset, collate_fn  # noqa: E402
-from verl.workers.rollout.replica import TokenOutput  # noqa: E402
+NO_VERL = "verl is not installed (scripts/setup.sh installs verl==0.9.1)"
+if importlib.util.find_spec("verl") is None:  # its import (4.6 s) waits for the tests: see _verl_parts
+    pytest.skip(NO_VERL, allow_module_level=True)
 
 from harnessrl.adapters.toolchain import installed_spec  # noqa: E402
 from harnessrl.gym.backends.engine_client import EngineClient  # noqa: E402
 from harnessrl.gym.models import load_tokenizer, resolve_model  # noqa: E402
 from harnessrl.gym.trajectory import Trajectory  # noqa: E402
-from harnessrl.trainers.bridges import verl as bridge  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from adapter_helpers import builtin_task, docker_backend  # noqa: E402
@@ -39,6 +34,23 @@ sys.path.insert(0, str(ROOT / "examples" / "verl"))
 from make_dataset import dataset_rows, write_dataset  # noqa: E402
 
 pytestmark = pytest.mark.timeout(600)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _verl_parts():
+    """verl's parts and our bridge, imported when this module's tests run: every xdist worker
+    collects every module, and these imports cost about 4 s of CPU (after torch's)."""
+    global OmegaConf, AgentLoopWorker, DictConfigWrap, ToolListWrap, _agent_loop_registry, DataProto
+    global RLHFDataset, collate_fn, TokenOutput, bridge
+    pytest.importorskip("verl", reason=NO_VERL)
+    from omegaconf import OmegaConf
+    from verl.experimental.agent_loop.agent_loop import (AgentLoopWorker, DictConfigWrap, ToolListWrap,
+                                                         _agent_loop_registry)
+    from verl.protocol import DataProto
+    from verl.utils.dataset.rl_dataset import RLHFDataset, collate_fn
+    from verl.workers.rollout.replica import TokenOutput
+
+    from harnessrl.trainers.bridges import verl as bridge
 #: Every output carries the same extra_fields (verl batches them as per-sample arrays).
 EXTRA_KEYS = {"min_global_steps", "max_global_steps", "harnessrl_trajectory_id", "harnessrl_task_id",
               "harnessrl_status", "harnessrl_termination", "harnessrl_masked", "harnessrl_segment",

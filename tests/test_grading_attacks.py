@@ -298,8 +298,8 @@ def test_deleting_git_or_write_protecting_the_tree_is_graded_not_masked(sb):
 @pytest.mark.timeout(180)
 def test_infinite_loop_under_the_hidden_tests_is_the_agents_zero(sb):
     agent(sb, "printf '\\ndef calculate(text, variables=None):\\n    while True:\\n        pass\\n' >> calc/__init__.py")
-    r = score(sb, CALC2, RewardConfig(test_timeout_s=10))
-    assert_zero(r, tampered=False, reason_has="hidden test run timed out after 10s (in tests/")
+    r = score(sb, CALC2, RewardConfig(test_timeout_s=5))  # the loop burns a core until then
+    assert_zero(r, tampered=False, reason_has="hidden test run timed out after 5s (in tests/")
     assert r.cause == "agent"
 
 
