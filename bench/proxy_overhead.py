@@ -156,11 +156,16 @@ MSGS = [{"role": "system", "content": SYSTEM},
 async def run_load(port: int, targets: list[tuple[str, str]], n: int, conc: int, body: bytes) -> dict:
     """n requests over `conc` connections, connection i to targets[i % len] (path, header
     lines); per-request latency in ms."""
+    return await run_load_on([(port, path, header) for path, header in targets], n, conc, body)
+
+
+async def run_load_on(targets: list[tuple[int, str, str]], n: int, conc: int, body: bytes) -> dict:
+    """`run_load` over targets of their own ports (port, path, header lines): several proxies."""
     lat: list[float] = []
     left = [n]
 
     async def worker(i: int) -> None:
-        path, header = targets[i % len(targets)]
+        port, path, header = targets[i % len(targets)]
         c = Conn(port)
         try:
             while left[0] > 0:

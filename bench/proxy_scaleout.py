@@ -20,41 +20,20 @@ import asyncio
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from proxy_overhead import MSGS, PY, ROOT, Conn, cpu_s, free_port, sessions, start_proxy, wait_http  # noqa: E402
+from proxy_overhead import (MSGS, PY, ROOT, cpu_s, free_port, run_load_on, sessions, start_proxy,  # noqa: E402
+                            wait_http)
 
 
 async def load(targets: list[tuple[int, str, str]], n: int, body: bytes) -> dict:
     """n calls over one connection per target (port, path, header lines); latency per call."""
-    lat: list[float] = []
-    left = [n]
-
-    async def worker(port: int, path: str, header: str) -> None:
-        c = Conn(port)
-        try:
-            while left[0] > 0:
-                left[0] -= 1
-                t0 = time.perf_counter()
-                status, data = await c.request(path, body, header)
-                lat.append((time.perf_counter() - t0) * 1e3)
-                if status != 200:
-                    raise RuntimeError(f"{path}: HTTP {status}: {data[:300]!r}")
-        finally:
-            c.close()
-
-    t0 = time.perf_counter()
-    await asyncio.gather(*(worker(*t) for t in targets))
-    wall = time.perf_counter() - t0
-    lat.sort()
-    return {"calls_per_s": round(n / wall, 1), "p50_ms": round(statistics.median(lat), 3),
-            "p99_ms": round(lat[int(0.99 * (len(lat) - 1))], 3)}
+    res = await run_load_on(targets, n, len(targets), body)
+    return {k: res[k] for k in ("calls_per_s", "p50_ms", "p99_ms")}
 
 
 def one(eport: int, k: int, n_sessions: int, n: int, tmp: Path) -> dict:
