@@ -1,9 +1,13 @@
 """Shared by the adapter / episode / rollout tests: a Docker backend with the base image
-(or a skip), a scripted-engine stack, and a built-in task that has a gold plan."""
+(or a skip), a scripted-engine stack, a built-in task that has a gold plan, and a train run
+in a thread of its own with a wait for what it does."""
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
+import threading
+import time
 
 import pytest
 
@@ -97,3 +101,29 @@ def check_sampled_episode(res, cap: int) -> None:
         last = calls[-1]
         assert seg.token_ids[:len(last.prompt_ids) + len(last.completion_ids)] == last.prompt_ids + last.completion_ids
         assert [t for t, m in zip(seg.token_ids, seg.loss_mask) if m] == [t for c in calls for t in c.completion_ids]
+
+
+def until(condition, what: str, limit_s: float = 300.0) -> None:
+    """Wait for `condition` (a readiness wait, not a timed assertion: the limit only ends a hang)."""
+    end = time.monotonic() + limit_s
+    while not condition():
+        if time.monotonic() > end:
+            raise AssertionError(f"never happened: {what}")
+        time.sleep(0.1)
+
+
+def train_in_thread(cfg) -> tuple[threading.Thread, dict]:
+    """`trainers.loop.train(cfg)` started in a daemon thread; the dict gets "history" or "error"."""
+    from harnessrl.trainers.loop import train
+
+    results: dict = {}
+
+    def run() -> None:
+        try:
+            results["history"] = asyncio.run(train(cfg))
+        except BaseException as e:  # noqa: BLE001 - handed to the test thread
+            results["error"] = e
+
+    runner = threading.Thread(target=run, daemon=True)
+    runner.start()
+    return runner, results

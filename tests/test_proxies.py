@@ -18,14 +18,13 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # helpers sit beside us
-from adapter_helpers import docker_backend  # noqa: E402
+from adapter_helpers import docker_backend, train_in_thread, until  # noqa: E402
 
 from harnessrl.gym.proxy.run_stores import RunStoresError, read_index, session_ids, session_owners  # noqa: E402
 
@@ -67,15 +66,6 @@ class HeldEngine:
         await send({"type": "http.response.body", "body": r.content})
 
 
-def _until(condition, what: str, limit_s: float = 300.0) -> None:
-    """Wait for `condition` (a readiness wait, not a timed assertion: the limit only ends a hang)."""
-    end = time.monotonic() + limit_s
-    while not condition():
-        if time.monotonic() > end:
-            raise AssertionError(f"never happened: {what}")
-        time.sleep(0.1)
-
-
 def _gone(pid: int) -> bool:
     """The process has exited (no /proc entry, or a zombie nobody reaped yet)."""
     try:
@@ -91,12 +81,11 @@ def fleet_run(tmp_path_factory):
     docker_backend()
     from harnessrl.gym.served import ServedApp
     from harnessrl.trainers.engine import EngineServer
-    from harnessrl.trainers.loop import TrainConfig, train
+    from harnessrl.trainers.loop import TrainConfig
 
     out = tmp_path_factory.mktemp("fleet")
     engine = EngineServer(model="tiny-llama", port=0, weight_version="0", num_threads=2).start()
     gate = HeldEngine(engine.url, free=2)  # step 1's two episodes pass; step 2's wait
-    results: dict = {}
     with ServedApp(gate) as served:
         cfg = TrainConfig.model_validate({
             "model": "tiny-llama", "steps": 2, "out_dir": str(out), "progress": False, "tensorboard": False,
@@ -108,16 +97,8 @@ def fleet_run(tmp_path_factory):
             "trainer": {"lr": 1e-5, "device": "cpu"},
             "sampling": {"zero_variance": "keep"},  # the tiny model's rewards are all 0: train on them anyway
         })
-
-        def run() -> None:
-            try:
-                results["history"] = asyncio.run(train(cfg))
-            except BaseException as e:  # noqa: BLE001 - handed to the test thread
-                results["error"] = e
-
-        runner = threading.Thread(target=run, daemon=True)
-        runner.start()
-        _until(lambda: gate.waiting >= 2 or not runner.is_alive(), "step 2's episodes waiting for the engine")
+        runner, results = train_in_thread(cfg)
+        until(lambda: gate.waiting >= 2 or not runner.is_alive(), "step 2's episodes waiting for the engine")
         if not runner.is_alive():
             raise results.get("error") or AssertionError(f"the run ended before step 2's episodes waited: {results}")
         index = json.loads((out / "rollouts" / "stores.json").read_text())["stores"]
@@ -352,7 +333,7 @@ def test_a_proxy_process_off_loopback_wants_its_token_and_dies_with_its_parent(t
             assert c.post("/admin/policy_version", headers=auth, json={"version": -1}).status_code == 400
         parent.kill()  # SIGKILL: no cleanup runs in the parent
         parent.wait()
-        _until(lambda: _gone(pid), "the orphaned proxy process exits", limit_s=60)
+        until(lambda: _gone(pid), "the orphaned proxy process exits", limit_s=60)
     finally:
         parent.kill()
         parent.wait()

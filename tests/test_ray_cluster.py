@@ -10,7 +10,6 @@ import re
 import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -18,7 +17,7 @@ import pytest
 ray = pytest.importorskip("ray", reason="ray is not installed (pip install ray)")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # helpers sit beside us
-from adapter_helpers import docker_backend  # noqa: E402
+from adapter_helpers import docker_backend, train_in_thread, until  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.docker]
 
@@ -58,15 +57,6 @@ class Gate:
         await self.app(scope, receive, send)
 
 
-def _until(condition, what: str, limit_s: float = 240.0) -> None:
-    """Wait for `condition` (a readiness wait, not a timed assertion: the limit only ends a hang)."""
-    end = time.monotonic() + limit_s
-    while not condition():
-        if time.monotonic() > end:
-            raise AssertionError(f"never happened: {what}")
-        time.sleep(0.1)
-
-
 @pytest.mark.harness
 @pytest.mark.timeout(600)
 def test_train_on_two_ray_nodes_survives_losing_one_mid_episode(two_nodes, tmp_path: Path) -> None:
@@ -76,14 +66,13 @@ def test_train_on_two_ray_nodes_survives_losing_one_mid_episode(two_nodes, tmp_p
     from harnessrl.gym.served import ServedApp
     from harnessrl.gym.tasks.loaders import load_suite
     from harnessrl.sandboxes.docker import reap
-    from harnessrl.trainers.loop import TrainConfig, train
+    from harnessrl.trainers.loop import TrainConfig
 
     cluster, node_b = two_nodes
     node_a = cluster.head_node.node_id
     engine = ScriptedEngine(load_tokenizer("tiny-llama"))  # the gold plan: every scored episode earns 1.0
     engine.set_tasks([t for t in load_suite("builtin") if t.instance_id == TASK])
     gate = Gate(engine.app())
-    results: dict = {}
     with ServedApp(gate) as served:
         cfg = TrainConfig.model_validate({
             "model": "tiny-llama", "steps": 2, "out_dir": str(tmp_path), "progress": False, "tensorboard": False,
@@ -97,17 +86,9 @@ def test_train_on_two_ray_nodes_survives_losing_one_mid_episode(two_nodes, tmp_p
             "ray": {"address": cluster.address, "num_workers": 2, "num_cpus_per_worker": 1,
                     "resources": [{"node_a": 1}, {"node_b": 1}]},
         })
-
-        def run() -> None:
-            try:
-                results["history"] = asyncio.run(train(cfg))
-            except BaseException as e:  # noqa: BLE001 - handed to the test thread
-                results["error"] = e
-
-        runner = threading.Thread(target=run, daemon=True)
-        runner.start()
+        runner, results = train_in_thread(cfg)
         # Both workers (one per node) hold an episode whose first model call waits at the gate.
-        _until(lambda: gate.waiting >= 2 or not runner.is_alive(), "two episodes waiting for the engine")
+        until(lambda: gate.waiting >= 2 or not runner.is_alive(), "two episodes waiting for the engine", limit_s=240.0)
         assert "error" not in results, results.get("error")
         assert ray.get_runtime_context().get_node_id() != node_b.node_id  # the driver is not on node B
         cluster.remove_node(node_b, allow_graceful=False)  # node B's raylet and its workers killed
