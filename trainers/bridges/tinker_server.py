@@ -128,17 +128,17 @@ class TinkerServer:
                                      start_new_session=True)
         log.close()
         deadline = time.monotonic() + self.startup_s
-        http = httpx.Client(timeout=2)  # one client for the polls: each new one loads the CA bundle (~34 ms)
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"Tinker server exited with {self.proc.returncode}; log {self.log_path}:\n{self.log_tail()}")
-            try:
-                if http.get(self.url + "/api/v1/healthz").status_code == 200:
-                    http.close()
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
+        with httpx.Client(timeout=2) as http:  # one client for the polls: a new one loads the CA bundle (~34 ms)
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"Tinker server exited with {self.proc.returncode}; log {self.log_path}:\n"
+                                       f"{self.log_tail()}")
+                try:
+                    if http.get(self.url + "/api/v1/healthz").status_code == 200:
+                        return self
+                except httpx.HTTPError:
+                    pass
+                time.sleep(0.5)
         self.stop()
         raise TimeoutError(f"Tinker server not healthy within {self.startup_s:g} s; log {self.log_path}")
 

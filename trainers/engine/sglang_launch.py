@@ -136,23 +136,22 @@ class SGLangServer:
     def _wait_healthy(self, url: str) -> None:
         deadline = time.monotonic() + self.launch.startup_timeout_s
         headers = {"Authorization": f"Bearer {self.launch.api_key}"} if self.launch.api_key else {}
-        http = httpx.Client(timeout=5)  # one client for the polls: each new one loads the CA bundle (~34 ms)
-        while True:
-            code = self.proc.poll()
-            if code is not None:
-                raise SGLangLaunchError(f"sglang exited with status {code} before {url}/health answered "
-                                        "(its output is above)")
-            try:
-                if http.get(f"{url}/health", headers=headers).status_code == 200:
-                    http.close()
-                    return
-            except httpx.HTTPError:
-                pass  # not listening yet
-            if time.monotonic() > deadline:
-                self.stop()
-                raise SGLangLaunchError(f"sglang did not answer {url}/health within "
-                                        f"{self.launch.startup_timeout_s:g} s (stopped it)")
-            time.sleep(0.5)
+        with httpx.Client(timeout=5) as http:  # one client for the polls: a new one loads the CA bundle (~34 ms)
+            while True:
+                code = self.proc.poll()
+                if code is not None:
+                    raise SGLangLaunchError(f"sglang exited with status {code} before {url}/health answered "
+                                            "(its output is above)")
+                try:
+                    if http.get(f"{url}/health", headers=headers).status_code == 200:
+                        return
+                except httpx.HTTPError:
+                    pass  # not listening yet
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise SGLangLaunchError(f"sglang did not answer {url}/health within "
+                                            f"{self.launch.startup_timeout_s:g} s (stopped it)")
+                time.sleep(0.5)
 
     def wait(self) -> int:
         return self.proc.wait()
