@@ -90,6 +90,11 @@ def test_paired_points_and_the_printed_line():
     assert st.paired_line("post_sft->post_rl", got["post_sft->post_rl"]) == (
         "post_sft->post_rl: pass@1 +62.5 points (2 tasks better, 0 worse of 2), paired permutation p 0.5, "
         "sign p 0.5; greedy 1 fail->pass, 0 pass->fail, McNemar p 1")
+    # a transfer harness evaluated greedy only: no sampled task, the greedy test still printed
+    greedy_only = st.compare({"by_task": {}, "greedy": a["greedy"]}, {"by_task": {}, "greedy": b["greedy"]})
+    assert st.paired_line("x->y", greedy_only) == (
+        "x->y: no sampled task scored at both points; greedy 1 fail->pass, 0 pass->fail, McNemar p 1")
+    assert st.paired_line("x->y", st.compare({}, {})) == "x->y: no sampled task scored at both points"
 
 
 def test_the_plot_draws_a_point_whose_wilson_bound_sits_just_above_zero(tmp_path):

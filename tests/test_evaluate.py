@@ -158,6 +158,8 @@ def test_eval_and_prepare_config_validate():
         TrainConfig.model_validate(base | {"eval": {"suite": "s/train.jsonl"}})
     with pytest.raises(ValueError, match="eval.episodes_per_task"):
         TrainConfig(eval={"suite": "h.jsonl", "episodes_per_task": 0})
+    with pytest.raises(ValueError, match="eval.transfer_episodes_per_task: 0 leaves the transfer harnesses no episode"):
+        TrainConfig(eval={"suite": "h.jsonl", "transfer_episodes_per_task": 0})
     prep = {"tasks_dir": "s", "synth": {"seed": 3, "max_tasks": 20}, "teacher_episodes": 8}
     cfg = TrainConfig.model_validate(base | {"eval": {"suite": "s/heldout.jsonl"}, "prepare": prep})
     assert cfg.prepare.synth_config().seed == 3 and cfg.prepare.synth_config().out == "s"

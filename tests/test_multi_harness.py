@@ -245,6 +245,19 @@ def test_evaluation_reports_each_harness_separately(tmp_path):
     saved = json.loads((tmp_path / "eval" / "post_rl" / "summary.json").read_text())
     assert saved["by_harness"]["tiny-agent"]["successes"] == 1
 
+    # a run trained through mini-swe-agent alone: tiny-agent is its transfer harness, evaluated
+    # with its own k (here 0: the greedy episode only), mini-swe-agent with the run's k = 2
+    trained = base.model_copy(update={"harness": "mini-swe-agent", "harnesses": None})
+    cfg = ev.EvalConfig(suite="builtin", harnesses=list(TWO), episodes_per_task=2, greedy=True, transfer_episodes_per_task=0)
+    with ServedApp(engine.app()) as served:
+        s = asyncio.run(ev.evaluate("post_sft", cfg, trained, served.url, tmp_path, tasks=[task]))
+    mini, tiny = s["by_harness"]["mini-swe-agent"], s["by_harness"]["tiny-agent"]
+    assert (mini["n"], mini["successes"], mini["samples_per_task"], mini["greedy"]["n"]) == (2, 2, 2, 1)
+    assert (tiny["n"], tiny["samples_per_task"], tiny["pass_at_1"]) == (0, 0, None)
+    assert (tiny["greedy"]["n"], tiny["greedy"]["by_task"]) == (1, {TASK: 1})
+    records = (tmp_path / "eval" / "post_sft" / "trajectories.jsonl").read_text().splitlines()
+    assert sorted(json.loads(x)["harness"] for x in records) == ["mini-swe-agent"] * 2
+
 
 def _train_cfg(tmp_path: Path, **rollout):
     from harnessrl.trainers.loop import TrainConfig

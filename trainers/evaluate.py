@@ -71,6 +71,11 @@ class EvalConfig(BaseModel):
     name one the policy was not trained with to measure transfer (e.g. ["mini-swe-agent",
     "aider"] for a run trained through mini-swe-agent); names as `rollout.harness` takes them.
     None: the run's own harnesses."""
+    transfer_episodes_per_task: int | None = Field(None, ge=0)
+    """Sampled episodes of each task through the `harnesses` the run does not train with (its
+    transfer harnesses), when they should cost less than `episodes_per_task` (None: the same k);
+    0 with `greedy`: only the greedy episode (their greedy k/n and McNemar test, no pass@1).
+    A harness with a 6-7k-token prompt (aider) costs minutes an episode on CPU."""
     points: list[Point] | None = None
     """When to evaluate: "pre_sft" (the starting weights), "post_sft" (after the sft stage),
     "post_rl" (after the last RL step); only points the run's stages reach are allowed.
@@ -84,6 +89,9 @@ class EvalConfig(BaseModel):
             raise ValueError("eval.greedy: the sampled episodes are already greedy (eval.temperature = 0)")
         if self.harnesses is not None and (not self.harnesses or len(set(self.harnesses)) != len(self.harnesses)):
             raise ValueError(f"eval.harnesses: {self.harnesses} must name at least one harness, none twice")
+        if self.transfer_episodes_per_task == 0 and not self.greedy:
+            raise ValueError("eval.transfer_episodes_per_task: 0 leaves the transfer harnesses no episode "
+                             "unless eval.greedy is on")
         return self
 
     @property
@@ -137,30 +145,35 @@ async def evaluate(point: str, ev: EvalConfig, base: RolloutConfig, engine_url: 
     picked = [t for t in tasks if t.instance_id in set(ids)]
     run = cfg.model_copy(update={"tasks": ids, "difficulties": None})
     kw = dict(generation_backend=generation_backend, episode_timeout_s=episode_timeout_s, concurrency=ev.concurrency)
-    summary = await _point(point, run, engine_url, folder, ids, picked, ev.episodes_per_task, **kw)
+    trained = set(base.harnesses or [base.harness])
+    k_of = {h: ev.episodes_per_task if h in trained or ev.transfer_episodes_per_task is None
+            else ev.transfer_episodes_per_task for h in (cfg.harnesses or [cfg.harness])}
+    summary = await _point(point, run, engine_url, folder, ids, picked, k_of, **kw)
     if ev.greedy:
         greedy = await _point(point, run.model_copy(update={"temperature": 0.0}), engine_url, folder / "greedy",
-                              ids, picked, 1, **kw)
+                              ids, picked, dict.fromkeys(k_of, 1), **kw)
         summary["greedy"] = _greedy_view(greedy)
         for h, sub in (greedy.get("by_harness") or {}).items():
             summary["by_harness"][h]["greedy"] = _greedy_view(sub)
     summary["wall_s"] = round(time.monotonic() - t0, 1)
     summary["tasks"] = len(ids)
-    for sub in [summary, *(summary.get("by_harness") or {}).values()]:
-        sub["samples_per_task"] = ev.episodes_per_task
+    summary["samples_per_task"] = ev.episodes_per_task
+    for sub, k in zip((summary.get("by_harness") or {}).values(), k_of.values()):
+        sub["samples_per_task"] = k
     summary["records"] = str(folder / "trajectories.jsonl")
     (folder / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
 
 
 async def _point(point: str, run: RolloutConfig, engine_url: str, folder: Path, ids: list[str], tasks: list,
-                 k: int, *, generation_backend: Any, episode_timeout_s: float | None,
+                 k_of: dict[str, int], *, generation_backend: Any, episode_timeout_s: float | None,
                  concurrency: int) -> dict[str, Any]:
-    """`k` episodes of every task through every harness of `run`, summarized (with `by_harness`
-    when there are several), records in `folder`."""
+    """`k_of[harness]` episodes of every task through each harness of `run`, summarized (with
+    `by_harness` when there are several), records in `folder`."""
     with Rollout(run, engine_url, folder, generation_backend=generation_backend, tasks=tasks) as ro:
         harnesses = list(ro.stack.adapters)  # every held-out task through each harness of the run
-        order = [(t, h) for h in harnesses for t in ids for _ in range(k)]
+        ks = dict(zip(harnesses, k_of.values()))  # adapters are built in the config's order (names may differ)
+        order = [(t, h) for h in harnesses for t in ids for _ in range(ks[h])]
         ro.prewarm([t for t, _ in order[:concurrency]], [h for _, h in order[:concurrency]])
         sem = asyncio.Semaphore(concurrency)
 
