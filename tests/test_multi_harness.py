@@ -255,6 +255,8 @@ def test_evaluation_reports_each_harness_separately(tmp_path):
     assert (mini["n"], mini["successes"], mini["samples_per_task"], mini["greedy"]["n"]) == (2, 2, 2, 1)
     assert (tiny["n"], tiny["samples_per_task"], tiny["pass_at_1"]) == (0, 0, None)
     assert (tiny["greedy"]["n"], tiny["greedy"]["by_task"]) == (1, {TASK: 1})
+    assert ev.line(s).splitlines()[2].strip() == (
+        "tiny-agent: greedy only: success 1/1 = 1.00 (95% CI 0.21-1.00)  failed: none")
     records = (tmp_path / "eval" / "post_sft" / "trajectories.jsonl").read_text().splitlines()
     assert sorted(json.loads(x)["harness"] for x in records) == ["mini-swe-agent"] * 2
 

@@ -283,12 +283,17 @@ def line(s: dict[str, Any]) -> str:
 
 
 def _one_line(s: dict[str, Any]) -> str:
+    g = s.get("greedy")
+    if not s["n"] and g and g["n"]:  # a transfer harness evaluated by its greedy episodes only
+        lo, hi = g["ci95"]
+        why = ", ".join(f"{k} {v}" for k, v in g["outcomes"].items() if v and k != "success") or "none"
+        return (f"eval {s['point']:<8} greedy only: success {g['successes']}/{g['n']} = {g['success_rate']:.2f} "
+                f"(95% CI {lo:.2f}-{hi:.2f})  failed: {why}")
     if not s["n"]:
         return f"eval {s['point']:<8} no scored episode ({s['episodes']} run): {s['outcomes']}"
     lo, hi = s["ci95"]
     why = ", ".join(f"{k} {v}" for k, v in s["outcomes"].items() if v and k != "success") or "none"
     p1, (plo, phi) = s.get("pass_at_1"), s.get("pass_at_1_ci95") or (None, None)
-    g = s.get("greedy")
     return (f"eval {s['point']:<8} success {s['successes']}/{s['n']} = {s['success_rate']:.2f} "
             f"(95% CI {lo:.2f}-{hi:.2f})  reward {s['reward_mean']:.3f}"
             + (f"  pass@1 {p1:.3f} (95% CI {plo:.2f}-{phi:.2f}, {s['samples_per_task']} a task)"
