@@ -77,13 +77,14 @@ def _out(r: Req):
     return r.output_ids, r.logprobs, r.top_logprobs, r.finish
 
 
-def _pair(smol, make, **kw):
+def _pair(smol, make, prefix_cache_bytes: int = 0, **kw):
     """The same requests (`make()` builds a fresh list) through a scheduler without and with
-    prompt lookup; returns both lists and the speculating scheduler."""
+    prompt lookup (each with a prefix cache of `prefix_cache_bytes`, 0: none); returns both
+    lists and the speculating scheduler."""
     model, tok = smol
     plain, spec = make(), make()
-    _run(_sched(model, tok, 0), plain, **kw)
-    s = _sched(model, tok, 6)
+    _run(_sched(model, tok, 0, prefix_cache_bytes=prefix_cache_bytes), plain, **kw)
+    s = _sched(model, tok, 6, prefix_cache_bytes=prefix_cache_bytes)
     _run(s, spec, **kw)
     return plain, spec, s
 
@@ -94,18 +95,18 @@ def test_greedy_and_sampled_outputs_are_identical_and_drafts_are_accepted(smol):
 
     def make():
         return [
-            _req("greedy", ask, 120),
+            _req("greedy", ask, 80),
             # seeded: its own generator; top-p and top-k filter the drawn distribution
-            _req("seeded", ask, 100, seed=7, temperature=0.8, top_p=0.95, top_k=50),
+            _req("seeded", ask, 60, seed=7, temperature=0.8, top_p=0.95, top_k=50),
             # unseeded: the engine-wide generator, whose state after the first carries into the second
-            _req("shared-1", ask, 60, temperature=1.0),
-            _req("shared-2", ask, 60, temperature=0.7),
+            _req("shared-1", ask, 40, temperature=1.0),
+            _req("shared-2", ask, 40, temperature=0.7),
         ]
 
     plain, spec, s = _pair(smol, make)
     for a, b in zip(plain, spec):
         assert _out(a) == _out(b), a.rid
-    assert len(plain[0].output_ids) == 120 or plain[0].finish["type"] == "stop"
+    assert len(plain[0].output_ids) == 80 or plain[0].finish["type"] == "stop"
     st = s.spec_stats
     # the copy was drafted and accepted: fewer passes than tokens
     assert st["verify_steps"] > 10 and st["accepted"] > 40, st
@@ -119,7 +120,7 @@ def test_top_logprobs_stop_strings_and_length_limits_are_identical(smol):
 
     def make():
         reqs = [
-            Req(rid="top", input_ids=ask, params=SamplingParams(max_new_tokens=80, temperature=0),
+            Req(rid="top", input_ids=ask, params=SamplingParams(max_new_tokens=48, temperature=0),
                 sink=lambda d: None, top_logprobs_num=5),
             # the stop string ends it mid-pass: what follows is never emitted
             Req(rid="stop", input_ids=ask, params=SamplingParams(max_new_tokens=200, temperature=0,
@@ -131,9 +132,11 @@ def test_top_logprobs_stop_strings_and_length_limits_are_identical(smol):
                  for n in range(1, 13)]
         return reqs
 
-    plain, spec, s = _pair(smol, make)
+    # one prompt for all 14: after the first, each prefill is a prefix-cache hit on both sides
+    plain, spec, s = _pair(smol, make, prefix_cache_bytes=256 << 20)
     for a, b in zip(plain, spec):
         assert _out(a) == _out(b), a.rid
+    assert all(r.cached_tokens > 0 for r in spec[1:])
     top, stop = spec[0], spec[1]
     assert len(top.top_logprobs) == len(top.output_ids) and all(len(x) == 5 for x in top.top_logprobs)
     assert stop.finish == {"type": "stop", "matched": "config[key"}
@@ -249,7 +252,7 @@ def test_engine_over_http_speculates_by_default_and_answers_as_without(smol):
 
     _, tok = smol
     ask = _prompt(tok, "Copy parse_config exactly, then add a docstring to it.")
-    body = {"input_ids": ask, "return_logprob": True, "sampling_params": {"max_new_tokens": 80, "temperature": 0}}
+    body = {"input_ids": ask, "return_logprob": True, "sampling_params": {"max_new_tokens": 48, "temperature": 0}}
     with EngineServer(model="smollm2-135m", cpu_matvec="on") as on, \
             EngineServer(model="smollm2-135m", cpu_matvec="on", prompt_lookup_ngram=0) as off:
         outs = {}
