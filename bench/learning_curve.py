@@ -60,18 +60,40 @@ def _cfg(source: str | None, seed: int, out: Path, quick: bool):
     return cfg.model_copy(update=update)
 
 
-def run_job(source: str | None, seeds: list[int], out: Path, quick: bool) -> list[dict]:
+def run_job(source: str | None, seeds: list[int], out: Path, quick: bool, resume: bool = False) -> list[dict]:
+    """One whole `train` run per seed. `resume`: a seed whose run already finished in `out` (its
+    report.json is there) is read back instead of run again (its wall time from its files: the
+    config written at its start, the report at its end); an unfinished one is moved aside to
+    `seed<N>.partial-<time>` and run again."""
     from harnessrl.trainers.loop import train
 
     runs = []
     for seed in seeds:
         cfg = _cfg(source, seed, out, quick)
+        folder = Path(cfg.out_dir)
+        if resume and (folder / "report.json").is_file():
+            print(f"== {out.name} seed {seed}: {cfg.out_dir} (finished before: read back)", flush=True)
+            runs.append(read_run(seed, folder, cfg.rollout.harness))
+            continue
+        if resume and folder.exists():
+            aside = folder.with_name(f"{folder.name}.partial-{time.strftime('%Y%m%d-%H%M%S')}")
+            folder.rename(aside)
+            print(f"== {out.name} seed {seed}: an unfinished run moved to {aside}", flush=True)
         print(f"== {out.name} seed {seed}: {cfg.out_dir}", flush=True)
         s0 = time.monotonic()
         history = asyncio.run(train(cfg))
-        report = json.loads((Path(cfg.out_dir) / "report.json").read_text())
+        report = json.loads((folder / "report.json").read_text())
         runs.append(run_of(seed, time.monotonic() - s0, report, history, cfg.rollout.harness))
     return runs
+
+
+def read_run(seed: int, folder: Path, trained: str) -> dict:
+    """A finished run's row from its folder: report.json, the step metrics of metrics.jsonl, and
+    its wall time from config.json (written at its start) to report.json (at its end)."""
+    report = json.loads((folder / "report.json").read_text())
+    history = [json.loads(x) for x in (folder / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    wall = (folder / "report.json").stat().st_mtime - (folder / "config.json").stat().st_mtime
+    return run_of(seed, wall, report, history, trained)
 
 
 def run_of(seed: int, wall_s: float, report: dict, history: list[dict], trained: str) -> dict:
@@ -184,15 +206,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="runs/bench-learning")
     p.add_argument("--quick", action="store_true",
                    help="2 RL steps, 2 SFT steps, 2 held-out tasks, small prepared data: a trial only")
+    p.add_argument("--resume", action="store_true",
+                   help="read back the seeds whose runs finished in --out; run only the others")
     a = p.parse_args(argv)
     if len(a.seeds) < 2 and not a.quick:
         print("learning_curve: --seeds needs at least 2 seeds", file=sys.stderr)
         return 2
     out, t0 = Path(a.out), time.monotonic()
-    level_runs = run_job(a.config, a.seeds, out / "level", a.quick)
-    level_wall = time.monotonic() - t0
+    level_runs = run_job(a.config, a.seeds, out / "level", a.quick, a.resume)
+    # resumed: the level's seeds' own wall times (read back ones from their files), not this process's
+    level_wall = sum(r["wall_s"] for r in level_runs) if a.resume else time.monotonic() - t0
     main_runs = [] if a.main == "none" else run_job(None if a.main == "default" else a.main, a.seeds,
-                                                    out / "main", a.quick)
+                                                    out / "main", a.quick, a.resume)
     print(json.dumps(verdict(main_runs, level_runs, level_wall, time.monotonic() - t0, a)))
     return 0
 

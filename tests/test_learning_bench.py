@@ -100,3 +100,33 @@ def test_the_harder_level_config_holds_what_the_issue_asks():
     assert cfg.sft.shuffle and cfg.eval.difficulties == cfg.rollout.difficulties == ["easy"]
     copy = load_config(ROOT / "examples" / "learn-cpu.toml")  # the copy level stays the quick check
     assert copy.prepare.synth_config().fix_hint == "fix"
+
+
+def test_resume_reads_a_finished_seed_back_and_runs_none_again(tmp_path, monkeypatch):
+    """A bench killed after a seed finished resumes without running that seed again: its row
+    comes from report.json and metrics.jsonl, its wall time from the files' times."""
+    import json
+    import os
+
+    import harnessrl.trainers.loop as loop
+
+    def refuse(cfg):
+        raise AssertionError(f"ran {cfg.out_dir} again")
+    monkeypatch.setattr(loop, "train", refuse)
+    row = _run(0, {t: 0.25 for t in TASKS}, {t: 0.5 for t in TASKS})
+    folder = tmp_path / "level" / "seed0"
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text("{}")
+    (folder / "report.json").write_text(json.dumps({"eval": row["eval"], "eval_paired": row["paired"]}))
+    steps = [{"stage": "sft", "step": 1, "loss": 0.5, "grad_norm": 1.0},
+             *({"step": i, "reward_mean": r, "grad_norm": 0.4} for i, r in enumerate((0.1, 0.3), start=2))]
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in steps))
+    os.utime(folder / "config.json", (1000.0, 1000.0))
+    os.utime(folder / "report.json", (1000.0 + 1234.5, 1000.0 + 1234.5))
+    [got] = lc.run_job(str(ROOT / "examples" / "learn-harder.toml"), [0], tmp_path / "level", quick=False, resume=True)
+    assert (got["seed"], got["wall_s"], got["rewards"], got["grad_norms"]) == (0, 1234.5, [0.1, 0.3], [0.4, 0.4])
+    assert got["eval"] == row["eval"] and got["paired"] == row["paired"]
+    with pytest.raises(AssertionError, match="ran .*seed1 again"):  # an unfinished seed runs again, its folder kept aside
+        (tmp_path / "level" / "seed1").mkdir()
+        lc.run_job(str(ROOT / "examples" / "learn-harder.toml"), [1], tmp_path / "level", quick=False, resume=True)
+    assert [p.name.split(".")[0] for p in (tmp_path / "level").iterdir() if "partial" in p.name] == ["seed1"]
