@@ -137,6 +137,9 @@ def _view(s: dict | None, harness: str | None) -> dict | None:
 
 
 def _fmt(s: dict | None) -> str:
+    g = (s or {}).get("greedy")
+    if s and not s.get("n") and g and g.get("n"):  # a transfer harness evaluated greedy only
+        return f"greedy only: g {g['successes']}/{g['n']}"
     if not s or not s.get("n"):
         return "-"
     lo, hi = s.get("pass_at_1_ci95") or (None, None)

@@ -47,6 +47,11 @@ def _args(quick=False):
     return argparse.Namespace(config="examples/learn-harder.toml", main="default", seeds=[0, 1], quick=quick)
 
 
+def test_a_greedy_only_transfer_point_shows_its_greedy_count():
+    assert lc._fmt({"n": 0, "successes": 0, "greedy": {"n": 8, "successes": 2}}) == "greedy only: g 2/8"
+    assert lc._fmt({"n": 0, "successes": 0}) == lc._fmt(None) == "-"
+
+
 def test_reward_rises_compares_halves_and_needs_a_gradient():
     assert lc.reward_rises([0.1, 0.2, 0.5, 0.6], [0.3, 0.0, 0.2, 0.1])
     assert not lc.reward_rises([0.5, 0.6, 0.1, 0.2], [0.3] * 4)
