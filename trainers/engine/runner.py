@@ -36,7 +36,21 @@ def _bind(host: str, port: int) -> socket.socket:
 
 
 def build_state(config: EngineConfig):
-    """Load tokenizer and model, start the scheduler thread; the routes' shared state."""
+    """Load tokenizer and model, start the scheduler thread; the routes' shared state. The
+    calling thread gets its torch thread count back: `num_threads` is the scheduler thread's
+    (it sets it on itself), and an in-process engine (`harnessrl train`, `EngineServer`) must not
+    change the count of the thread that started it (its trainer, a test worker)."""
+    import torch
+
+    caller = torch.get_num_threads()
+    try:
+        return _build_state(config)
+    finally:
+        if torch.get_num_threads() != caller:
+            torch.set_num_threads(caller)
+
+
+def _build_state(config: EngineConfig):
     from harnessrl.gym.models import ModelNotPrepared, load_tokenizer, resolve_model
     from harnessrl.trainers.engine.attention import use_gqa_sdpa
     from harnessrl.trainers.engine.scheduler import Scheduler
