@@ -125,11 +125,9 @@ def paired_points(evals: dict[str, dict[str, Any]], order: Iterable[str]) -> dic
 def paired_line(name: str, c: dict[str, Any]) -> str:
     """`a->b: pass@1 +d (better/worse of tasks), permutation p, sign p[, greedy McNemar]`."""
     g = c.get("greedy_mcnemar")
+    greedy = (f"; greedy {g['fail_to_pass']} fail->pass, {g['pass_to_fail']} pass->fail, McNemar p {g['p']:.3g}"
+              if g else "")
     if not c["tasks"]:  # e.g. a transfer harness evaluated greedy only
-        return f"{name}: no sampled task scored at both points" + (
-            f"; greedy {g['fail_to_pass']} fail->pass, {g['pass_to_fail']} pass->fail, McNemar p {g['p']:.3g}"
-            if g else "")
+        return f"{name}: no sampled task scored at both points" + greedy
     return (f"{name}: pass@1 {100 * c['pass_at_1_diff']:+.1f} points ({c['better']} tasks better, {c['worse']} worse "
-            f"of {c['tasks']}), paired permutation p {c['permutation_p']:.3g}, sign p {c['sign_p']:.3g}"
-            + (f"; greedy {g['fail_to_pass']} fail->pass, {g['pass_to_fail']} pass->fail, McNemar p {g['p']:.3g}"
-               if g else ""))
+            f"of {c['tasks']}), paired permutation p {c['permutation_p']:.3g}, sign p {c['sign_p']:.3g}" + greedy)

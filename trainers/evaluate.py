@@ -157,9 +157,8 @@ async def evaluate(point: str, ev: EvalConfig, base: RolloutConfig, engine_url: 
             summary["by_harness"][h]["greedy"] = _greedy_view(sub)
     summary["wall_s"] = round(time.monotonic() - t0, 1)
     summary["tasks"] = len(ids)
-    summary["samples_per_task"] = ev.episodes_per_task
-    for sub, k in zip((summary.get("by_harness") or {}).values(), k_of.values()):
-        sub["samples_per_task"] = k
+    # the run's k; with several harnesses each one's own k is on its by_harness entry
+    summary["samples_per_task"] = ev.episodes_per_task if len(k_of) > 1 else next(iter(k_of.values()))
     summary["records"] = str(folder / "trajectories.jsonl")
     (folder / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
@@ -195,6 +194,7 @@ async def _point(point: str, run: RolloutConfig, engine_url: str, folder: Path, 
         summary["by_harness"] = {
             h: summarize(point, [t for t in trajs if t.harness == h], made_tool_call,
                          timed_out=sum(1 for t, (_, oh) in zip(done, order) if t is None and oh == h))
+            | {"samples_per_task": ks[h]}
             for h in harnesses}
     return summary
 
@@ -282,17 +282,20 @@ def line(s: dict[str, Any]) -> str:
     return out
 
 
+def _failed(outcomes: dict[str, int]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in outcomes.items() if v and k != "success") or "none"
+
+
 def _one_line(s: dict[str, Any]) -> str:
     g = s.get("greedy")
     if not s["n"] and g and g["n"]:  # a transfer harness evaluated by its greedy episodes only
         lo, hi = g["ci95"]
-        why = ", ".join(f"{k} {v}" for k, v in g["outcomes"].items() if v and k != "success") or "none"
         return (f"eval {s['point']:<8} greedy only: success {g['successes']}/{g['n']} = {g['success_rate']:.2f} "
-                f"(95% CI {lo:.2f}-{hi:.2f})  failed: {why}")
+                f"(95% CI {lo:.2f}-{hi:.2f})  failed: {_failed(g['outcomes'])}")
     if not s["n"]:
         return f"eval {s['point']:<8} no scored episode ({s['episodes']} run): {s['outcomes']}"
     lo, hi = s["ci95"]
-    why = ", ".join(f"{k} {v}" for k, v in s["outcomes"].items() if v and k != "success") or "none"
+    why = _failed(s["outcomes"])
     p1, (plo, phi) = s.get("pass_at_1"), s.get("pass_at_1_ci95") or (None, None)
     return (f"eval {s['point']:<8} success {s['successes']}/{s['n']} = {s['success_rate']:.2f} "
             f"(95% CI {lo:.2f}-{hi:.2f})  reward {s['reward_mean']:.3f}"
