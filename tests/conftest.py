@@ -193,21 +193,6 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem):
             yield
 
 
-@pytest.fixture(autouse=True)
-def _torch_threads_given_back():
-    """A test leaves torch's thread count as it found it. An in-process engine sets it on the
-    thread that starts it (`harnessrl train`'s `engine_threads`, 2 by default): the worker's
-    own thread then ran every later test's torch work on two spinning OpenMP threads, four
-    workers on two cores. A SmolLM2 decode test took 59 s of CPU and 95 s after a train test
-    on its worker, against 9.4 s alone."""
-    torch = sys.modules.get("torch")
-    before = torch.get_num_threads() if torch is not None else None
-    yield
-    torch = sys.modules.get("torch")
-    if torch is not None and before is not None and torch.get_num_threads() != before:
-        torch.set_num_threads(before)
-
-
 TIMES = "HARNESSRL_PYTEST_TIMES"
 """A folder: with it set, each worker appends when each of its tests ran (worker, id, start,
 end, group), to see a run's critical path (scripts/suite_timeline.py)."""

@@ -492,6 +492,22 @@ def test_missing_model_and_taken_port_fail_with_one_clear_line():
     assert len(lines) == 1 and "already in use" in lines[0], proc.stderr
 
 
+def test_an_in_process_engine_leaves_the_thread_count_of_its_starter_alone():
+    """`num_threads` is the scheduler thread's own: the thread that starts an in-process engine
+    (`harnessrl train`, a test worker) keeps its torch thread count. It once took the engine's:
+    a test worker then ran every later test's torch work on the engine's count of spinning
+    OpenMP threads (a decode test at 59 s of CPU, 9.4 s alone)."""
+    before = torch.get_num_threads()
+    try:
+        with EngineServer(model="tiny-llama", num_threads=before + 1) as server:
+            assert torch.get_num_threads() == before
+            r = httpx.post(server.url + "/generate", json={
+                "input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 4, "temperature": 0}}, timeout=60)
+            assert r.status_code == 200 and r.json()["meta_info"]["completion_tokens"] == 4
+    finally:
+        torch.set_num_threads(before)
+
+
 # ---- the real SmolLM2-135M ---------------------------------------------------------------
 
 @pytest.mark.model
